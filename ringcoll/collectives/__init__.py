@@ -1,0 +1,13 @@
+"""The drop-in collectives, one module each. Every module lists its public functions in
+``__all__`` and registers its plan builder (for the simulator) with ``@builder``."""
+import importlib
+import pkgutil
+
+from ._common import BUILDERS
+
+__all__ = []
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):
+    _mod = importlib.import_module(f"{__name__}.{_module}")
+    for _name in getattr(_mod, "__all__", ()):
+        globals()[_name] = getattr(_mod, _name)
+        __all__.append(_name)

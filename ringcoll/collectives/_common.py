@@ -1,0 +1,123 @@
+"""What every collective shares: argument checks, the group context, running a plan."""
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import registry
+from ..executor import P2PExecutor
+from ..ops import SUPPORTED_DTYPES
+from ..plan import Plan
+from ..schedule import Layout
+from ..selection import choose
+from ..work import submit
+
+log = logging.getLogger("ringcoll")
+
+#: collective name -> builder(ctx, *args, **kwargs) -> Plan | None; the simulator uses them too
+BUILDERS: Dict[str, Callable[..., Optional[Plan]]] = {}
+
+
+def builder(collective: str):
+    def decorate(fn):
+        BUILDERS[collective] = fn
+        return fn
+    return decorate
+
+
+@dataclass
+class Context:
+    """One rank's view of a group: its rank (None outside the group) and the world size."""
+
+    rank: Optional[int]
+    world: Optional[int]
+    executor: Optional[P2PExecutor] = None
+
+    def submit(self, plan: Optional[Plan], async_op: bool):
+        if plan is None:
+            return None
+        executor = self.executor
+
+        def task():
+            with torch.no_grad():
+                executor.run(plan)
+
+        return submit(task, async_op, plan.result)
+
+
+_executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def group_context(group) -> Context:
+    """The context of ``group`` (None: the default group) for this process."""
+    if group is not None and not isinstance(group, dist.ProcessGroup) \
+            and group is not dist.GroupMember.NON_GROUP_MEMBER:
+        raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
+    if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
+        return Context(None, None)
+    executor = _executors.get(group)
+    if executor is None:
+        executor = _executors[group] = P2PExecutor(group)
+    return Context(executor.rank, executor.world, executor)
+
+
+def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:
+    """TypeError/ValueError naming ``param`` unless ``tensor`` is a dense tensor of a supported
+    dtype (and, with ``like``, of the same dtype and device)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{param} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{param} must be a dense (strided) tensor, got layout {tensor.layout}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{param} must have one of the dtypes "
+                        f"{[str(d).replace('torch.', '') for d in SUPPORTED_DTYPES]}, got {tensor.dtype}")
+    if like is not None:
+        if tensor.dtype != like.dtype:
+            raise TypeError(f"{param} must have dtype {like.dtype} like the other tensors, got {tensor.dtype}")
+        if tensor.device != like.device:
+            raise ValueError(f"{param} must be on device {like.device} like the other tensors, got {tensor.device}")
+
+
+def check_device(param: str, tensor: torch.Tensor, ctx: Context) -> None:
+    if ctx.executor is not None and ctx.executor.backend == "nccl" and not tensor.is_cuda:
+        raise ValueError(f"{param} must be a CUDA tensor on an NCCL group, got device {tensor.device}")
+
+
+def flat(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None]]]:
+    """A flat contiguous view of ``tensor`` and, when it is not contiguous (ringcoll works on a
+    contiguous copy), the step that writes the result back."""
+    if tensor.is_contiguous():
+        return tensor.view(-1), None
+    work = tensor.contiguous().view(-1)
+    return work, lambda: tensor.copy_(work.view(tensor.shape))
+
+
+def describe(collective: str, name: str, tensor: torch.Tensor, extra: str = "") -> str:
+    dtype = str(tensor.dtype).replace("torch.", "")
+    return f"{collective}/{name} {tensor.numel()}x{dtype}{' ' + extra if extra else ''}"
+
+
+def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registry.Algorithm, str]:
+    """Check ``algorithm`` and choose it; valid outside the group too (world unknown there)."""
+    if ctx.world is None:
+        if algorithm != "auto":
+            choose(collective, algorithm, nbytes, 1)
+        return None, ""
+    name, why = choose(collective, algorithm, nbytes, ctx.world)
+    return registry.get(collective, name), why
+
+
+def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
+             layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
+             result=None, describe_as: str = "") -> Plan:
+    plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
+                result=result, describe=describe_as)
+    log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
+    return plan

@@ -1,0 +1,142 @@
+"""The P2P executor: runs one rank's plan on a real torch.distributed process group.
+
+Each step's sends and receives are posted together and waited on together (a blocking send
+before a receive deadlocks under gloo at every size), then the step's local operations run.
+One code path serves gloo (CPU tensors; CUDA tensors are staged through host memory) and
+NCCL (CUDA tensors; a step's transfers form one NCCL group via batch_isend_irecv).
+
+A transfer that fails or does not complete within the timeout raises an error that names
+this rank, the peer, the step and the call.
+"""
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .local import run_local
+from .plan import Plan
+from .schedule import Recv, Send, extents
+
+#: ringcoll's own tag, so its messages never match a caller's own send/recv (tag 0).
+TAG = 0x52430
+
+_timeout_s = float(os.environ.get("RINGCOLL_TIMEOUT", "300"))
+
+
+def set_timeout(seconds: float) -> None:
+    """How long one step may wait for its peers before failing (default 300 s, or the
+    ``RINGCOLL_TIMEOUT`` environment variable)."""
+    global _timeout_s
+    if not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    _timeout_s = float(seconds)
+
+
+def get_timeout() -> float:
+    return _timeout_s
+
+
+class PeerError(RuntimeError):
+    """A transfer with a peer failed or timed out."""
+
+    def __init__(self, message: str, *, rank: int, peer: int, step: int):
+        super().__init__(message)
+        self.rank, self.peer, self.step = rank, peer, step
+
+
+class P2PExecutor:
+    """Runs plans for one process group; keeps scratch buffers across calls."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.world)] \
+            if group is not dist.GroupMember.WORLD else list(range(self.world))
+        self.backend = str(dist.get_backend(group)).lower()
+        self.host_transport = self.backend != "nccl"
+        self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    # -- buffers -----------------------------------------------------------------------
+    def _buffers(self, plan: Plan, steps) -> Dict[str, torch.Tensor]:
+        buffers = dict(plan.buffers)
+        for name, need in extents(steps).items():
+            if name in buffers:
+                continue
+            key = (name, plan.dtype, plan.device)
+            scratch = self._scratch.get(key)
+            if scratch is None or scratch.numel() < need:
+                scratch = torch.empty(need, dtype=plan.dtype, device=plan.device)
+                self._scratch[key] = scratch
+            buffers[name] = scratch
+        return buffers
+
+    # -- running -----------------------------------------------------------------------
+    def run(self, plan: Plan) -> None:
+        steps = plan.steps()
+        buffers = self._buffers(plan, steps)
+        for before in plan.before:
+            before()
+        for index, st in enumerate(steps):
+            if st.comms:
+                self._exchange(plan, index, len(steps), st.comms, buffers)
+            if st.local:
+                run_local(plan.op, buffers, st.local)
+        for after in plan.after:
+            after()
+
+    def _fail(self, plan: Plan, index: int, total: int, item, error: BaseException) -> PeerError:
+        kind = "send to" if isinstance(item, Send) else "receive from"
+        message = (f"ringcoll {plan.describe}: rank {self.rank} step {index + 1}/{total}: "
+                   f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of "
+                   f"{item.buf!r} failed: {error}")
+        return PeerError(message, rank=self.rank, peer=item.peer, step=index)
+
+    def _exchange(self, plan: Plan, index: int, total: int, comms, buffers) -> None:
+        posted: List[Tuple[object, object, torch.Tensor, torch.Tensor]] = []
+        staged = self.host_transport and plan.device.type != "cpu"
+        for item in comms:
+            if not 0 <= item.peer < self.world or item.peer == self.rank:
+                raise ValueError(f"ringcoll {plan.describe}: step {index + 1} names peer {item.peer}, "
+                                 f"which is not another rank of a world of {self.world}")
+        if self.backend == "nccl":
+            ops = []
+            for item in comms:
+                tensor = buffers[item.buf.name][item.buf.start:item.buf.stop]
+                fn = dist.isend if isinstance(item, Send) else dist.irecv
+                ops.append(dist.P2POp(fn, tensor, self.global_ranks[item.peer], self.group, TAG))
+            try:
+                works = dist.batch_isend_irecv(ops)
+            except Exception as error:  # noqa: BLE001 - re-raised with its peer and step
+                raise self._fail(plan, index, total, comms[0], error) from error
+            for work in works:
+                work.wait()
+            return
+        for item in comms:
+            tensor = buffers[item.buf.name][item.buf.start:item.buf.stop]
+            wire = tensor
+            if staged:
+                wire = tensor.to("cpu") if isinstance(item, Send) else torch.empty(
+                    tensor.shape, dtype=tensor.dtype, device="cpu")
+            try:
+                if isinstance(item, Send):
+                    work = self.group.send([wire], item.peer, TAG)
+                else:
+                    work = self.group.recv([wire], item.peer, TAG)
+            except Exception as error:  # noqa: BLE001
+                raise self._fail(plan, index, total, item, error) from error
+            posted.append((item, work, tensor, wire))
+        deadline = time.monotonic() + _timeout_s
+        for item, work, tensor, wire in posted:
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                work.wait(timedelta(seconds=remaining))
+            except Exception as error:  # noqa: BLE001
+                raise self._fail(plan, index, total, item, error) from error
+            if wire is not tensor and isinstance(item, Recv):
+                tensor.copy_(wire)

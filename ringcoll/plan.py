@@ -1,0 +1,47 @@
+"""A plan: one rank's collective call, ready for an executor.
+
+The public API turns a call into a :class:`Plan` (the caller's flat buffers, the schedule,
+the local operator, and what runs before and after the schedule); the P2P executor runs it
+on a process group and the simulator runs every rank's plan in one process. Both therefore
+run exactly the same code around the schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .registry import Algorithm
+from .schedule import Layout, Step
+
+
+@dataclass
+class Plan:
+    collective: str
+    algorithm: Algorithm
+    rank: int
+    world: int
+    layout: Layout
+    buffers: Dict[str, torch.Tensor]                 # the caller's buffers, flat and contiguous
+    op: Optional[str] = None                         # local operator of the Reduce steps
+    before: List[Callable[[], None]] = field(default_factory=list)
+    after: List[Callable[[], None]] = field(default_factory=list)
+    result: object = None                            # what Work.result() returns
+    describe: str = ""                               # for logs and errors
+
+    def steps(self) -> List[Step]:
+        return list(self.algorithm.schedule(self.rank, self.world, self.layout))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.buffers.values())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.buffers.values())).device
+
+
+def view(buffers: Dict[str, torch.Tensor], buf) -> torch.Tensor:
+    """The tensor view of chunk ``buf``."""
+    return buffers[buf.name][buf.start:buf.stop]

@@ -1,0 +1,158 @@
+"""The schedule vocabulary: what an algorithm yields and what executors run.
+
+Words used everywhere in ringcoll:
+
+- a **buffer** is a flat 1-D tensor known by name. The caller's buffers are given by the
+  collective (``"data"`` for in-place collectives; ``"input"``/``"output"`` otherwise); any
+  other name (``"scratch"``, ``"scratch1"`` ...) is a scratch buffer that the executor
+  allocates with the extent the schedule uses and reuses across calls;
+- a **chunk** is a contiguous element range of a buffer, written ``Buf(name, start, stop)``;
+  one chunk per rank in a ring, cut into **segments** when pipelined;
+- a **step** is a set of point-to-point operations (``Send``/``Recv``) that are posted
+  together and waited on together, followed by local operations (``Reduce``/``Copy``) that
+  run once the step's transfers are complete. Sends of a step never read what the same step's
+  receives write.
+
+Messages between one (source, destination) pair match in the order they are posted, as
+gloo and NCCL match them. An algorithm is a pure function ``(rank, world, layout) ->
+Iterable[Step]`` that never touches torch.distributed: executors run it on a process group
+(:mod:`ringcoll.executor`) or on all ranks at once (:mod:`ringcoll.simulator`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class Buf:
+    """Elements ``[start, stop)`` of the buffer called ``name``."""
+
+    name: str
+    start: int
+    stop: int
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+    def sub(self, start: int, stop: int) -> "Buf":
+        """Elements ``[start, stop)`` of this chunk, relative to its start."""
+        return Buf(self.name, self.start + start, self.start + stop)
+
+    def __repr__(self) -> str:
+        return f"{self.name}[{self.start}:{self.stop}]"
+
+
+@dataclass(frozen=True)
+class Send:
+    peer: int
+    buf: Buf
+
+
+@dataclass(frozen=True)
+class Recv:
+    peer: int
+    buf: Buf
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """``dst = dst (op) srcs[0] (op) srcs[1] ...``; with ``out``, the result is also copied there."""
+
+    dst: Buf
+    srcs: Tuple[Buf, ...]
+    out: Optional[Buf] = None
+
+
+@dataclass(frozen=True)
+class Copy:
+    dst: Buf
+    src: Buf
+
+
+@dataclass(frozen=True)
+class Step:
+    comms: Tuple[Send | Recv, ...] = ()
+    local: Tuple[Reduce | Copy, ...] = ()
+
+
+def step(comms: Iterable[Send | Recv] = (), local: Iterable[Reduce | Copy] = ()) -> Step:
+    """A step without the empty parts: transfers and local work on zero elements are dropped
+    on both sides alike (a chunk's extent is a function of the layout, which every rank shares)."""
+    return Step(tuple(c for c in comms if c.buf.numel > 0),
+                tuple(op for op in local if op.dst.numel > 0))
+
+
+def sendrecv(send_peer: int, send_buf: Buf, recv_peer: int, recv_buf: Buf) -> Tuple[Send, Recv]:
+    """The exchange at the heart of rings and butterflies, posted together so it cannot deadlock."""
+    return Send(send_peer, send_buf), Recv(recv_peer, recv_buf)
+
+
+def reduce(dst: Buf, *srcs: Buf, out: Optional[Buf] = None) -> Reduce:
+    return Reduce(dst, tuple(srcs), out)
+
+
+def chunk_bounds(numel: int, parts: int) -> list[int]:
+    """Cumulative bounds of ``parts`` near-equal chunks of ``numel`` elements: chunk ``i`` is
+    ``[bounds[i], bounds[i + 1])``; the first ``numel % parts`` chunks hold one element more,
+    so any numel works, 0 and numel < parts included (trailing chunks are then empty)."""
+    base, extra = divmod(numel, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+def chunks(name: str, numel: int, parts: int, offset: int = 0) -> list[Buf]:
+    """``parts`` near-equal chunks of ``name[offset : offset + numel]``."""
+    bounds = chunk_bounds(numel, parts)
+    return [Buf(name, offset + bounds[i], offset + bounds[i + 1]) for i in range(parts)]
+
+
+def segments(chunk: Buf, segment_numel: int) -> list[Buf]:
+    """``chunk`` cut into segments of at most ``segment_numel`` elements (at least one segment)."""
+    if chunk.numel <= segment_numel or segment_numel <= 0:
+        return [chunk]
+    count = -(-chunk.numel // segment_numel)
+    return chunks(chunk.name, chunk.numel, count, chunk.start)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a schedule knows about the buffers: the element count of each caller buffer plus
+    the collective's parameters (root, split sizes ...). Identical on every rank."""
+
+    numel: int
+    params: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __getitem__(self, key):
+        return self.params[key]
+
+    def get(self, key, default=None):
+        return self.params.get(key, default)
+
+
+def buffers_of(steps: Sequence[Step]):
+    """Every chunk a schedule touches, for extent and scratch sizing."""
+    for st in steps:
+        for c in st.comms:
+            yield c.buf
+        for op in st.local:
+            if isinstance(op, Reduce):
+                yield op.dst
+                yield from op.srcs
+                if op.out is not None:
+                    yield op.out
+            else:
+                yield op.dst
+                yield op.src
+
+
+def extents(steps: Sequence[Step]) -> dict[str, int]:
+    """The number of elements each named buffer must hold for this schedule."""
+    need: dict[str, int] = {}
+    for buf in buffers_of(steps):
+        if buf.stop > need.get(buf.name, 0):
+            need[buf.name] = buf.stop
+    return need

@@ -1,0 +1,128 @@
+"""all_reduce: every rank ends with the element-wise reduction of all ranks' ``data``.
+
+Each chunk of the result is computed once, by one rank, in one fixed order, and then copied
+(or, in recursive doubling, computed by both partners from the same two operands, and IEEE
+addition, multiplication, min and max are commutative), so the result is bitwise identical on
+every rank.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, sendrecv, step
+from ..registry import Cost, register
+from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
+
+
+def _lg(world: int) -> int:
+    """ceil(log2(world))."""
+    return (world - 1).bit_length()
+
+
+def _fold_cost(world: int, nbytes: int) -> Cost:
+    return Cost(2, 2 * nbytes, nbytes) if world != largest_pof2(world) else Cost(0, 0, 0)
+
+
+def _ring_cost(world: int, nbytes: int) -> Cost:
+    share = (world - 1) / world * nbytes
+    return Cost(2 * (world - 1), 2 * share, share)
+
+
+@register("all_reduce", "ring", cost=_ring_cost)
+def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Ring all-reduce: a reduce-scatter then an all-gather around the ring, one chunk per rank.
+
+    Scatter-reduce: at step s each rank sends chunk (rank - s) to its right and reduces chunk
+    (rank - s - 1), received from its left, into its own; after world - 1 steps it owns chunk
+    (rank + 1) fully reduced. All-gather: the owned chunks travel world - 1 steps further to
+    the right, copied in place. Bandwidth-optimal.
+
+    Cost: 2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
+    """
+    if world == 1:
+        return
+    data = chunks("data", layout.numel, world)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    # scatter-reduce
+    for s in range(world - 1):
+        send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
+        recv_buf = Buf("scratch", 0, data[recv_idx].numel)
+        yield step(sendrecv(right, data[send_idx], left, recv_buf),
+                   [reduce(data[recv_idx], recv_buf)])
+    # allgather
+    for s in range(world - 1):
+        send_idx, recv_idx = (rank - s + 1) % world, (rank - s) % world
+        yield step(sendrecv(right, data[send_idx], left, data[recv_idx]))
+
+
+def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
+    steps = _lg(largest_pof2(world))
+    return Cost(steps, steps * nbytes, steps * nbytes).plus(_fold_cost(world, nbytes))
+
+
+@register("all_reduce", "recursive_doubling", cost=_recursive_doubling_cost)
+def all_reduce_recursive_doubling(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Recursive doubling: at step k each rank exchanges its whole vector with the rank whose
+    (folded) rank differs in bit k and reduces it in. Latency-optimal. A non-power-of-two
+    world folds its remainder ranks in first and hands them the result at the end.
+
+    Cost: lg p (α + nβ + nγ), plus 2α + 2nβ + nγ when p is not a power of two.
+    """
+    data = Buf("data", 0, layout.numel)
+    scratch = Buf("scratch", 0, layout.numel)
+    yield from fold_in(rank, world, data, scratch)
+    me = folded_rank(rank, world)
+    if me is not None:
+        mask = 1
+        while mask < largest_pof2(world):
+            peer = real_rank(me ^ mask, world)
+            yield step(sendrecv(peer, data, peer, scratch), [reduce(data, scratch)])
+            mask <<= 1
+    yield from fold_out(rank, world, data)
+
+
+def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
+    pof2 = largest_pof2(world)
+    share = (pof2 - 1) / pof2 * nbytes
+    return Cost(2 * _lg(pof2), 2 * share, share).plus(_fold_cost(world, nbytes))
+
+
+@register("all_reduce", "rabenseifner", cost=_rabenseifner_cost)
+def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Rabenseifner: a recursive-halving reduce-scatter then a recursive-doubling all-gather.
+
+    The vector is cut into pof2 chunks. Reduce-scatter: at each step, with the distance
+    halving from pof2/2 to 1, a rank and its partner (folded rank xor distance) each keep half
+    of the chunks they still share, send the other half and reduce the half they keep; the
+    folded rank q ends owning chunk q. All-gather: the same pairs in reverse order swap what
+    they own, doubling it each step. A non-power-of-two world folds in first (MPICH).
+
+    Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus 2α + 2nβ + nγ when p is not a power of two.
+    """
+    data = Buf("data", 0, layout.numel)
+    yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
+    me = folded_rank(rank, world)
+    if me is not None:
+        pof2 = largest_pof2(world)
+        data_chunks = chunks("data", layout.numel, pof2)
+
+        def span(lo: int, hi: int) -> Buf:
+            return Buf("data", data_chunks[lo].start, data_chunks[hi - 1].stop)
+
+        lo, hi = 0, pof2
+        distance = pof2 // 2
+        history = []
+        # scatter-reduce
+        while distance >= 1:
+            peer = real_rank(me ^ distance, world)
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+            recv_buf = Buf("scratch", 0, span(*keep).numel)
+            yield step(sendrecv(peer, span(*give), peer, recv_buf), [reduce(span(*keep), recv_buf)])
+            history.append((peer, keep, give))
+            lo, hi = keep
+            distance //= 2
+        # allgather
+        for peer, keep, give in reversed(history):
+            yield step(sendrecv(peer, span(*keep), peer, span(*give)))
+    yield from fold_out(rank, world, data)

@@ -1,0 +1,53 @@
+"""Non-power-of-two worlds, MPICH style: fold the remainder ranks in first.
+
+With ``pof2`` the largest power of two <= world and ``rem = world - pof2``: among ranks below
+``2 * rem`` each even rank hands its whole vector to ``rank + 1`` and sits out, each odd rank
+reduces it and takes the new rank ``rank // 2``; ranks from ``2 * rem`` on take
+``rank - rem``. The power-of-two algorithm runs on new ranks, then each odd rank hands the
+result back to ``rank - 1``. Extra cost: 2α + 2nβ + nγ.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from ..schedule import Buf, Recv, Send, Step, reduce, step
+
+
+def largest_pof2(world: int) -> int:
+    return 1 << (world.bit_length() - 1)
+
+
+def folded_rank(rank: int, world: int) -> Optional[int]:
+    """This rank's rank in the power-of-two world, or None if it sits the algorithm out."""
+    rem = world - largest_pof2(world)
+    if rank < 2 * rem:
+        return rank // 2 if rank % 2 else None
+    return rank - rem
+
+
+def real_rank(folded: int, world: int) -> int:
+    """The world rank that plays ``folded`` in the power-of-two world."""
+    rem = world - largest_pof2(world)
+    return 2 * folded + 1 if folded < rem else folded + rem
+
+
+def fold_in(rank: int, world: int, data: Buf, scratch: Buf) -> Iterator[Step]:
+    """Even ranks below 2·rem hand their vector to rank + 1, which reduces it."""
+    rem = world - largest_pof2(world)
+    if rank >= 2 * rem:
+        return
+    if rank % 2 == 0:
+        yield step([Send(rank + 1, data)])
+    else:
+        yield step([Recv(rank - 1, scratch)], [reduce(data, scratch)])
+
+
+def fold_out(rank: int, world: int, data: Buf) -> Iterator[Step]:
+    """Odd ranks below 2·rem hand the result back to rank - 1."""
+    rem = world - largest_pof2(world)
+    if rank >= 2 * rem:
+        return
+    if rank % 2 == 0:
+        yield step([Recv(rank + 1, data)])
+    else:
+        yield step([Send(rank - 1, data)])

@@ -1,0 +1,41 @@
+"""Shared test fixtures: one local gloo cluster per world size, kept alive for the session.
+
+Spawning a rank costs about a second, so every test that needs real processes asks
+``clusters(world)`` and gets the same live cluster back; a cluster that a failing test
+brought down is relaunched on the next request.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import ringcoll
+
+#: the world sizes the built-in comparison tests run at
+WORLDS = (1, 2, 3, 4, 5, 8)
+
+
+class Clusters:
+    def __init__(self):
+        self._live: dict[int, ringcoll.launch] = {}
+
+    def __call__(self, world: int):
+        cluster = self._live.get(world)
+        if cluster is None or not cluster.alive:
+            cluster = ringcoll.launch(world, "gloo", timeout=float(os.environ.get("RINGCOLL_TEST_TIMEOUT", 120)),
+                                      threads=1, env={"RINGCOLL_TIMEOUT": "60"})
+            self._live[world] = cluster
+        return cluster
+
+    def close(self):
+        for cluster in self._live.values():
+            cluster.close()
+        self._live.clear()
+
+
+@pytest.fixture(scope="session")
+def clusters():
+    pool = Clusters()
+    yield pool
+    pool.close()
