@@ -89,10 +89,8 @@ def _rank_main(rank: int, world: int, backend: str, port: int, conn, threads: in
                 conn.send(("ok", result))
             except Exception as error:  # noqa: BLE001 - an unpicklable result
                 conn.send(("error", _pack(error)))
-    try:
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
+    conn.close()
+    os._exit(0)     # no teardown handshake with the peers: they are all stopping too
 
 
 def _pack(error: BaseException):
@@ -215,18 +213,22 @@ class Cluster:
             ready = mp.connection.wait(list(pending.values()) + [
                 s for s, r in sentinels.items() if r in pending], timeout=limit - now)
             for item in ready:
-                if item in sentinels:
-                    rank = sentinels[item]
-                    if rank in pending and not pending[rank].poll():
-                        code = self._procs[rank].exitcode
-                        self.close()
-                        raise ClusterError(f"rank {rank} died (exit code {code}) during {what}")
+                rank = sentinels.get(item)
+                ended = rank is not None
+                if rank is None:
+                    rank = next((r for r, c in pending.items() if c is item), None)
+                if rank is None or rank not in pending:
                     continue
-                rank = next(r for r, c in pending.items() if c is item)
+                conn = pending[rank]
                 try:
-                    status, payload = item.recv()
-                except EOFError:
-                    continue
+                    if ended and not conn.poll():
+                        raise EOFError              # the process ended without a last word
+                    status, payload = conn.recv()
+                except (EOFError, OSError):
+                    self._procs[rank].join(1.0)
+                    code = self._procs[rank].exitcode
+                    self.close()
+                    raise ClusterError(f"rank {rank} died (exit code {code}) during {what}") from None
                 del pending[rank]
                 if status == "error":
                     errors[rank] = payload

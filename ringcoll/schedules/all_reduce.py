@@ -126,3 +126,41 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
         for peer, keep, give in reversed(history):
             yield step(sendrecv(peer, span(*keep), peer, span(*give)))
     yield from fold_out(rank, world, data)
+
+
+from .trees import Phase, all_reduce_trees, halves, pipeline, segment_count, segment_numel  # noqa: E402
+
+
+def _double_binary_tree_cost(world: int, nbytes: int) -> Cost:
+    if world == 1:
+        return Cost(0, 0, 0)
+    k = segment_count(nbytes / 2)
+    seg = nbytes / 2 / k
+    steps = k + 2 * (_lg(world) + 1)
+    return Cost(steps, steps * 4 * seg, steps * 2 * seg)
+
+
+@register("all_reduce", "double_binary_tree", cost=_double_binary_tree_cost)
+def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Double binary tree (NCCL): two binary trees over all ranks, the second the mirror
+    (p even) or a one-rank shift (p odd) of the first, so a rank is interior in at most one.
+    The first tree carries the first half of the vector, the second the other half, each in
+    segments pipelined up then down its tree on one clock: a rank at depth d (height h of the
+    tree) receives segment j of its children at step j + h - d - 1 and reduces them into its
+    own (``data (op) first child (op) second child``), sends it up at step j + h - d; the top
+    has the result at step j + h - 1 and from step j + h it flows down, a rank at depth d
+    receiving it at step j + h + d - 1 and passing it on at step j + h + d. Every segment of
+    the result is reduced once, at a top, and copied everywhere: bitwise identical.
+
+    Cost: ≈ (k + 2 lg p)(α + 2nβ/k + nγ/k), k = ⌈n / (2·segment)⌉ segments per tree.
+    """
+    if world == 1:
+        return
+    first, second = all_reduce_trees(world)
+    segs_a, segs_b = halves(layout.numel, segment_numel(layout))
+    slot = max(s.numel for s in segs_a + segs_b)
+    phases = [Phase(first, segs_a, up=True, scratch=0),
+              Phase(first, segs_a, up=False, offset=first.height),
+              Phase(second, segs_b, up=True, scratch=2),
+              Phase(second, segs_b, up=False, offset=second.height)]
+    yield from pipeline(rank, phases, slot)

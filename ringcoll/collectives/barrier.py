@@ -1,0 +1,76 @@
+"""The barrier drop-in: a dissemination schedule on a one-element token."""
+from __future__ import annotations
+
+__all__ = ["barrier"]
+
+import numbers
+
+import torch
+
+from ..schedule import Layout
+from ._common import Context, builder, group_context, new_plan, pick
+
+
+def _token_device(ctx: Context, device_ids) -> torch.device:
+    """CPU for gloo (torch's gloo ignores device_ids); for NCCL the first of ``device_ids``,
+    else the current CUDA device, as torch's barrier chooses."""
+    if ctx.executor is None or ctx.executor.backend != "nccl":
+        return torch.device("cpu")
+    if device_ids:
+        return torch.device("cuda", device_ids[0])
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@builder("barrier")
+def build_barrier(ctx: Context, device_ids=None, *, algorithm="auto"):
+    if device_ids is not None:
+        if not isinstance(device_ids, list):
+            raise TypeError(f"device_ids must be a list of ints or None, got {type(device_ids).__name__}")
+        for i, device in enumerate(device_ids):
+            if not isinstance(device, numbers.Integral) or isinstance(device, bool) or device < 0:
+                raise TypeError(f"device_ids[{i}] must be a non-negative int, got {device!r}")
+    chosen, why = pick("barrier", algorithm, 0, ctx)
+    if ctx.rank is None:
+        return None
+    token = torch.ones(1, dtype=torch.uint8, device=_token_device(ctx, device_ids))
+    return new_plan("barrier", chosen, why, ctx, Layout(1), {"token": token}, result=[],
+                    describe_as=f"barrier/{chosen.name}")
+
+
+def barrier(group=None, async_op=False, device_ids=None, *, algorithm="auto"):
+    """Synchronize all processes.
+
+    This collective blocks processes until the whole group enters this function, if
+    async_op is False, or if async work handle is called on wait(). No data moves: ranks
+    exchange a one-byte token (on CPU over gloo; on the CUDA device over NCCL).
+
+    Unlike torch 2.13, there is no ``timeout`` argument: the step timeout
+    (``ringcoll.set_timeout``, default 300 s) bounds each wait.
+
+    Args:
+        group (ProcessGroup, optional): The process group to work on. If None, the default
+            process group will be used.
+        async_op (bool, optional): Whether this op should be an async op.
+        device_ids ([int], optional): List of device/GPU ids. Only one id is expected: on an
+            NCCL group the token lives on ``cuda:device_ids[0]`` (else the current device);
+            ignored on gloo.
+        algorithm (str, keyword-only): ``"auto"`` or one of
+            ``ringcoll.algorithms("barrier")``: ``dissemination``.
+
+    Returns:
+        Async work handle, if async_op is set to True. None, if not async_op or if not part
+        of the group.
+
+    Examples:
+        >>> # We have 2 ranks; rank 1 arrives 2 s late.
+        >>> if rank == 1:
+        ...     time.sleep(2)
+        >>> ringcoll.barrier()
+        >>> time.time()
+        1764680402.1  # Rank 0: returns only once rank 1 has arrived
+        1764680402.1  # Rank 1
+    """
+    if not isinstance(async_op, bool):
+        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    ctx = group_context(group)
+    return ctx.submit(build_barrier(ctx, device_ids, algorithm=algorithm), async_op)

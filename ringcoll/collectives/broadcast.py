@@ -1,0 +1,106 @@
+"""The broadcast drop-in, and the root-rank checks that the rooted collectives share."""
+from __future__ import annotations
+
+__all__ = ["broadcast"]
+
+import numbers
+from typing import Optional
+
+from ..schedule import Layout
+from ..schedules import trees
+from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+
+
+def _group_root(ctx: Context, name: str, global_root, group_name: str, group_root) -> Optional[int]:
+    """The root's rank in the group, from exactly one of a global rank (``name``, as torch's
+    ``src``/``dst``) and a group rank (``group_name``, as torch's ``group_src``/``group_dst``).
+    TypeError/ValueError naming the parameter unless it is an int that names a member of the
+    group. Outside the group (``ctx.rank`` None) only the type is checked, and None returned."""
+    if global_root is not None and group_root is not None:
+        raise ValueError(f"give exactly one of {name} and {group_name}, got {name}={global_root!r} "
+                         f"and {group_name}={group_root!r}")
+    if global_root is None and group_root is None:
+        raise ValueError(f"{name} (a global rank) or {group_name} (a rank in the group) must be given")
+    param, value = (name, global_root) if global_root is not None else (group_name, group_root)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{param} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if ctx.world is None:
+        if value < 0:
+            raise ValueError(f"{param} must be a non-negative rank, got {value}")
+        return None
+    if param == group_name:
+        if not 0 <= value < ctx.world:
+            raise ValueError(f"{group_name} must be a rank of the group, in [0, {ctx.world}), got {value}")
+        return value
+    members = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
+    if value not in members:
+        if members == list(range(len(members))):
+            raise ValueError(f"{name} must be a rank in [0, {len(members)}), got {value}")
+        raise ValueError(f"{name} must be the global rank of a member of the group, one of "
+                         f"{members}, got {value}")
+    return members.index(value)
+
+
+def _segment(tensor) -> int:
+    """The pipelined algorithms' segment, in elements of ``tensor``."""
+    return max(1, trees.SEGMENT_BYTES // tensor.element_size())
+
+
+@builder("broadcast")
+def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm="auto"):
+    check_tensor("tensor", tensor)
+    root = _group_root(ctx, "src", src, "group_src", group_src)
+    chosen, why = pick("broadcast", algorithm, tensor.numel() * tensor.element_size(), ctx)
+    if ctx.rank is None:
+        return None
+    check_device("tensor", tensor, ctx)
+    data, write_back = flat(tensor)
+    layout = Layout(data.numel(), {"root": root, "segment": _segment(tensor)})
+    plan = new_plan("broadcast", chosen, why, ctx, layout, {"data": data}, result=[tensor],
+                    describe_as=describe("broadcast", chosen.name, tensor, f"root {root}"))
+    if write_back is not None:
+        plan.after.append(write_back)
+    return plan
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, algorithm="auto"):
+    """Broadcasts the tensor to the whole group.
+
+    ``tensor`` must have the same number of elements in all processes participating in the
+    collective. After the call ``tensor`` is bitwise identical to the source's in all
+    processes of the group. A non-contiguous tensor is received through a contiguous copy and
+    written back.
+
+    Args:
+        tensor (Tensor): Data to be sent if ``src`` is the rank of current process, and
+            tensor to be used to save received data otherwise.
+        src (int): Source rank on global process group (regardless of ``group`` argument).
+        group (ProcessGroup, optional): The process group to work on. If None, the default
+            process group will be used.
+        async_op (bool, optional): Whether this op should be an async op.
+        group_src (int): Source rank on ``group``. Must specify one of ``group_src`` and
+            ``src`` but not both.
+        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
+            or one of ``ringcoll.algorithms("broadcast")``: ``binomial``,
+            ``pipelined_chain``, ``scatter_allgather``, ``double_binary_tree``.
+
+    Returns:
+        Async work handle, if async_op is set to True. None, if not async_op or if not part
+        of the group.
+
+    Examples:
+        >>> # We have 2 process groups, 2 ranks.
+        >>> tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * rank
+        >>> tensor
+        tensor([1, 2]) # Rank 0
+        tensor([3, 4]) # Rank 1
+        >>> ringcoll.broadcast(tensor, src=1, algorithm="binomial")
+        >>> tensor
+        tensor([3, 4]) # Rank 0
+        tensor([3, 4]) # Rank 1
+    """
+    if not isinstance(async_op, bool):
+        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    ctx = group_context(group)
+    return ctx.submit(build_broadcast(ctx, tensor, src, group_src=group_src, algorithm=algorithm), async_op)

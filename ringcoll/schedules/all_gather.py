@@ -1,0 +1,137 @@
+"""all_gather: every rank ends with every rank's block, in rank order, in ``output``.
+
+Words: ``input`` is this rank's block; ``output`` holds one block per rank (block ``r`` is rank
+r's ``input``), so ``layout.numel`` is the gathered total, world × block. With
+``layout["in_place"]`` the input already lies in this rank's block of the output.
+
+Every algorithm first places the rank's own block (a local copy), so the caller's input is
+read only at the first step and may alias any part of the output. Blocks are only ever
+copied, never combined, so the result is bitwise identical on every rank.
+"""
+from __future__ import annotations
+
+from typing import Iterator, List
+
+from ..registry import Cost, register
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, sendrecv, step
+from .fold import folded_rank, largest_pof2, real_rank
+
+
+def _lg(world: int) -> int:
+    """ceil(log2(world))."""
+    return (world - 1).bit_length()
+
+
+def span(blocks: List[Buf], lo: int, hi: int) -> Buf:
+    """Blocks ``[lo, hi)`` of one buffer as one chunk (empty when ``lo == hi``)."""
+    if lo >= hi:
+        return Buf(blocks[0].name, blocks[0].start, blocks[0].start)
+    return Buf(blocks[lo].name, blocks[lo].start, blocks[hi - 1].stop)
+
+
+def _place_own(rank: int, world: int, layout: Layout, output: List[Buf]) -> Iterator[Step]:
+    """Copy this rank's input into its block of the output, unless it is already there."""
+    if not layout.get("in_place", False):
+        yield step(local=[Copy(output[rank], Buf("input", 0, output[rank].numel))])
+
+
+def _ring_cost(world: int, nbytes: int) -> Cost:
+    return Cost(world - 1, (world - 1) / world * nbytes, 0)
+
+
+@register("all_gather", "ring", cost=_ring_cost)
+def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Ring all-gather: at step s each rank sends block (rank - s) to its right and receives
+    block (rank - s - 1) from its left, straight into the output; after world - 1 steps every
+    block has gone round. Bandwidth-optimal, latency linear in p.
+
+    Cost: (p-1)α + (p-1)/p·nβ (n: the gathered total).
+    """
+    output = chunks("output", layout.numel, world)
+    yield from _place_own(rank, world, layout, output)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for s in range(world - 1):
+        send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
+        yield step(sendrecv(right, output[send_idx], left, output[recv_idx]))
+
+
+def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
+    pof2 = largest_pof2(world)
+    cost = Cost(_lg(pof2), (pof2 - 1) / pof2 * nbytes, 0)
+    if world != pof2:
+        cost = cost.plus(Cost(2, nbytes / world + nbytes, 0))
+    return cost
+
+
+@register("all_gather", "recursive_doubling", cost=_recursive_doubling_cost)
+def all_gather_recursive_doubling(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Recursive doubling: at step k each rank swaps everything it holds with the rank whose
+    (folded) rank differs in bit k, doubling what it holds. Latency-optimal.
+
+    A non-power-of-two world folds first (the fold of :mod:`.fold`, not MPICH's tree
+    fix-up): each even rank below 2·rem hands its block to rank + 1 and sits out; folded rank
+    q then stands for blocks [first(q), first(q + 1)) with first(q) = 2q for q < rem and
+    q + rem after, so any run of folded ranks is one contiguous range of the output and each
+    swap is one message. At the end each odd rank below 2·rem hands the whole output back.
+
+    Cost: lg p α + (p-1)/p·nβ; when p is not a power of two ⌊lg p⌋α + (pof2-1)/pof2·nβ plus
+    2α + (n/p + n)β for the fold.
+    """
+    output = chunks("output", layout.numel, world)
+    whole = span(output, 0, world)
+    pof2 = largest_pof2(world)
+    rem = world - pof2
+    me = folded_rank(rank, world)
+    if me is None:                      # even rank below 2·rem: hand over the block, get all back
+        own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+        yield step([Send(rank + 1, own)])
+        yield step([Recv(rank + 1, whole)])
+        return
+    yield from _place_own(rank, world, layout, output)
+    if rank < 2 * rem:
+        yield step([Recv(rank - 1, output[rank - 1])])
+
+    def first(q: int) -> int:
+        return 2 * q if q < rem else q + rem
+
+    mask = 1
+    while mask < pof2:
+        peer = me ^ mask
+        mine, theirs = me // mask * mask, peer // mask * mask
+        yield step(sendrecv(real_rank(peer, world), span(output, first(mine), first(mine + mask)),
+                            real_rank(peer, world), span(output, first(theirs), first(theirs + mask))))
+        mask <<= 1
+    if rank < 2 * rem:
+        yield step([Send(rank - 1, whole)])
+
+
+def _bruck_cost(world: int, nbytes: int) -> Cost:
+    return Cost(_lg(world), (world - 1) / world * nbytes, 0)
+
+
+@register("all_gather", "bruck", cost=_bruck_cost)
+def all_gather_bruck(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Bruck: blocks gather in a scratch buffer in rotated order (slot i holds the block of
+    rank + i). At the step with distance d = 1, 2, 4 ... each rank sends its first
+    min(d, p - d) slots to rank - d and receives as many into slots [d, 2d) from rank + d. A
+    final local rotation puts block (rank + i) at output position rank + i. ⌈lg p⌉ steps at
+    any p, no fold.
+
+    Cost: ⌈lg p⌉α + (p-1)/p·nβ, plus a local copy of n.
+    """
+    output = chunks("output", layout.numel, world)
+    slots = chunks("scratch", layout.numel, world)
+    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    if world == 1:
+        yield from _place_own(rank, world, layout, output)
+        return
+    yield step(local=[Copy(slots[0], own)])
+    distance = 1
+    while distance < world:
+        count = min(distance, world - distance)
+        yield step(sendrecv((rank - distance) % world, span(slots, 0, count),
+                            (rank + distance) % world, span(slots, distance, distance + count)))
+        distance <<= 1
+    # rotate: slot i -> block (rank + i) % world
+    yield step(local=[Copy(span(output, rank, world), span(slots, 0, world - rank)),
+                      Copy(span(output, 0, rank), span(slots, world - rank, world))])

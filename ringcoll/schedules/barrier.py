@@ -1,0 +1,32 @@
+"""barrier: no rank leaves before every rank has entered.
+
+A barrier moves no data, only a one-element **token** (the caller's ``token`` buffer; it is
+received into scratch so a step never sends what it receives). A send completes only once
+its receive is posted, and a step's transfers are waited on together, so a rank that
+finishes step k has heard, directly or through others, from the 2^(k+1) - 1 ranks behind it.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..schedule import Buf, Layout, Recv, Send, Step, step
+from ..registry import Cost, register
+
+
+def _lg(world: int) -> int:
+    """ceil(log2(world))."""
+    return (world - 1).bit_length()
+
+
+@register("barrier", "dissemination", cost=lambda world, nbytes: Cost(_lg(world), 0, 0))
+def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Dissemination (Hensgen, Finkel and Manber 1988): at step k each rank sends the token
+    to (rank + 2^k) % p and receives one from (rank - 2^k) % p. After ⌈lg p⌉ steps every rank
+    has heard from all the others, at any p, power of two or not.
+
+    Cost: ⌈lg p⌉α.
+    """
+    token, received = Buf("token", 0, 1), Buf("scratch", 0, 1)
+    for k in range(_lg(world)):
+        distance = 1 << k
+        yield step([Send((rank + distance) % world, token), Recv((rank - distance) % world, received)])

@@ -1,0 +1,139 @@
+"""broadcast: every rank ends with the root's ``data``.
+
+Layout parameters: ``root`` (the root's rank in the group) and, for the pipelined
+algorithms, ``segment`` (elements per segment; see :data:`trees.SEGMENT_BYTES`). Every
+algorithm is written on vranks, ``vrank = (rank - root) % world``, the root being vrank 0.
+Data is only copied, never computed, so every rank ends with the root's bits.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..registry import Cost, register
+from ..schedule import Buf, Layout, Recv, Send, Step, chunks, segments, step
+from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, rooted, rooted_trees, \
+    segment_count, segment_numel
+
+
+def _binomial_cost(world: int, nbytes: int) -> Cost:
+    return Cost(lg(world), lg(world) * nbytes, 0)
+
+
+@register("broadcast", "binomial", cost=_binomial_cost)
+def broadcast_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Binomial tree: vrank v (lowest set bit b) receives the vector from v - b, then sends it
+    to v + b/2, v + b/4, ..., v + 1 (the root to v + 2^k for every 2^k < p), the largest
+    subtree first, one send per step. Latency-optimal; each byte crosses lg p links in turn.
+
+    Cost: ⌈lg p⌉(α + nβ).
+    """
+    root = layout["root"]
+    yield from rooted(_binomial(((rank - root) % world), world, Buf("data", 0, layout.numel)), root, world)
+
+
+def _binomial(vrank: int, world: int, data: Buf) -> Iterator[Step]:
+    parent, children = binomial(vrank, world)
+    if parent is not None:
+        yield step([Recv(parent, data)])
+    for child in children:
+        yield step([Send(child, data)])
+
+
+def _chain_cost(world: int, nbytes: int) -> Cost:
+    k = segment_count(nbytes)
+    hops = world - 1 + k - 1 if world > 1 else 0
+    return Cost(hops, hops * nbytes / k, 0)
+
+
+@register("broadcast", "pipelined_chain", cost=_chain_cost)
+def broadcast_pipelined_chain(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Pipelined chain: the ranks in ring order from the root, root -> root + 1 -> ... ->
+    root - 1, the vector cut into k segments. Vrank v receives segment j from its left at step
+    j + v - 1 and forwards it to its right at step j + v, so after the pipe fills every link
+    carries one segment per step. Bandwidth-optimal at large n (each rank sends n once).
+
+    Cost: (p - 1 + k - 1)(α + nβ/k), k = ⌈n / segment⌉.
+    """
+    root = layout["root"]
+    segs = segments(Buf("data", 0, layout.numel), segment_numel(layout))
+    chain = Tree.chain(list(range(world)))
+    yield from rooted(pipeline((rank - root) % world, [Phase(chain, segs, up=False)], 0), root, world)
+
+
+def _scatter_allgather_cost(world: int, nbytes: int) -> Cost:
+    share = (world - 1) / world * nbytes
+    return Cost(lg(world) + world - 1, 2 * share, 0)
+
+
+@register("broadcast", "scatter_allgather", cost=_scatter_allgather_cost)
+def broadcast_scatter_allgather(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Scatter then ring all-gather (van de Geijn; MPICH's long-message broadcast). The vector
+    is cut into one chunk per vrank. Scatter: down the binomial tree, vrank v receives the
+    chunks of its subtree [v, v + lowbit(v)) and hands each child its subtree's chunks.
+    All-gather: at step s vrank v sends chunk (v - s) to its right and receives chunk
+    (v - s - 1) from its left, skipping the chunks the receiver already holds from the
+    scatter (both ends know which).
+
+    Cost: (⌈lg p⌉ + p - 1)α + 2(p-1)/p·nβ.
+    """
+    root = layout["root"]
+    yield from rooted(_scatter_allgather((rank - root) % world, world, layout.numel), root, world)
+
+
+def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
+    if world == 1:
+        return
+    data = chunks("data", numel, world)
+
+    def span(lo: int, hi: int) -> Buf:
+        return Buf("data", data[lo].start, data[hi - 1].stop)
+
+    def holds(v: int, chunk: int) -> bool:
+        lo, hi = binomial_span(v, world)
+        return lo <= chunk < hi
+
+    # scatter
+    parent, children = binomial(vrank, world)
+    if parent is not None:
+        yield step([Recv(parent, span(*binomial_span(vrank, world)))])
+    for child in children:
+        yield step([Send(child, span(*binomial_span(child, world)))])
+    # allgather
+    right, left = (vrank + 1) % world, (vrank - 1) % world
+    for s in range(world - 1):
+        send_idx, recv_idx = (vrank - s) % world, (vrank - s - 1) % world
+        comms = []
+        if not holds(right, send_idx):
+            comms.append(Send(right, data[send_idx]))
+        if not holds(vrank, recv_idx):
+            comms.append(Recv(left, data[recv_idx]))
+        st = step(comms)
+        if st.comms:
+            yield st
+
+
+def _double_tree_cost(world: int, nbytes: int) -> Cost:
+    if world == 1:
+        return Cost(0, 0, 0)
+    k = segment_count(nbytes / 2)
+    seg = nbytes / 2 / k
+    steps = k + lg(world) + 1
+    return Cost(steps, steps * 2 * seg, 0)
+
+
+@register("broadcast", "double_binary_tree", cost=_double_tree_cost)
+def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Double binary tree (Sanders-Speck-Träff two-tree; NCCL's trees): NCCL's two binary trees
+    over the p - 1 vranks other than the root, the root above the top of each. The first
+    tree carries the first half of the vector, the second the other half, each pipelined in
+    segments down its tree (a rank at depth d receives segment j at step j + d - 1 and sends
+    it to its children at step j + d). A rank is interior in at most one tree, so it sends
+    at most two segments per step, and the root sends each byte once.
+
+    Cost: ≈ (k + lg p)(α + nβ/k), k = ⌈n / (2·segment)⌉ segments per tree: nβ + O(lg p) α.
+    """
+    root = layout["root"]
+    first, second = rooted_trees(world)
+    segs_a, segs_b = halves(layout.numel, segment_numel(layout))
+    phases = [Phase(first, segs_a, up=False), Phase(second, segs_b, up=False)]
+    yield from rooted(pipeline((rank - root) % world, phases, 0), root, world)

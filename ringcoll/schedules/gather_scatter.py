@@ -1,0 +1,161 @@
+"""gather and scatter: blocks between every rank and one root, ``layout["root"]``.
+
+Words: ``layout.numel`` is the total, world × block. gather: every rank's ``input`` is one
+block; the root's ``output`` holds them in rank order. scatter: the root's ``input`` holds
+one block per rank; every rank's ``output`` is its block. Trees work in *relative* ranks,
+``rel = (rank - root) % world``; a non-root rank keeps its subtree's blocks in relative order
+in the scratch buffer ``subtree``; the root keeps them in rank order, so the one message
+between the root and a child whose relative blocks wrap past the last rank goes as two.
+"""
+from __future__ import annotations
+
+from typing import Iterator, List, Tuple
+
+from ..registry import Cost, register
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, step
+from .all_gather import span
+
+
+def _lg(world: int) -> int:
+    return (world - 1).bit_length()
+
+
+def _linear_cost(world: int, nbytes: int) -> Cost:
+    return Cost(world - 1, (world - 1) / world * nbytes, 0)
+
+
+def _binomial_cost(world: int, nbytes: int) -> Cost:
+    return Cost(_lg(world), (world - 1) / world * nbytes, 0)
+
+
+def _pieces(lo: int, hi: int, root: int, world: int) -> List[Tuple[int, int]]:
+    """Relative blocks [lo, hi) cut where rank order wraps from world - 1 to 0."""
+    wrap = world - root
+    if lo < wrap < hi:
+        return [(lo, wrap), (wrap, hi)]
+    return [(lo, hi)]
+
+
+def _at_root(blocks: List[Buf], lo: int, hi: int, root: int, world: int) -> List[Buf]:
+    """Relative blocks [lo, hi) as chunks of the root's rank-ordered buffer."""
+    return [span(blocks, (a + root) % world, (a + root) % world + b - a) for a, b in _pieces(lo, hi, root, world)]
+
+
+def _in_subtree(subtree: List[Buf], base: int, lo: int, hi: int, root: int, world: int) -> List[Buf]:
+    """Relative blocks [lo, hi) of a subtree starting at relative block ``base``, cut as the
+    root cuts them (when talking to the root) -- the same messages on both ends."""
+    return [span(subtree, a - base, b - base) for a, b in _pieces(lo, hi, root, world)]
+
+
+@register("gather", "linear", cost=_linear_cost)
+def gather_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Linear gather: every rank sends its block to the root, which posts all p - 1 receives
+    at once, straight into their places in the output.
+
+    Cost: (p-1)α + (p-1)/p·nβ, all through the root's link.
+    """
+    root = layout["root"]
+    output = chunks("output", layout.numel, world)
+    mine = Buf("input", 0, output[0].numel)
+    if rank == root:
+        yield step(local=[Copy(output[root], mine)])
+        yield step([Recv(peer, output[peer]) for peer in range(world) if peer != root])
+    else:
+        yield step([Send(root, mine)])
+
+
+@register("gather", "binomial", cost=_binomial_cost)
+def gather_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Binomial-tree gather (MPICH): the rank with relative rank rel receives, at once, the
+    subtrees of its children rel + 2^k (for each 2^k below rel's lowest set bit), each of
+    min(2^k, p - rel - 2^k) blocks, then sends its whole subtree to rel - (lowest set bit).
+    Leaves send their input; the root receives straight into the output.
+
+    Cost: ⌈lg p⌉α + (p-1)/p·nβ.
+    """
+    root = layout["root"]
+    output = chunks("output", layout.numel, world)
+    subtree = chunks("subtree", layout.numel, world)
+    block = output[0].numel
+    mine = Buf("input", 0, block)
+    rel = (rank - root) % world
+    children = []
+    mask = 1
+    while mask < world and not rel & mask:
+        if rel + mask < world:
+            children.append((rel + mask, min(rel + 2 * mask, world)))
+        mask <<= 1
+    size = min(mask, world - rel)           # blocks in this rank's subtree, its own included
+    if rank == root:
+        yield step(local=[Copy(output[root], mine)])
+        yield step([Recv((lo + root) % world, buf) for lo, hi in children
+                    for buf in _at_root(output, lo, hi, root, world)])
+        return
+    parent = (rel - mask + root) % world
+    if not children:
+        yield step([Send(parent, mine)])
+        return
+    yield step([Recv((lo + root) % world, span(subtree, lo - rel, hi - rel)) for lo, hi in children],
+               [Copy(subtree[0], mine)])
+    sends = _in_subtree(subtree, rel, rel, rel + size, root, world) if rel - mask == 0 \
+        else [span(subtree, 0, size)]
+    yield step([Send(parent, buf) for buf in sends])
+
+
+@register("scatter", "linear", cost=_linear_cost)
+def scatter_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Linear scatter: the root posts p - 1 sends at once, one block straight from its input
+    to each rank, then copies its own block.
+
+    Cost: (p-1)α + (p-1)/p·nβ, all through the root's link.
+    """
+    root = layout["root"]
+    inputs = chunks("input", layout.numel, world)
+    output = Buf("output", 0, inputs[0].numel)
+    if rank == root:
+        # the own block last: the caller's output may overlap another rank's block
+        yield step([Send(peer, inputs[peer]) for peer in range(world) if peer != root],
+                   [Copy(output, inputs[root])])
+    else:
+        yield step([Recv(root, output)])
+
+
+@register("scatter", "binomial", cost=_binomial_cost)
+def scatter_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Binomial-tree scatter (MPICH): the rank with relative rank rel receives its subtree's
+    blocks [rel, rel + lowest set bit) from rel - (lowest set bit), then hands each child
+    rel + 2^k, largest first, the blocks of its subtree, one send per step so the largest
+    subtree starts forwarding first. Leaves receive straight into their output.
+
+    Cost: ⌈lg p⌉α + (p-1)/p·nβ.
+    """
+    root = layout["root"]
+    inputs = chunks("input", layout.numel, world)
+    subtree = chunks("subtree", layout.numel, world)
+    block = inputs[0].numel
+    output = Buf("output", 0, block)
+    rel = (rank - root) % world
+    children = []
+    mask = 1
+    while mask < world and not rel & mask:
+        if rel + mask < world:
+            children.append((rel + mask, min(rel + 2 * mask, world)))
+        mask <<= 1
+    size = min(mask, world - rel)
+    if rank != root:
+        parent = (rel - mask + root) % world
+        if not children:
+            yield step([Recv(parent, output)])
+            return
+        recvs = _in_subtree(subtree, rel, rel, rel + size, root, world) if rel - mask == 0 \
+            else [span(subtree, 0, size)]
+        yield step([Recv(parent, buf) for buf in recvs], [Copy(output, subtree[0])])
+    for lo, hi in reversed(children):
+        child = (lo + root) % world
+        if rank == root:
+            yield step([Send(child, buf) for buf in _at_root(inputs, lo, hi, root, world)])
+        else:
+            yield step([Send(child, span(subtree, lo - rel, hi - rel))])
+    if rank == root:
+        # the own block last: the caller's output may overlap another rank's block
+        yield step(local=[Copy(output, inputs[root])])

@@ -1,0 +1,156 @@
+"""reduce: the root ends with the element-wise reduction of every rank's ``data``.
+
+Layout parameters: ``root`` (the root's rank in the group) and, for the pipelined
+algorithms, ``segment`` (elements per segment; see :data:`trees.SEGMENT_BYTES`). Rooted
+algorithms are written on vranks, ``vrank = (rank - root) % world``, the root being vrank 0.
+Only the root's ``data`` is specified afterwards: the other ranks' ``data`` is used as the
+working buffer and holds partial reductions (as torch's gloo leaves it).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..registry import Cost, register
+from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, segments, step
+from .fold import fold_in, folded_rank, largest_pof2, real_rank
+from .trees import Phase, Tree, binomial, halves, lg, pipeline, relabel, rooted, rooted_trees, \
+    segment_count, segment_numel
+
+
+def _binomial_cost(world: int, nbytes: int) -> Cost:
+    return Cost(lg(world), lg(world) * nbytes, lg(world) * nbytes)
+
+
+@register("reduce", "binomial", cost=_binomial_cost)
+def reduce_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Binomial tree: vrank v (lowest set bit b) receives the partial results of v + 1,
+    v + 2, ..., v + b/2 in that order (smallest subtree first, so the first to be ready),
+    reducing each into its own vector, then sends the result to v - b. Latency-optimal.
+
+    Cost: ⌈lg p⌉(α + nβ + nγ).
+    """
+    root = layout["root"]
+    vrank = (rank - root) % world
+    data = Buf("data", 0, layout.numel)
+    scratch = Buf("scratch", 0, layout.numel)
+    parent, children = binomial(vrank, world)
+    steps = [step([Recv(child, scratch)], [reduce(data, scratch)]) for child in reversed(children)]
+    if parent is not None:
+        steps.append(step([Send(parent, data)]))
+    yield from rooted(steps, root, world)
+
+
+def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
+    pof2 = largest_pof2(world)
+    share = (pof2 - 1) / pof2 * nbytes
+    fold = Cost(1, nbytes, nbytes) if world != pof2 else Cost(0, 0, 0)
+    return Cost(2 * lg(pof2), 2 * share, share).plus(fold)
+
+
+@register("reduce", "rabenseifner", cost=_rabenseifner_cost)
+def reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Rabenseifner (MPICH's reduce_scatter_gather): a recursive-halving reduce-scatter, then
+    a binomial gather of the reduced chunks to the root.
+
+    Ranks are counted from just after the root, ``w = (rank - root - 1) % p``, so that the root
+    (w = p - 1) is never folded out: a non-power-of-two world first folds (MPICH), each
+    even w below 2·rem handing its vector to w + 1. On the pof2 folded ranks q, the reduce-
+    scatter leaves chunk q (of pof2) fully reduced on q; the gather then runs on the binomial
+    tree of ``q xor q0`` (q0 the root's folded rank), where every subtree owns an aligned,
+    hence contiguous, block of chunks: q receives the blocks of q xor 1, q xor 2, ... and
+    sends its block to q xor lowbit(q xor q0).
+
+    Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus α + nβ + nγ when p is not a power of two.
+    """
+    root = layout["root"]
+    w = (rank - root - 1) % world
+    yield from relabel(_reduce_scatter_gather(w, world, layout.numel),
+                       lambda peer: (peer + root + 1) % world)
+
+
+def _reduce_scatter_gather(w: int, world: int, numel: int) -> Iterator[Step]:
+    data = Buf("data", 0, numel)
+    yield from fold_in(w, world, data, Buf("scratch", 0, numel))
+    me = folded_rank(w, world)
+    if me is None:
+        return
+    pof2 = largest_pof2(world)
+    data_chunks = chunks("data", numel, pof2)
+
+    def span(lo: int, hi: int) -> Buf:
+        return Buf("data", data_chunks[lo].start, data_chunks[hi - 1].stop)
+
+    # scatter-reduce: keep the lower half when the distance bit is clear
+    lo, hi = 0, pof2
+    distance = pof2 // 2
+    while distance >= 1:
+        peer = real_rank(me ^ distance, world)
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+        recv_buf = Buf("scratch", 0, span(*keep).numel)
+        yield step([Send(peer, span(*give)), Recv(peer, recv_buf)], [reduce(span(*keep), recv_buf)])
+        lo, hi = keep
+        distance //= 2
+    # gather to the root's folded rank
+    relative = me ^ folded_rank(world - 1, world)
+    top = relative & -relative if relative else pof2
+    mask = 1
+    while mask < top:
+        child = me ^ mask
+        first = child & ~(mask - 1)
+        yield step([Recv(real_rank(child, world), span(first, first + mask))])
+        mask <<= 1
+    if relative:
+        first = me & ~(top - 1)
+        yield step([Send(real_rank(me ^ top, world), span(first, first + top))])
+
+
+def _ring_cost(world: int, nbytes: int) -> Cost:
+    k = segment_count(nbytes)
+    hops = world - 1 + k - 1 if world > 1 else 0
+    return Cost(hops, hops * nbytes / k, hops * nbytes / k)
+
+
+@register("reduce", "ring", cost=_ring_cost)
+def reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Pipelined ring toward the root (NCCL's ring reduce): the vector flows in segments along
+    the ring root + 1 -> root + 2 -> ... -> root - 1 -> root; each rank reduces a segment
+    from its left into its own and passes it on, so once the pipe is full every link carries
+    one segment per step. (Not a reduce-scatter + gather: the chain moves n, not 2(p-1)/p·n,
+    through each link, at the price of p - 1 hops of latency.)
+
+    Cost: (p - 1 + k - 1)(α + nβ/k + nγ/k), k = ⌈n / segment⌉.
+    """
+    root = layout["root"]
+    segs = segments(Buf("data", 0, layout.numel), segment_numel(layout))
+    chain = Tree.chain([0] + list(range(world - 1, 0, -1)))    # vranks, the root on top
+    yield from rooted(pipeline((rank - root) % world, [Phase(chain, segs, up=True)],
+                               max(s.numel for s in segs)), root, world)
+
+
+def _double_tree_cost(world: int, nbytes: int) -> Cost:
+    if world == 1:
+        return Cost(0, 0, 0)
+    k = segment_count(nbytes / 2)
+    seg = nbytes / 2 / k
+    steps = k + lg(world) + 1
+    return Cost(steps, steps * 2 * seg, steps * 2 * seg)
+
+
+@register("reduce", "double_binary_tree", cost=_double_tree_cost)
+def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Double binary tree: NCCL's two binary trees over the p - 1 vranks other than the root,
+    the root above the top of each; the first tree reduces the first half of the
+    vector, the second the other half, each pipelined in segments up its tree. A rank at
+    depth d receives segment j of both children at step j + height - d - 1 into scratch and
+    reduces them into its own (``data (op) first child (op) second child``), then sends it up
+    at step j + height - d.
+
+    Cost: ≈ (k + lg p)(α + nβ/k + nγ/k), k = ⌈n / (2·segment)⌉ segments per tree.
+    """
+    root = layout["root"]
+    first, second = rooted_trees(world)
+    segs_a, segs_b = halves(layout.numel, segment_numel(layout))
+    slot = max(s.numel for s in segs_a + segs_b)
+    phases = [Phase(first, segs_a, up=True, scratch=0), Phase(second, segs_b, up=True, scratch=2)]
+    yield from rooted(pipeline((rank - root) % world, phases, slot), root, world)

@@ -1,0 +1,146 @@
+"""reduce_scatter: rank r ends with block r of the element-wise reduction of all ranks' input.
+
+Words: ``input`` holds one block per rank (``layout.numel`` is its total, world × block) and
+is only ever read, never written: partial results live in scratch (``acc``, ``scratch``) and
+in ``output`` (this rank's block). ``output`` must not overlap ``input``; the collective stages
+it when the caller's does.
+
+Each block is reduced by one chain or tree that ends on its owner, so no two ranks compute
+the same value and there is no cross-rank identity to keep.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..registry import Cost, register
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, sendrecv, step
+from .all_gather import span
+from .fold import folded_rank, largest_pof2, real_rank
+
+
+def _lg(world: int) -> int:
+    return (world - 1).bit_length()
+
+
+def _share_cost(world: int, nbytes: int) -> Cost:
+    share = (world - 1) / world * nbytes
+    return Cost(world - 1, share, share)
+
+
+@register("reduce_scatter", "ring", cost=_share_cost)
+def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Ring reduce-scatter: at step s each rank sends its partial of block (rank - s - 1) to
+    its right and receives the partial of block (rank - s - 2) from its left, reducing its
+    own input block into it; the partials alternate between two scratch slots. At the last
+    step the partial of block rank arrives straight in the output and is finished there.
+
+    Cost: (p-1)α + (p-1)/p·n(β + γ) (n: the input total).
+    """
+    inputs = chunks("input", layout.numel, world)
+    block = inputs[0].numel
+    output = Buf("output", 0, block)
+    if world == 1:
+        yield step(local=[Copy(output, inputs[0])])
+        return
+    right, left = (rank + 1) % world, (rank - 1) % world
+    partial = None
+    for s in range(world - 1):
+        send_idx, recv_idx = (rank - s - 1) % world, (rank - s - 2) % world
+        send_buf = inputs[send_idx] if s == 0 else partial
+        recv_buf = output if s == world - 2 else Buf("scratch", (s % 2) * block, (s % 2 + 1) * block)
+        yield step(sendrecv(right, send_buf, left, recv_buf), [reduce(recv_buf, inputs[recv_idx])])
+        partial = recv_buf
+
+
+@register("reduce_scatter", "pairwise", cost=_share_cost)
+def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Pairwise exchange (MPICH's long-message algorithm): at step s = 1 .. p-1 each rank sends
+    its input block for rank + s to rank + s and receives rank - s's input block for itself,
+    reducing it into the output (the first one arrives in the output and takes in the rank's
+    own block). Every message goes straight to the block's owner.
+
+    Cost: (p-1)α + (p-1)/p·n(β + γ).
+    """
+    inputs = chunks("input", layout.numel, world)
+    block = inputs[0].numel
+    output = Buf("output", 0, block)
+    if world == 1:
+        yield step(local=[Copy(output, inputs[0])])
+        return
+    for s in range(1, world):
+        peer_to, peer_from = (rank + s) % world, (rank - s) % world
+        if s == 1:
+            yield step(sendrecv(peer_to, inputs[peer_to], peer_from, output), [reduce(output, inputs[rank])])
+        else:
+            recv_buf = Buf("scratch", 0, block)
+            yield step(sendrecv(peer_to, inputs[peer_to], peer_from, recv_buf), [reduce(output, recv_buf)])
+
+
+def _recursive_halving_cost(world: int, nbytes: int) -> Cost:
+    pof2 = largest_pof2(world)
+    share = (pof2 - 1) / pof2 * nbytes
+    cost = Cost(_lg(pof2), share, share)
+    if world != pof2:
+        cost = cost.plus(Cost(2, nbytes + nbytes / world, nbytes))
+    return cost
+
+
+@register("reduce_scatter", "recursive_halving", cost=_recursive_halving_cost)
+def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Recursive halving (MPICH, commutative ops): with the distance halving from pof2/2 to 1,
+    a rank and its partner (folded rank xor distance) each keep the half of the blocks they
+    still share that holds their own, send the other half and reduce what they receive into
+    the half they keep; after lg pof2 steps each holds its own blocks fully reduced.
+
+    A non-power-of-two world folds first: each even rank below 2·rem hands its whole input to
+    rank + 1 and sits out; folded rank q stands for blocks [first(q), first(q + 1)) with
+    first(q) = 2q for q < rem and q + rem after (each half is one contiguous range); at the
+    end each odd rank below 2·rem hands block rank - 1 back.
+
+    Cost: lg p α + (p-1)/p·n(β + γ); when p is not a power of two ⌊lg p⌋α +
+    (pof2-1)/pof2·n(β + γ) plus 2α + (n + n/p)β + nγ for the fold.
+    """
+    inputs = chunks("input", layout.numel, world)
+    block = inputs[0].numel
+    output = Buf("output", 0, block)
+    if world == 1:
+        yield step(local=[Copy(output, inputs[0])])
+        return
+    pof2 = largest_pof2(world)
+    rem = world - pof2
+    me = folded_rank(rank, world)
+    if me is None:                  # even rank below 2·rem: hand over the input, get block back
+        yield step([Send(rank + 1, span(inputs, 0, world))])
+        yield step([Recv(rank + 1, output)])
+        return
+    acc = chunks("acc", layout.numel, world)
+    current = inputs                # where this rank's partial sums are: its input until the first reduction
+    if rank < 2 * rem:
+        yield step([Recv(rank - 1, span(acc, 0, world))], [reduce(span(acc, 0, world), span(inputs, 0, world))])
+        current = acc
+
+    def first(q: int) -> int:
+        return 2 * q if q < rem else q + rem
+
+    lo, hi = 0, pof2
+    distance = pof2 // 2
+    while distance >= 1:
+        peer = real_rank(me ^ distance, world)
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+        keep_lo, keep_hi = first(keep[0]), first(keep[1])
+        send_buf = span(current, first(give[0]), first(give[1]))
+        if keep_hi - keep_lo == 1 and distance == 1:        # the last step, own block only
+            yield step(sendrecv(peer, send_buf, peer, output), [reduce(output, current[keep_lo])])
+        elif current is inputs:                              # first reduction: into acc, input untouched
+            recv_buf = span(acc, keep_lo, keep_hi)
+            yield step(sendrecv(peer, send_buf, peer, recv_buf), [reduce(recv_buf, span(inputs, keep_lo, keep_hi))])
+            current = acc
+        else:
+            kept = span(acc, keep_lo, keep_hi)
+            recv_buf = Buf("scratch", 0, kept.numel)
+            yield step(sendrecv(peer, send_buf, peer, recv_buf), [reduce(kept, recv_buf)])
+        lo, hi = keep
+        distance //= 2
+    if rank < 2 * rem:                                      # holds blocks rank - 1 and rank
+        yield step([Send(rank - 1, acc[rank - 1])], [Copy(output, acc[rank])])
