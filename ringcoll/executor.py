@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from datetime import timedelta
 from typing import Dict, List, Tuple
 
@@ -20,10 +21,13 @@ import torch.distributed as dist
 
 from .local import run_local
 from .plan import Plan
-from .schedule import Recv, Send, extents
+from .schedule import Recv, Reduce, Send, extents
 
 #: ringcoll's own tag, so its messages never match a caller's own send/recv (tag 0).
 TAG = 0x52430
+
+#: steps whose transfers may be in flight at once (see P2PExecutor.run); RINGCOLL_WINDOW overrides
+DEFAULT_WINDOW = 2
 
 _timeout_s = float(os.environ.get("RINGCOLL_TIMEOUT", "300"))
 
@@ -60,6 +64,7 @@ class P2PExecutor:
             if group is not dist.GroupMember.WORLD else list(range(self.world))
         self.backend = str(dist.get_backend(group)).lower()
         self.host_transport = self.backend != "nccl"
+        self.window = int(os.environ.get("RINGCOLL_WINDOW", DEFAULT_WINDOW))
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
     # -- buffers -----------------------------------------------------------------------
@@ -78,13 +83,25 @@ class P2PExecutor:
 
     # -- running -----------------------------------------------------------------------
     def run(self, plan: Plan) -> None:
+        """Run the plan's steps in order, keeping up to ``window`` steps' transfers in flight:
+        step j is posted early, while earlier steps are still moving or reducing, when none
+        of its transfers touches what those steps still read or write. A step's local
+        operations run as soon as its own transfers are done, so the reduction of one
+        segment overlaps the transfer of the next."""
         steps = plan.steps()
         buffers = self._buffers(plan, steps)
         for before in plan.before:
             before()
+        total = len(steps)
+        posted: deque = deque()          # (index, transfers) of posted, unfinished steps
+        next_post = 0
         for index, st in enumerate(steps):
-            if st.comms:
-                self._exchange(plan, index, len(steps), st.comms, buffers)
+            while next_post < total and (next_post == index or (
+                    next_post - index < self.window and _independent(steps, next_post, index))):
+                posted.append((next_post, self._post(plan, next_post, total, buffers)))
+                next_post += 1
+            done, transfers = posted.popleft()
+            self._wait(plan, done, total, transfers)
             if st.local:
                 run_local(plan.op, buffers, st.local)
         for after in plan.after:
@@ -97,13 +114,14 @@ class P2PExecutor:
                    f"{item.buf!r} failed: {error}")
         return PeerError(message, rank=self.rank, peer=item.peer, step=index)
 
-    def _exchange(self, plan: Plan, index: int, total: int, comms, buffers) -> None:
-        posted: List[Tuple[object, object, torch.Tensor, torch.Tensor]] = []
-        staged = self.host_transport and plan.device.type != "cpu"
+    def _post(self, plan: Plan, index: int, total: int, buffers) -> list:
+        comms = plan.steps()[index].comms
         for item in comms:
             if not 0 <= item.peer < self.world or item.peer == self.rank:
                 raise ValueError(f"ringcoll {plan.describe}: step {index + 1} names peer {item.peer}, "
                                  f"which is not another rank of a world of {self.world}")
+        if not comms:
+            return []
         if self.backend == "nccl":
             ops = []
             for item in comms:
@@ -114,9 +132,9 @@ class P2PExecutor:
                 works = dist.batch_isend_irecv(ops)
             except Exception as error:  # noqa: BLE001 - re-raised with its peer and step
                 raise self._fail(plan, index, total, comms[0], error) from error
-            for work in works:
-                work.wait()
-            return
+            return [(item, work, None, None) for item, work in zip(comms, works)]
+        staged = self.host_transport and plan.device.type != "cpu"
+        transfers = []
         for item in comms:
             tensor = buffers[item.buf.name][item.buf.start:item.buf.stop]
             wire = tensor
@@ -130,9 +148,16 @@ class P2PExecutor:
                     work = self.group.recv([wire], item.peer, TAG)
             except Exception as error:  # noqa: BLE001
                 raise self._fail(plan, index, total, item, error) from error
-            posted.append((item, work, tensor, wire))
+            transfers.append((item, work, tensor, wire))
+        return transfers
+
+    def _wait(self, plan: Plan, index: int, total: int, transfers) -> None:
+        if self.backend == "nccl":
+            for item, work, _, _ in transfers:
+                work.wait()
+            return
         deadline = time.monotonic() + _timeout_s
-        for item, work, tensor, wire in posted:
+        for item, work, tensor, wire in transfers:
             remaining = max(deadline - time.monotonic(), 0.001)
             try:
                 work.wait(timedelta(seconds=remaining))
@@ -140,3 +165,38 @@ class P2PExecutor:
                 raise self._fail(plan, index, total, item, error) from error
             if wire is not tensor and isinstance(item, Recv):
                 tensor.copy_(wire)
+
+
+def _overlap(a, b) -> bool:
+    return a.name == b.name and a.start < b.stop and b.start < a.stop
+
+
+def _touches(step) -> tuple:
+    """What a step's transfers read and write, and what its local operations read and write."""
+    sends = [c.buf for c in step.comms if isinstance(c, Send)]
+    recvs = [c.buf for c in step.comms if isinstance(c, Recv)]
+    local_reads, local_writes = [], []
+    for op in step.local:
+        if isinstance(op, Reduce):
+            local_reads += [op.dst, *op.srcs]
+            local_writes += [op.dst] + ([op.out] if op.out is not None else [])
+        else:
+            local_reads.append(op.src)
+            local_writes.append(op.dst)
+    return sends, recvs, local_reads, local_writes
+
+
+def _independent(steps, later: int, first: int) -> bool:
+    """Whether step ``later``'s transfers may start while steps ``first .. later-1`` are still
+    transferring or have local work to do: no overlap of what one writes with what the
+    other reads or writes."""
+    sends, recvs, _, _ = _touches(steps[later])
+    for index in range(first, later):
+        e_sends, e_recvs, e_reads, e_writes = _touches(steps[index])
+        for buf in sends:
+            if any(_overlap(buf, other) for other in e_recvs + e_writes):
+                return False
+        for buf in recvs:
+            if any(_overlap(buf, other) for other in e_sends + e_recvs + e_reads + e_writes):
+                return False
+    return True

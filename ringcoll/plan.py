@@ -8,7 +8,8 @@ run exactly the same code around the schedule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+import functools
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -30,8 +31,8 @@ class Plan:
     result: object = None                            # what Work.result() returns
     describe: str = ""                               # for logs and errors
 
-    def steps(self) -> List[Step]:
-        return list(self.algorithm.schedule(self.rank, self.world, self.layout))
+    def steps(self) -> Tuple[Step, ...]:
+        return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -40,6 +41,12 @@ class Plan:
     @property
     def device(self) -> torch.device:
         return next(iter(self.buffers.values())).device
+
+
+@functools.lru_cache(maxsize=512)
+def schedule_steps(schedule, rank: int, world: int, layout: Layout) -> Tuple[Step, ...]:
+    """A schedule's steps; schedules are pure functions, so repeated calls reuse them."""
+    return tuple(schedule(rank, world, layout))
 
 
 def view(buffers: Dict[str, torch.Tensor], buf) -> torch.Tensor:

@@ -20,7 +20,7 @@ Iterable[Step]`` that never touches torch.distributed: executors run it on a pro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Tuple
 
 
@@ -118,19 +118,40 @@ def segments(chunk: Buf, segment_numel: int) -> list[Buf]:
     return chunks(chunk.name, chunk.numel, count, chunk.start)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """What a schedule knows about the buffers: the element count of each caller buffer plus
-    the collective's parameters (root, split sizes ...). Identical on every rank."""
+def _freeze(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
 
-    numel: int
-    params: dict = field(default_factory=dict, compare=False, hash=False)
+
+class Layout:
+    """What a schedule knows about the buffers: the element count of the collective's main
+    buffer plus its parameters (root, split sizes, segment size ...). Two equal layouts give
+    the same schedule, so executors may cache it."""
+
+    __slots__ = ("numel", "params", "_key")
+
+    def __init__(self, numel: int, params: Optional[dict] = None):
+        self.numel = numel
+        self.params = dict(params or {})
+        self._key = (numel, _freeze(self.params))
 
     def __getitem__(self, key):
         return self.params[key]
 
     def get(self, key, default=None):
         return self.params.get(key, default)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Layout) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"Layout({self.numel}, {self.params})"
 
 
 def buffers_of(steps: Sequence[Step]):

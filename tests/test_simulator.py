@@ -172,3 +172,15 @@ def test_registry_lists_and_rejects():
     with pytest.raises(ValueError, match="collective must be one of"):
         ringcoll.algorithms("all_reduse")
     assert "Cost:" in get("all_reduce", "ring").doc
+
+
+@pytest.mark.parametrize("segment_bytes", ["8", "24", "800"])
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_segmented_ring(monkeypatch, world, segment_bytes):
+    monkeypatch.setenv("RINGCOLL_SEGMENT", segment_bytes)
+    for numel in sizes(world):
+        sim = ringcoll.simulate("all_reduce", "ring", world, numel=numel)
+        want = expected(world, numel, INT_OPS["SUM"][1])
+        assert all(torch.equal(got, want) for (got,) in sim.outputs), f"world {world} numel {numel}"
+    segments = max(1, -(-(4099 // world + 1) * 8 // int(segment_bytes)))
+    assert sim.stats.steps == 2 * (world - 1) * segments

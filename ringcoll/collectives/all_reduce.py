@@ -6,6 +6,7 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
+from ..selection import segment_elements
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 
 
@@ -18,7 +19,8 @@ def build_all_reduce(ctx: Context, tensor, op=ReduceOp.SUM, *, algorithm="auto")
         return None
     check_device("tensor", tensor, ctx)
     data, write_back = flat(tensor)
-    plan = new_plan("all_reduce", chosen, why, ctx, Layout(data.numel()), {"data": data},
+    layout = Layout(data.numel(), {"segment": segment_elements("all_reduce", chosen.name, data.element_size())})
+    plan = new_plan("all_reduce", chosen, why, ctx, layout, {"data": data},
                     op=spec.local, result=[tensor],
                     describe_as=describe("all_reduce", chosen.name, tensor, spec.name))
     if spec.premul is not None:

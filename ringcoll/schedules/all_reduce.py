@@ -30,29 +30,42 @@ def _ring_cost(world: int, nbytes: int) -> Cost:
 
 @register("all_reduce", "ring", cost=_ring_cost)
 def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """Ring all-reduce: a reduce-scatter then an all-gather around the ring, one chunk per rank.
+    """Ring all-reduce: a reduce-scatter then an all-gather around the ring, one chunk per rank,
+    each chunk cut into segments (``layout["segment"]`` elements at most) that are pipelined.
 
     Scatter-reduce: at step s each rank sends chunk (rank - s) to its right and reduces chunk
-    (rank - s - 1), received from its left, into its own; after world - 1 steps it owns chunk
-    (rank + 1) fully reduced. All-gather: the owned chunks travel world - 1 steps further to
-    the right, copied in place. Bandwidth-optimal.
+    (rank - s - 1), received from its left, into its own, segment by segment; after world - 1
+    steps it owns chunk (rank + 1) fully reduced. All-gather: the owned chunks travel world - 1
+    steps further to the right, received in place. Received segments land in two scratch
+    slots used in turn, so the executor can move segment k + 1 while reducing segment k (as
+    gloo's ring does). Bandwidth-optimal.
 
-    Cost: 2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
+    Cost: 2(p-1)α·k + 2(p-1)/p·nβ + (p-1)/p·nγ with k segments per chunk, the transfers of
+    one segment overlapping the reduction of the previous one.
     """
     if world == 1:
         return
     data = chunks("data", layout.numel, world)
+    largest = data[0].numel
+    segment = layout.get("segment") or largest
+    count = max(1, -(-largest // segment))
+    pieces = [chunks("data", c.numel, count, c.start) for c in data]
     right, left = (rank + 1) % world, (rank - 1) % world
+    slot_size = -(-largest // count)
+    slot = 0
     # scatter-reduce
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
-        recv_buf = Buf("scratch", 0, data[recv_idx].numel)
-        yield step(sendrecv(right, data[send_idx], left, recv_buf),
-                   [reduce(data[recv_idx], recv_buf)])
+        for k in range(count):
+            target = pieces[recv_idx][k]
+            recv_buf = Buf("scratch", slot * slot_size, slot * slot_size + target.numel)
+            slot = 1 - slot
+            yield step(sendrecv(right, pieces[send_idx][k], left, recv_buf), [reduce(target, recv_buf)])
     # allgather
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s + 1) % world, (rank - s) % world
-        yield step(sendrecv(right, data[send_idx], left, data[recv_idx]))
+        for k in range(count):
+            yield step(sendrecv(right, pieces[send_idx][k], left, pieces[recv_idx][k]))
 
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
