@@ -39,6 +39,50 @@ RULES = (
     Rule("all_reduce", None, "ring",
          "first rule: β-bound above 64 KiB; the ring moves 2(p-1)/p·n at any p without the fold's "
          "extra 2n that Rabenseifner pays at non-powers of two. To be re-measured by ringcoll-bench."),
+    # all_gather / reduce_scatter / gather / scatter: nbytes is the gathered (scattered) total
+    Rule("all_gather", 512 * KiB, "recursive_doubling",
+         "first rule: MPICH's default (maint/tuning/coll/mpir/generic.json, ALGORITHMS.md): a "
+         "power-of-two world and a total below 512 KiB take recursive doubling, lg p messages "
+         "with no fold. To be re-measured by ringcoll-bench.",
+         world=lambda world: world & (world - 1) == 0),
+    Rule("all_gather", 80 * KiB, "bruck",
+         "first rule: MPICH's default: other worlds below 80 KiB take Bruck, ⌈lg p⌉ messages at "
+         "any p. To be re-measured by ringcoll-bench."),
+    Rule("all_gather", None, "ring",
+         "first rule: MPICH's default: the ring above, (p-1)/p·n on the wire with no rotation "
+         "copy. To be re-measured by ringcoll-bench."),
+    Rule("reduce_scatter", 512 * KiB, "recursive_halving",
+         "first rule: MPICH's default for commutative ops (every ReduceOp): recursive halving "
+         "below 512 KiB, lg p messages. To be re-measured by ringcoll-bench."),
+    Rule("reduce_scatter", None, "pairwise",
+         "first rule: MPICH's default above 512 KiB: pairwise exchange, every block straight to "
+         "its owner, no fold. To be re-measured by ringcoll-bench."),
+    Rule("gather", None, "binomial",
+         "first rule: MPICH's default gather is the binomial tree at every size, ⌈lg p⌉ "
+         "messages on the critical path. To be re-measured by ringcoll-bench."),
+    Rule("scatter", None, "binomial",
+         "first rule: MPICH's default scatter is the binomial tree at every size, ⌈lg p⌉ "
+         "messages on the critical path. To be re-measured by ringcoll-bench."),
+    # all_to_all: bytes = the largest block (what one rank sends to one peer), as MPICH's
+    # thresholds; the builder falls back to pairwise where a rule picks bruck for unequal blocks.
+    Rule("all_to_all", 256, "bruck",
+         "blocks <= 256 B at p >= 8: ⌈lg p⌉ messages instead of p-1 (MPICH's short-message rule); "
+         "measured 2026-12-02, gloo on 2 cores, p=8, median of 15: 8 B blocks bruck 11.8 ms vs "
+         "linear 10.1 vs pairwise 31.4, 64 B 17.2 vs 18.4 vs 30.6 (a tie with linear here, where "
+         "α is process wake-ups; the lg p advantage grows with p). To be re-measured by ringcoll-bench.",
+         world=lambda world: world >= 8),
+    Rule("all_to_all", 256 * KiB, "linear",
+         "blocks <= 256 KiB: all p-1 exchanges in flight at once (MPICH's medium-message "
+         "isend/irecv); measured 2026-12-02, gloo on 2 cores, median of 15: linear 1.2-3x faster "
+         "than pairwise at p=4 and 8 for every block from 8 B to 256 KiB (p=8, 4 KiB: 19.8 ms vs "
+         "33.3; 256 KiB: 15.4 vs 33.4). To be re-measured by ringcoll-bench."),
+    Rule("all_to_all", None, "pairwise",
+         "blocks > 256 KiB: one exchange in flight per step bounds the memory and contention "
+         "(MPICH's long-message choice); measured 2026-12-02, gloo on 2 cores, median of 7, p=8: "
+         "1 MiB blocks pairwise 57.8 ms vs linear 60.4, 4 MiB 147 vs 252 (at p=4 linear still led: "
+         "35 vs 69 ms at 4 MiB). To be re-measured by ringcoll-bench."),
+    Rule("barrier", None, "dissemination",
+         "the only barrier: ⌈lg p⌉ steps at any p, no fold (Hensgen-Finkel-Manber; MPICH's default)."),
 )
 
 
@@ -87,3 +131,35 @@ def configure_logging() -> None:
         handler.setFormatter(logging.Formatter("ringcoll %(levelname)s: %(message)s"))
         log.addHandler(handler)
         log.setLevel(level.upper())
+
+
+# -- segment sizes of the pipelined algorithms ------------------------------------------
+
+@dataclass(frozen=True)
+class SegmentRule:
+    collective: str
+    algorithm: str
+    segment_bytes: int
+    evidence: str
+
+
+SEGMENTS = (
+    SegmentRule("all_reduce", "ring", 1 * MiB,
+                "gloo's own ring cuts ≤ 1 MiB segments (ALGORITHMS.md); to be re-measured."),
+)
+
+#: the pipelined algorithms' segment where no rule names one
+DEFAULT_SEGMENT_BYTES = 1 * MiB
+
+
+def segment_elements(collective: str, algorithm: str, element_size: int) -> int:
+    """The segment, in elements, that ``collective``/``algorithm`` pipelines over
+    (``RINGCOLL_SEGMENT`` bytes overrides the table)."""
+    forced = os.environ.get("RINGCOLL_SEGMENT")
+    if forced:
+        nbytes = int(forced)
+    else:
+        nbytes = next((rule.segment_bytes for rule in SEGMENTS
+                       if rule.collective == collective and rule.algorithm == algorithm),
+                      DEFAULT_SEGMENT_BYTES)
+    return max(1, nbytes // max(1, element_size))
