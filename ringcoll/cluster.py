@@ -138,7 +138,8 @@ class Cluster:
         if self.external:
             import torch.distributed as dist
 
-            if not dist.is_initialized():
+            self._owns_group = not dist.is_initialized()
+            if self._owns_group:
                 dist.init_process_group(backend, init_method="env://")
             actual = dist.get_world_size()
             if world_size is not None and world_size != actual:
@@ -253,6 +254,12 @@ class Cluster:
     def close(self) -> None:
         """Stop every rank; kill those that do not stop within a few seconds."""
         if self.external:
+            import torch.distributed as dist
+
+            if self._owns_group and dist.is_initialized():
+                dist.barrier()           # no rank tears its connections down under a peer
+                dist.destroy_process_group()
+            self._owns_group = False
             return
         for conn in self._conns:
             try:
@@ -280,7 +287,8 @@ class Cluster:
 
     def __del__(self):
         try:
-            self.close()
+            if not getattr(self, "external", True):
+                self.close()
         except Exception:  # noqa: BLE001
             pass
 
