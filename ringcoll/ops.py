@@ -60,10 +60,25 @@ def op_type(op) -> RedOpType:
     raise TypeError(f"op must be a torch.distributed.ReduceOp, got {type(op).__name__} {op!r}")
 
 
+_resolved: dict = {}
+
+
 def resolve(op, tensor: torch.Tensor, param: str = "op") -> ReduceSpec:
     """Check that ``op`` is allowed for ``tensor`` and say what it means; TypeError or
     ValueError naming ``param``, the expected and the given value otherwise."""
     kind = op_type(op)
+    factor = getattr(op, "factor", None)
+    key = (int(kind), tensor.dtype, tensor.is_cuda, param,
+           factor if not isinstance(factor, torch.Tensor) else None)
+    spec = _resolved.get(key)
+    if spec is None:
+        spec = _resolve(op, kind, tensor, param)
+        if len(_resolved) < 4096:
+            _resolved[key] = spec
+    return spec
+
+
+def _resolve(op, kind: RedOpType, tensor: torch.Tensor, param: str) -> ReduceSpec:
     name = kind.name
     if kind not in _LOCAL:
         raise ValueError(f"{param} must be one of {sorted(k.name for k in _LOCAL)}, got {name}")

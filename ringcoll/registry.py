@@ -56,12 +56,19 @@ def register(collective: str, name: str, cost: Callable[[int, int], Cost]):
     return decorate
 
 
+_loaded = False
+
+
 def _load() -> None:
-    """Import every module of ringcoll.schedules (each registers its algorithms)."""
+    """Import every module of ringcoll.schedules once (each registers its algorithms)."""
+    global _loaded
+    if _loaded:
+        return
     import ringcoll.schedules as package
 
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{package.__name__}.{module.name}")
+    _loaded = True
 
 
 def algorithms(collective: str | None = None):
