@@ -7,7 +7,7 @@ import numbers
 from typing import Optional
 
 from ..schedule import Layout
-from ..schedules import trees
+from ..selection import segment_elements
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 
 
@@ -42,11 +42,6 @@ def _group_root(ctx: Context, name: str, global_root, group_name: str, group_roo
     return members.index(value)
 
 
-def _segment(tensor) -> int:
-    """The pipelined algorithms' segment, in elements of ``tensor``."""
-    return max(1, trees.SEGMENT_BYTES // tensor.element_size())
-
-
 @builder("broadcast")
 def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm="auto"):
     check_tensor("tensor", tensor)
@@ -56,7 +51,7 @@ def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm
         return None
     check_device("tensor", tensor, ctx)
     data, write_back = flat(tensor)
-    layout = Layout(data.numel(), {"root": root, "segment": _segment(tensor)})
+    layout = Layout(data.numel(), {"root": root, "segment": segment_elements("broadcast", chosen.name, tensor.element_size())})
     plan = new_plan("broadcast", chosen, why, ctx, layout, {"data": data}, result=[tensor],
                     describe_as=describe("broadcast", chosen.name, tensor, f"root {root}"))
     if write_back is not None:

@@ -6,8 +6,9 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
+from ..selection import segment_elements
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
-from .broadcast import _group_root, _segment
+from .broadcast import _group_root
 
 
 @builder("reduce")
@@ -20,7 +21,7 @@ def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=N
         return None
     check_device("tensor", tensor, ctx)
     data, write_back = flat(tensor)
-    layout = Layout(data.numel(), {"root": root, "segment": _segment(tensor)})
+    layout = Layout(data.numel(), {"root": root, "segment": segment_elements("reduce", chosen.name, tensor.element_size())})
     plan = new_plan("reduce", chosen, why, ctx, layout, {"data": data}, op=spec.local, result=[tensor],
                     describe_as=describe("reduce", chosen.name, tensor, f"{spec.name} root {root}"))
     if spec.premul is not None:

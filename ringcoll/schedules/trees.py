@@ -27,24 +27,19 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..schedule import Buf, Layout, Recv, Send, Step, reduce, segments, step
-
-#: The segment size of every pipelined algorithm, in bytes: the builders turn it into the
-#: ``"segment"`` Layout parameter (elements). 64 KiB keeps a segment's α small against its β
-#: (5 µs vs 6.5 µs at 10 GB/s on the simulator's machine) while a 1 MiB vector still makes 16
-#: segments to pipeline. Read at call time, so a test may lower it.
-SEGMENT_BYTES = 64 * 1024
-
+from ..selection import segment_bytes
 
 def segment_numel(layout: Layout, itemsize: int = 4) -> int:
-    """The segment size in elements: the layout's ``"segment"``, else SEGMENT_BYTES of
+    """The segment size in elements: the layout's ``"segment"`` (the builders take it from
+    the segment table, ringcoll.selection.SEGMENTS), else the default segment of
     ``itemsize``-byte elements (4 when the builder does not say)."""
     segment = layout.get("segment")
-    return segment if segment else max(1, SEGMENT_BYTES // itemsize)
+    return segment if segment else max(1, segment_bytes() // itemsize)
 
 
-def segment_count(nbytes: float) -> int:
+def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:
     """How many segments ``nbytes`` makes (at least one), for the cost models."""
-    return max(1, -(-int(nbytes) // SEGMENT_BYTES))
+    return max(1, -(-int(nbytes) // segment_bytes(collective, algorithm)))
 
 
 def lg(world: int) -> int:
