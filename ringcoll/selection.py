@@ -63,8 +63,38 @@ RULES = (
     Rule("scatter", None, "binomial",
          "first rule: MPICH's default scatter is the binomial tree at every size, ⌈lg p⌉ "
          "messages on the critical path. To be re-measured by ringcoll-bench."),
+    # broadcast / reduce: nbytes is the vector. Measured 2026-12-02, gloo on 2 cores (heavily
+    # shared: load 15), float32, root 1, median of 7, ms, p=4 / p=8. Broadcast 4 KiB: binomial
+    # 5.1 / 6.3, pipelined_chain 4.3 / 8.1, scatter_allgather 10.6 / 32.2, double_binary_tree
+    # 7.4 / 36.7; 256 KiB: 6.8 / 27.2, 13.0 / 27.9, 7.9 / 104, 19.6 / 64.3; 4 MiB: 18.2 / 50.8,
+    # 119 / 440, 8.5 / 27.6, 41.8 / 253. Reduce 4 KiB: binomial 1.5 / 5.6, rabenseifner 3.2 /
+    # 21.1, ring 2.3 / 8.3, double_binary_tree 4.2 / 8.2; 256 KiB: 2.0 / 10.3, 8.5 / 29.0, 5.1 /
+    # 79.5, 8.4 / 25.1; 4 MiB: 9.9 / 29.5, 11.9 / 42.3, 116 / 381, 98 / 204. Here α is a process
+    # wake-up (~1 ms), so the 64 KiB-segment pipelines pay it per segment and lose.
+    Rule("broadcast", 256 * KiB, "binomial",
+         "up to 256 KiB: lg p messages; measured 2026-12-02 (comment above): best or within 20% "
+         "at p=4 and 8 for 4 KiB and 256 KiB (MPICH: binomial below 12 KiB or p < 8). To be "
+         "re-measured by ringcoll-bench."),
+    Rule("broadcast", None, "scatter_allgather",
+         "above 256 KiB: 2(p-1)/p·n on the wire instead of lg p·n; measured 2026-12-02 at 4 MiB: "
+         "8.5 ms vs binomial 18.2 at p=4, 27.6 vs 50.8 at p=8 (MPICH's long-message broadcast). "
+         "To be re-measured by ringcoll-bench."),
+    Rule("reduce", None, "binomial",
+         "p <= 8: binomial measured fastest at every size; 2026-12-02 (comment above), 4 KiB to "
+         "4 MiB, at p=4 and 8 (4 MiB: 9.9 ms vs rabenseifner 11.9 at p=4, 29.5 vs 42.3 at p=8). "
+         "To be re-measured by ringcoll-bench.",
+         world=lambda world: world <= 8),
+    Rule("reduce", 64 * KiB, "binomial",
+         "p > 8, up to 64 KiB: α-bound, lg p messages; the α-β-γ models cross between 12 and 64 "
+         "KiB at α = 5 µs, 10 GB/s. Not measured (p > 8 needs more cores). To be re-measured by "
+         "ringcoll-bench."),
+    Rule("reduce", None, "rabenseifner",
+         "p > 8, above 64 KiB: 2(p-1)/p·n on the wire and (p-1)/p·n reduced instead of lg p·n "
+         "of each; MPICH's reduce_scatter_gather for long vectors. Not measured (p > 8 needs "
+         "more cores). To be re-measured by ringcoll-bench."),
     # all_to_all: bytes = the largest block (what one rank sends to one peer), as MPICH's
-    # thresholds; the builder falls back to pairwise where a rule picks bruck for unequal blocks.
+    # thresholds. Bruck needs every rank to run it, so the builder skips its rule (taking the
+    # next that matches) unless the call declares equal blocks (all_to_all_single, splits None).
     Rule("all_to_all", 256, "bruck",
          "blocks <= 256 B at p >= 8: ⌈lg p⌉ messages instead of p-1 (MPICH's short-message rule); "
          "measured 2026-12-02, gloo on 2 cores, p=8, median of 15: 8 B blocks bruck 11.8 ms vs "
@@ -152,14 +182,17 @@ SEGMENTS = (
 DEFAULT_SEGMENT_BYTES = 1 * MiB
 
 
-def segment_elements(collective: str, algorithm: str, element_size: int) -> int:
-    """The segment, in elements, that ``collective``/``algorithm`` pipelines over
-    (``RINGCOLL_SEGMENT`` bytes overrides the table)."""
+def segment_bytes(collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:
+    """The segment, in bytes, that ``collective``/``algorithm`` pipelines over: the
+    ``RINGCOLL_SEGMENT`` environment variable (bytes), else the table, else the default."""
     forced = os.environ.get("RINGCOLL_SEGMENT")
     if forced:
-        nbytes = int(forced)
-    else:
-        nbytes = next((rule.segment_bytes for rule in SEGMENTS
-                       if rule.collective == collective and rule.algorithm == algorithm),
-                      DEFAULT_SEGMENT_BYTES)
-    return max(1, nbytes // max(1, element_size))
+        return max(1, int(forced))
+    return next((rule.segment_bytes for rule in SEGMENTS
+                 if rule.collective == collective and rule.algorithm == algorithm),
+                DEFAULT_SEGMENT_BYTES)
+
+
+def segment_elements(collective: str, algorithm: str, element_size: int) -> int:
+    """:func:`segment_bytes` in elements of ``element_size`` bytes (at least one)."""
+    return max(1, segment_bytes(collective, algorithm) // max(1, element_size))

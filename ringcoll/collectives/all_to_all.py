@@ -18,11 +18,12 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from ..schedule import Buf, Layout
+from .. import registry, selection
 from ..selection import choose
-from .. import registry
 from ._common import Context, builder, check_device, check_tensor, flat, group_context, new_plan, pick
 
-#: what ``algorithm="auto"`` falls back to when the table picks bruck for unequal blocks
+#: what ``algorithm="auto"`` runs where the table picks bruck, the call may have unequal
+#: blocks, and no other all_to_all rule matches
 _UNEVEN_FALLBACK = "pairwise"
 
 
@@ -117,12 +118,16 @@ def _unalias(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) ->
 
 # -- choosing -----------------------------------------------------------------------------
 def _choose(ctx: Context, algorithm: str, send_counts: List[int], recv_counts: List[int],
-            element_size: int) -> tuple[registry.Algorithm, str]:
-    """The table's choice, by the bytes of the largest block; bruck only for equal blocks.
+            element_size: int, declared_equal: bool) -> tuple[registry.Algorithm, str]:
+    """The table's choice, by the bytes of the largest block.
 
-    In a call where every block has the same size, every rank sees the same block and so
-    picks the same algorithm; pairwise and linear interoperate, so ranks with unequal blocks
-    may choose between them alone."""
+    Every rank of a call must run bruck or none must, and a rank sees only its own blocks:
+    one whose blocks happen to be equal may sit in a call whose other ranks' blocks are not.
+    So ``auto`` (and ``RINGCOLL_ALGO``) may pick bruck only when the call itself declares
+    equal blocks, that is ``all_to_all_single`` with both split sizes None, which SPMD code
+    passes on every rank alike; elsewhere the next matching rule that is not bruck applies.
+    Pairwise and linear interoperate, so ranks may pick between them from their own largest
+    block."""
     equal = len(set(send_counts) | set(recv_counts)) <= 1
     if algorithm == "bruck" and not equal:
         raise ValueError(f"algorithm='bruck' needs equal blocks on every rank (bruck forwards blocks "
@@ -130,9 +135,18 @@ def _choose(ctx: Context, algorithm: str, send_counts: List[int], recv_counts: L
                          f"{recv_counts} elements: use 'pairwise' or 'linear'")
     block_bytes = max([*send_counts, *recv_counts], default=0) * element_size
     name, why = choose("all_to_all", algorithm, block_bytes, ctx.world)
-    if name == "bruck" and not equal:
-        name, why = _UNEVEN_FALLBACK, f"{why}; bruck needs equal blocks, these are not"
+    if name == "bruck" and algorithm != "bruck" and not (declared_equal and equal):
+        name, why = _rule_without_bruck(block_bytes, ctx.world)
     return registry.get("all_to_all", name), why
+
+
+def _rule_without_bruck(block_bytes: int, world: int) -> tuple[str, str]:
+    """The first rule of the table that matches and is not bruck (as ``selection.choose``)."""
+    for rule in selection.RULES:
+        if rule.collective == "all_to_all" and rule.algorithm != "bruck" and rule.world(world) and (
+                rule.max_bytes is None or block_bytes <= rule.max_bytes):
+            return rule.algorithm, f"auto, bruck excluded (blocks may differ): {rule.evidence.split(';')[0]}"
+    return _UNEVEN_FALLBACK, "auto, bruck excluded (blocks may differ): no other rule"
 
 
 def _blocks(name: str, counts: List[int]) -> tuple:
@@ -145,9 +159,10 @@ def _blocks(name: str, counts: List[int]) -> tuple:
 
 def _plan(collective: str, ctx: Context, algorithm: str, inputs: dict, outputs: dict,
           send_blocks: tuple, recv_blocks: tuple, write_backs: List[Callable[[], None]], result,
-          dtype: torch.dtype):
+          dtype: torch.dtype, declared_equal: bool):
     send_counts, recv_counts = [b.numel for b in send_blocks], [b.numel for b in recv_blocks]
-    chosen, why = _choose(ctx, algorithm, send_counts, recv_counts, torch.empty((), dtype=dtype).element_size())
+    chosen, why = _choose(ctx, algorithm, send_counts, recv_counts,
+                          torch.empty((), dtype=dtype).element_size(), declared_equal)
     layout = Layout(sum(send_counts), {"send_blocks": send_blocks, "recv_blocks": recv_blocks})
     label = (f"{collective}/{chosen.name} {sum(send_counts)}x{str(dtype).replace('torch.', '')} "
              f"sent, {sum(recv_counts)} received")
@@ -169,6 +184,7 @@ def build_all_to_all_single(ctx: Context, output, input, output_split_sizes=None
         pick("all_to_all", algorithm, 0, ctx)
         return None
     world = ctx.world
+    declared_equal = input_splits is None and output_splits is None
     input_splits = _split_sizes("input_split_sizes", input_splits, "input", inp, world)
     output_splits = _split_sizes("output_split_sizes", output_splits, "output", out, world)
     check_device("output", out, ctx)
@@ -180,7 +196,8 @@ def build_all_to_all_single(ctx: Context, output, input, output_split_sizes=None
     send_blocks = _blocks("input", [split * in_row for split in input_splits])
     recv_blocks = _blocks("output", [split * out_row for split in output_splits])
     return _plan("all_to_all_single", ctx, algorithm, {"input": send_data}, {"output": recv_data},
-                 send_blocks, recv_blocks, [write_back] if write_back else [], [output], inp.dtype)
+                 send_blocks, recv_blocks, [write_back] if write_back else [], [output], inp.dtype,
+                 declared_equal)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
@@ -194,9 +211,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     itself (the input is then copied first). Complex tensors travel as their real view.
 
     The receiving side's ``output_split_sizes[j]`` must equal rank j's ``input_split_sizes[i]``
-    (counted in elements); a mismatch is the caller's error: the simulator reports it as a size
-    mismatch (or a deadlock when one side's split is empty), and on a gloo group the transfer
-    fails with gloo's size error or times out (``ringcoll.set_timeout``).
+    (counted in elements); a mismatch is the caller's error, which no rank can see alone: the
+    simulator reports it as a size mismatch (or as a deadlock when one side's split is 0). On a
+    gloo group, as with torch's own gloo all_to_all_single, a split received longer than it
+    was sent completes with its tail unwritten, and one received shorter aborts the receiving
+    process (gloo: "Received data size doesn't match expected size").
 
     Args:
         output (Tensor): Gathered concatenated output tensor.
@@ -266,7 +285,7 @@ def build_all_to_all(ctx: Context, output_tensor_list, input_tensor_list, *, alg
     send_blocks = tuple(Buf(f"input.{i}", 0, t.numel()) for i, t in enumerate(ins))
     recv_blocks = tuple(Buf(f"output.{i}", 0, t.numel()) for i, t in enumerate(outs))
     return _plan("all_to_all", ctx, algorithm, inputs, outputs, send_blocks, recv_blocks, write_backs,
-                 output_tensor_list, ins[0].dtype)
+                 output_tensor_list, ins[0].dtype, declared_equal=False)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *, algorithm="auto"):
@@ -275,8 +294,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 
     After the call, ``output_tensor_list[j]`` on rank i holds ``input_tensor_list[i]`` of
     rank j. Entries may differ in size (rank i's ``output_tensor_list[j]`` must have as many
-    elements as rank j's ``input_tensor_list[i]``), be non-contiguous, or share memory with
-    each other; inputs are never modified. Complex tensors travel as their real view.
+    elements as rank j's ``input_tensor_list[i]``; torch's gloo wants them all of one size),
+    be non-contiguous, or share memory with each other; inputs are never modified (an input
+    that shares memory with an output is copied first). Complex tensors travel as their real
+    view. Mismatched sizes behave as in :func:`all_to_all_single`.
 
     Args:
         output_tensor_list (list[Tensor]): List of tensors to be gathered one per rank.

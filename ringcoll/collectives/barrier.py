@@ -1,4 +1,4 @@
-"""The barrier drop-in: a dissemination schedule on a one-element token."""
+"""The barrier drop-in: a dissemination schedule on one-byte tokens."""
 from __future__ import annotations
 
 __all__ = ["barrier"]
@@ -8,6 +8,7 @@ import numbers
 import torch
 
 from ..schedule import Layout
+from ..schedules.barrier import token_numel
 from ._common import Context, builder, group_context, new_plan, pick
 
 
@@ -32,8 +33,9 @@ def build_barrier(ctx: Context, device_ids=None, *, algorithm="auto"):
     chosen, why = pick("barrier", algorithm, 0, ctx)
     if ctx.rank is None:
         return None
-    token = torch.ones(1, dtype=torch.uint8, device=_token_device(ctx, device_ids))
-    return new_plan("barrier", chosen, why, ctx, Layout(1), {"token": token}, result=[],
+    numel = token_numel(ctx.world)
+    token = torch.ones(numel, dtype=torch.uint8, device=_token_device(ctx, device_ids))
+    return new_plan("barrier", chosen, why, ctx, Layout(numel), {"token": token}, result=[],
                     describe_as=f"barrier/{chosen.name}")
 
 
@@ -42,7 +44,7 @@ def barrier(group=None, async_op=False, device_ids=None, *, algorithm="auto"):
 
     This collective blocks processes until the whole group enters this function, if
     async_op is False, or if async work handle is called on wait(). No data moves: ranks
-    exchange a one-byte token (on CPU over gloo; on the CUDA device over NCCL).
+    exchange one-byte tokens (on CPU over gloo; on the CUDA device over NCCL).
 
     Unlike torch 2.13, there is no ``timeout`` argument: the step timeout
     (``ringcoll.set_timeout``, default 300 s) bounds each wait.

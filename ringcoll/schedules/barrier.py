@@ -1,9 +1,12 @@
 """barrier: no rank leaves before every rank has entered.
 
-A barrier moves no data, only a one-element **token** (the caller's ``token`` buffer; it is
-received into scratch so a step never sends what it receives). A send completes only once
-its receive is posted, and a step's transfers are waited on together, so a rank that
-finishes step k has heard, directly or through others, from the 2^(k+1) - 1 ranks behind it.
+A barrier moves no data, only one-byte **tokens**: the caller's ``token`` buffer holds one
+element per step plus one. Step k sends ``token[k]`` and receives into ``token[k + 1]``,
+which step k + 1 then sends on: the data dependency orders the steps for any executor (one
+that overlaps independent steps must still wait for step k's receive before step k + 1's
+send). A send completes only once its receive is posted, and a step's transfers are waited
+on together, so a rank that finishes step k has heard, directly or through others, from the
+2^(k+1) - 1 ranks behind it.
 """
 from __future__ import annotations
 
@@ -26,7 +29,12 @@ def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Ste
 
     Cost: ⌈lg p⌉α.
     """
-    token, received = Buf("token", 0, 1), Buf("scratch", 0, 1)
     for k in range(_lg(world)):
         distance = 1 << k
-        yield step([Send((rank + distance) % world, token), Recv((rank - distance) % world, received)])
+        yield step([Send((rank + distance) % world, Buf("token", k, k + 1)),
+                    Recv((rank - distance) % world, Buf("token", k + 1, k + 2))])
+
+
+def token_numel(world: int) -> int:
+    """The elements of the ``token`` buffer the dissemination barrier needs."""
+    return _lg(world) + 1
