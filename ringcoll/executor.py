@@ -156,7 +156,7 @@ class P2PExecutor:
             for item, work, _, _ in transfers:
                 work.wait()
             return
-        deadline = time.monotonic() + _timeout_s
+        deadline = time.monotonic() + (plan.timeout or _timeout_s)
         for item, work, tensor, wire in transfers:
             remaining = max(deadline - time.monotonic(), 0.001)
             try:

@@ -30,6 +30,7 @@ class Plan:
     after: List[Callable[[], None]] = field(default_factory=list)
     result: object = None                            # what Work.result() returns
     describe: str = ""                               # for logs and errors
+    timeout: Optional[float] = None                  # seconds a step may wait; None: the global one
 
     def steps(self) -> Tuple[Step, ...]:
         return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)

@@ -134,18 +134,20 @@ def _override(collective: str) -> Optional[str]:
     return None
 
 
-def choose(collective: str, algorithm: str, nbytes: int, world: int) -> tuple[str, str]:
+def choose(collective: str, algorithm: str, nbytes: int, world: int,
+           exclude: tuple = ()) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
-    or the first matching rule of the table."""
+    or the first matching rule of the table; ``auto`` never picks a name in ``exclude``
+    (algorithms this call cannot run)."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
         registry.get(collective, algorithm)          # ValueError naming the choices
         return algorithm, "requested"
     forced = _override(collective)
-    if forced is not None:
+    if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
-    names = registry.algorithms(collective)
+    names = [name for name in registry.algorithms(collective) if name not in exclude]
     for rule in RULES:
         if rule.collective == collective and rule.world(world) and (
                 rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:

@@ -75,7 +75,8 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             args, extra = (rank_data(rank, numel, dtype),), kwargs
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
-        plan = build(Context(rank, world), *_clone(args), algorithm=algorithm, **extra)
+        extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
+        plan = build(Context(rank, world), *_clone(args), **extra)
         plans.append(plan)
     with torch.no_grad():
         stats = run_plans(plans, machine)

@@ -216,3 +216,32 @@ def test_point_to_point_on_gloo(clusters, world):
         errors, untouched, after = out["bad"]
         assert errors == ["ValueError", "TypeError", "ValueError", "ValueError"], f"rank {rank}: {errors}"
         assert untouched and after == [float(left)] * 3
+
+
+def barrier_with_timeout():
+    import datetime
+
+    if dist.get_rank() == 1:
+        time.sleep(3)
+        return "late"
+    start = time.monotonic()
+    try:
+        ringcoll.barrier(timeout=datetime.timedelta(seconds=1))
+    except RuntimeError as error:
+        return str(error), time.monotonic() - start
+    return "no error", 0.0
+
+
+def test_barrier_timeout_names_the_missing_peer():
+    with ringcoll.launch(2, threads=1) as cluster:
+        message, waited = cluster.run(barrier_with_timeout)[0]
+    assert "barrier/dissemination: rank 0 step 1/1" in message and "peer 1" in message, message
+    assert waited < 3
+
+
+def test_barrier_timeout_must_be_a_timedelta():
+    from ringcoll.collectives._common import Context
+    from ringcoll.collectives import BUILDERS
+
+    with pytest.raises(TypeError, match="timeout must be a datetime.timedelta or None, got int"):
+        BUILDERS["barrier"](Context(0, 2), None, 5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = ["all_gather", "all_gather_into_tensor"]
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 

@@ -18,13 +18,10 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from ..schedule import Buf, Layout
-from .. import registry, selection
+from .. import registry
 from ..selection import choose
 from ._common import Context, builder, check_device, check_tensor, flat, group_context, new_plan, pick
 
-#: what ``algorithm="auto"`` runs where the table picks bruck, the call may have unequal
-#: blocks, and no other all_to_all rule matches
-_UNEVEN_FALLBACK = "pairwise"
 
 
 # -- argument checks ----------------------------------------------------------------------
@@ -134,19 +131,9 @@ def _choose(ctx: Context, algorithm: str, send_counts: List[int], recv_counts: L
                          f"through other ranks); got send blocks {send_counts} and receive blocks "
                          f"{recv_counts} elements: use 'pairwise' or 'linear'")
     block_bytes = max([*send_counts, *recv_counts], default=0) * element_size
-    name, why = choose("all_to_all", algorithm, block_bytes, ctx.world)
-    if name == "bruck" and algorithm != "bruck" and not (declared_equal and equal):
-        name, why = _rule_without_bruck(block_bytes, ctx.world)
+    exclude = () if declared_equal and equal else ("bruck",)
+    name, why = choose("all_to_all", algorithm, block_bytes, ctx.world, exclude)
     return registry.get("all_to_all", name), why
-
-
-def _rule_without_bruck(block_bytes: int, world: int) -> tuple[str, str]:
-    """The first rule of the table that matches and is not bruck (as ``selection.choose``)."""
-    for rule in selection.RULES:
-        if rule.collective == "all_to_all" and rule.algorithm != "bruck" and rule.world(world) and (
-                rule.max_bytes is None or block_bytes <= rule.max_bytes):
-            return rule.algorithm, f"auto, bruck excluded (blocks may differ): {rule.evidence.split(';')[0]}"
-    return _UNEVEN_FALLBACK, "auto, bruck excluded (blocks may differ): no other rule"
 
 
 def _blocks(name: str, counts: List[int]) -> tuple:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 __all__ = ["barrier"]
 
+import datetime
 import numbers
 
 import torch
@@ -23,7 +24,11 @@ def _token_device(ctx: Context, device_ids) -> torch.device:
 
 
 @builder("barrier")
-def build_barrier(ctx: Context, device_ids=None, *, algorithm="auto"):
+def build_barrier(ctx: Context, device_ids=None, timeout=None, *, algorithm="auto"):
+    if timeout is not None and not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta or None, got {type(timeout).__name__}")
+    if timeout is not None and timeout.total_seconds() <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
     if device_ids is not None:
         if not isinstance(device_ids, list):
             raise TypeError(f"device_ids must be a list of ints or None, got {type(device_ids).__name__}")
@@ -35,19 +40,21 @@ def build_barrier(ctx: Context, device_ids=None, *, algorithm="auto"):
         return None
     numel = token_numel(ctx.world)
     token = torch.ones(numel, dtype=torch.uint8, device=_token_device(ctx, device_ids))
-    return new_plan("barrier", chosen, why, ctx, Layout(numel), {"token": token}, result=[],
+    plan = new_plan("barrier", chosen, why, ctx, Layout(numel), {"token": token}, result=[],
                     describe_as=f"barrier/{chosen.name}")
+    plan.timeout = None if timeout is None else timeout.total_seconds()
+    return plan
 
 
-def barrier(group=None, async_op=False, device_ids=None, *, algorithm="auto"):
+def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algorithm="auto"):
     """Synchronize all processes.
 
     This collective blocks processes until the whole group enters this function, if
     async_op is False, or if async work handle is called on wait(). No data moves: ranks
     exchange one-byte tokens (on CPU over gloo; on the CUDA device over NCCL).
 
-    Unlike torch 2.13, there is no ``timeout`` argument: the step timeout
-    (``ringcoll.set_timeout``, default 300 s) bounds each wait.
+    ``timeout`` bounds each step's wait for this call (else the step timeout,
+    ``ringcoll.set_timeout``, default 300 s): a peer that never arrives is an error naming it.
 
     Args:
         group (ProcessGroup, optional): The process group to work on. If None, the default
@@ -56,6 +63,7 @@ def barrier(group=None, async_op=False, device_ids=None, *, algorithm="auto"):
         device_ids ([int], optional): List of device/GPU ids. Only one id is expected: on an
             NCCL group the token lives on ``cuda:device_ids[0]`` (else the current device);
             ignored on gloo.
+        timeout (datetime.timedelta, optional): how long to wait for the peers.
         algorithm (str, keyword-only): ``"auto"`` or one of
             ``ringcoll.algorithms("barrier")``: ``dissemination``.
 
@@ -75,4 +83,4 @@ def barrier(group=None, async_op=False, device_ids=None, *, algorithm="auto"):
     if not isinstance(async_op, bool):
         raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
     ctx = group_context(group)
-    return ctx.submit(build_barrier(ctx, device_ids, algorithm=algorithm), async_op)
+    return ctx.submit(build_barrier(ctx, device_ids, timeout, algorithm=algorithm), async_op)

@@ -57,7 +57,7 @@ def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
     pof2 = largest_pof2(world)
-    cost = Cost(_lg(pof2), (pof2 - 1) / pof2 * nbytes, 0)
+    cost = Cost(_lg(pof2), (world - 1) / world * nbytes, 0)
     if world != pof2:
         cost = cost.plus(Cost(2, nbytes / world + nbytes, 0))
     return cost
@@ -74,8 +74,8 @@ def all_gather_recursive_doubling(rank: int, world: int, layout: Layout) -> Iter
     q + rem after, so any run of folded ranks is one contiguous range of the output and each
     swap is one message. At the end each odd rank below 2·rem hands the whole output back.
 
-    Cost: lg p α + (p-1)/p·nβ; when p is not a power of two ⌊lg p⌋α + (pof2-1)/pof2·nβ plus
-    2α + (n/p + n)β for the fold.
+    Cost: lg p α + (p-1)/p·nβ; when p is not a power of two ⌊lg p⌋α + (p-1)/p·nβ (at most)
+    plus 2α + (n/p + n)β for the fold.
     """
     output = chunks("output", layout.numel, world)
     whole = span(output, 0, world)

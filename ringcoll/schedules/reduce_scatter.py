@@ -78,7 +78,7 @@ def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[S
 
 def _recursive_halving_cost(world: int, nbytes: int) -> Cost:
     pof2 = largest_pof2(world)
-    share = (pof2 - 1) / pof2 * nbytes
+    share = (world - 1) / world * nbytes
     cost = Cost(_lg(pof2), share, share)
     if world != pof2:
         cost = cost.plus(Cost(2, nbytes + nbytes / world, nbytes))
@@ -98,7 +98,7 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     end each odd rank below 2·rem hands block rank - 1 back.
 
     Cost: lg p α + (p-1)/p·n(β + γ); when p is not a power of two ⌊lg p⌋α +
-    (pof2-1)/pof2·n(β + γ) plus 2α + (n + n/p)β + nγ for the fold.
+    (p-1)/p·n(β + γ) (at most) plus 2α + (n + n/p)β + nγ for the fold.
     """
     inputs = chunks("input", layout.numel, world)
     block = inputs[0].numel
