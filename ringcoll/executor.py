@@ -14,7 +14,7 @@ import os
 import time
 from collections import deque
 from datetime import timedelta
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -56,13 +56,19 @@ class PeerError(RuntimeError):
 class P2PExecutor:
     """Runs plans for one process group; keeps scratch buffers across calls."""
 
-    def __init__(self, group: dist.ProcessGroup):
+    def __init__(self, group: dist.ProcessGroup, *, rank: Optional[int] = None,
+                 world: Optional[int] = None, backend: Optional[str] = None):
+        """``group`` is a process group; or, with ``rank``, ``world`` and ``backend`` given,
+        any object with ProcessGroup's ``send``/``recv`` (a transport for measurements)."""
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.world)] \
-            if group is not dist.GroupMember.WORLD else list(range(self.world))
-        self.backend = str(dist.get_backend(group)).lower()
+        if rank is None:
+            rank, world, backend = dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group)
+            self.global_ranks = [dist.get_global_rank(group, r) for r in range(world)] \
+                if group is not dist.GroupMember.WORLD else list(range(world))
+        else:
+            self.global_ranks = list(range(world))
+        self.rank, self.world = rank, world
+        self.backend = str(backend).lower()
         self.host_transport = self.backend != "nccl"
         self.window = int(os.environ.get("RINGCOLL_WINDOW", DEFAULT_WINDOW))
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
