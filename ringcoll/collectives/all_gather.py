@@ -103,6 +103,18 @@ def is_block(inner: torch.Tensor, outer: torch.Tensor, index: int) -> bool:
             and inner.data_ptr() == outer.data_ptr() + index * numel * outer.element_size())
 
 
+def separate_input(input_flat: torch.Tensor, output_flat: torch.Tensor, exact: bool, plan) -> torch.Tensor:
+    """The input as the schedule may name it: itself, unless it overlaps the output other than
+    as exactly this rank's block (``exact``); then a copy made when the plan runs. Executors
+    order steps by buffer names, so two names must never share memory."""
+    if exact or not overlaps(input_flat, output_flat):
+        return input_flat
+    copy = torch.empty_like(input_flat)
+    plan.before.insert(0, lambda: copy.copy_(input_flat))
+    plan.buffers["input"] = copy
+    return copy
+
+
 def check_async(async_op) -> None:
     if not isinstance(async_op, bool):
         raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
@@ -113,9 +125,11 @@ def _gather_plan(ctx: Context, chosen, why, output_flat: torch.Tensor, input_fla
                  tensor: torch.Tensor, result, name: str):
     in_place = is_block(input_flat, output_flat, ctx.rank)
     layout = Layout(output_flat.numel(), {"in_place": in_place})
-    return new_plan("all_gather", chosen, why, ctx, layout, {"output": output_flat, "input": input_flat},
+    plan = new_plan("all_gather", chosen, why, ctx, layout, {"output": output_flat, "input": input_flat},
                     result=result, describe_as=describe(name, chosen.name, tensor,
                                                         "in-place" if in_place else ""))
+    separate_input(input_flat, output_flat, in_place, plan)
+    return plan
 
 
 @builder("all_gather_into_tensor")

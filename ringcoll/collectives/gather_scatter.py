@@ -1,0 +1,208 @@
+"""The gather and scatter drop-ins.
+
+As torch: the root is ``dst``/``src`` (a global rank) or ``group_dst``/``group_src`` (a rank of
+``group``), never both, global rank 0 when neither is given; the list is given on the root
+only (None or empty elsewhere) and holds one tensor per rank of the group.
+"""
+from __future__ import annotations
+
+__all__ = ["gather", "scatter"]
+
+import operator
+
+from ..schedule import Layout
+from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from .all_gather import (check_async, check_length, check_numels, check_same, check_tensor_list, copy_in,
+                         copy_out, is_block, separate_input, stage_list)
+
+
+def _optional_list(param: str, tensors) -> list:
+    """The root's list, or [] for None or an empty list (torch's ``if gather_list:``)."""
+    if tensors is None or (isinstance(tensors, (list, tuple)) and len(tensors) == 0):
+        return []
+    check_tensor_list(param, tensors)
+    return tensors
+
+
+def _check_root_args(param: str, value, group_param: str, group_value) -> None:
+    if value is not None and group_value is not None:
+        raise ValueError(f"{param} and {group_param} must not both be given (got {param}={value!r}, "
+                         f"{group_param}={group_value!r})")
+    for name, given in ((param, value), (group_param, group_value)):
+        if given is None:
+            continue
+        if isinstance(given, bool):
+            raise TypeError(f"{name} must be an int, got bool {given!r}")
+        try:
+            operator.index(given)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(given).__name__} {given!r}") from None
+
+
+def _root(ctx: Context, param: str, value, group_param: str, group_value) -> int:
+    """The root as a rank of the group."""
+    if group_value is not None:
+        root = operator.index(group_value)
+        if not 0 <= root < ctx.world:
+            raise ValueError(f"{group_param} must be a rank of the group, 0 <= {group_param} < {ctx.world}, "
+                             f"got {root}")
+        return root
+    value = 0 if value is None else operator.index(value)
+    ranks = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
+    if value not in ranks:
+        raise ValueError(f"{param} must be the global rank of a member of the group {ranks}, got {value}")
+    return ranks.index(value)
+
+
+def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int, role: str) -> None:
+    if ctx.rank == root:
+        if not tensors:
+            raise ValueError(f"{param} must be given on the {role} rank (group rank {root}), got none")
+        check_length(param, tensors, ctx.world)
+        check_numels(param, tensors, tensor.numel(), "those of tensor")
+        for index, item in enumerate(tensors):
+            check_device(f"{param}[{index}]", item, ctx)
+    elif tensors:
+        raise ValueError(f"{param} must be None on ranks other than the {role} (group rank {root}), "
+                         f"got a list of {len(tensors)} on group rank {ctx.rank}")
+
+
+# -- gather -------------------------------------------------------------------------------
+@builder("gather")
+def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
+    check_tensor("tensor", tensor)
+    outputs = _optional_list("gather_list", gather_list)
+    for index, out in enumerate(outputs):
+        check_same(f"gather_list[{index}]", out, tensor, "tensor")
+    _check_root_args("dst", dst, "group_dst", group_dst)
+    chosen, why = pick("gather", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
+    if ctx.rank is None:
+        return None
+    root = _root(ctx, "dst", dst, "group_dst", group_dst)
+    _check_root_list("gather_list", outputs, tensor, ctx, root, "destination")
+    check_device("tensor", tensor, ctx)
+    input_flat, _ = flat(tensor)
+    buffers = {"input": input_flat}
+    staged = False
+    if ctx.rank == root:
+        buffers["output"], staged = stage_list(outputs, tensor)
+    plan = new_plan("gather", chosen, why, ctx, Layout(ctx.world * input_flat.numel(), {"root": root}), buffers,
+                    result=outputs if ctx.rank == root else [],
+                    describe_as=describe("gather", chosen.name, tensor, f"root {root}"))
+    if ctx.rank == root:
+        separate_input(input_flat, buffers["output"], is_block(input_flat, buffers["output"], root), plan)
+    if staged:
+        plan.after.append(copy_out(buffers["output"], outputs))
+    return plan
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
+           algorithm="auto"):
+    """Gathers a list of tensors in a single process.
+
+    On the destination, ``gather_list[r]`` ends as rank r's ``tensor``. This function
+    requires all tensors to be the same size on each process.
+
+    Args:
+        tensor (Tensor): Input tensor.
+        gather_list (list[Tensor], optional): List of appropriately, same-sized tensors to
+            use for gathered data (default is None, must be specified on the destination rank
+            and only there).
+        dst (int, optional): Destination rank on global process group (regardless of
+            ``group`` argument). (If both ``dst`` and ``group_dst`` are None, default is
+            global rank 0.)
+        group (ProcessGroup, optional): The process group to work on. If None, the default
+            process group will be used.
+        async_op (bool, optional): Whether this op should be an async op.
+        group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
+            ``dst`` and ``group_dst``.
+        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("gather")``:
+            ``linear``, ``binomial``.
+
+    Returns:
+        Async work handle, if async_op is set to True; its ``result()`` is ``gather_list`` on
+        the destination and ``[]`` elsewhere (as gloo's). None, if not async_op or if not
+        part of the group.
+
+    Examples:
+        >>> # We have 2 process groups, 2 ranks.
+        >>> tensor = torch.ones(2) + rank
+        >>> gather_list = [torch.zeros(2) for _ in range(2)] if rank == 0 else None
+        >>> ringcoll.gather(tensor, gather_list, dst=0, algorithm="binomial")
+        >>> # Rank 0 gets gathered data.
+        >>> gather_list
+        [tensor([1., 1.]), tensor([2., 2.])] # Rank 0
+        None                                 # Rank 1
+    """
+    check_async(async_op)
+    ctx = group_context(group)
+    return ctx.submit(build_gather(ctx, tensor, gather_list, dst, group_dst, algorithm=algorithm), async_op)
+
+
+# -- scatter ------------------------------------------------------------------------------
+@builder("scatter")
+def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
+    check_tensor("tensor", tensor)
+    inputs = _optional_list("scatter_list", scatter_list)
+    for index, item in enumerate(inputs):
+        check_same(f"scatter_list[{index}]", item, tensor, "tensor")
+    _check_root_args("src", src, "group_src", group_src)
+    chosen, why = pick("scatter", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
+    if ctx.rank is None:
+        return None
+    root = _root(ctx, "src", src, "group_src", group_src)
+    _check_root_list("scatter_list", inputs, tensor, ctx, root, "source")
+    check_device("tensor", tensor, ctx)
+    output_flat, write_back = flat(tensor)
+    buffers = {"output": output_flat}
+    staged = False
+    if ctx.rank == root:
+        buffers["input"], staged = stage_list(inputs, tensor)
+    plan = new_plan("scatter", chosen, why, ctx, Layout(ctx.world * output_flat.numel(), {"root": root}), buffers,
+                    result=[tensor], describe_as=describe("scatter", chosen.name, tensor, f"root {root}"))
+    if staged:
+        plan.before.append(copy_in(buffers["input"], inputs))
+    if write_back is not None:
+        plan.after.append(write_back)
+    return plan
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
+            algorithm="auto"):
+    """Scatters a list of tensors to all processes in a group.
+
+    Each process will receive exactly one tensor and store its data in the ``tensor``
+    argument: rank r gets ``scatter_list[r]`` of the source.
+
+    Args:
+        tensor (Tensor): Output tensor.
+        scatter_list (list[Tensor]): List of tensors to scatter (default is None, must be
+            specified on the source rank and only there), one per rank, each the size of
+            ``tensor``.
+        src (int): Source rank on global process group (regardless of ``group`` argument).
+            (If both ``src`` and ``group_src`` are None, default is global rank 0.)
+        group (ProcessGroup, optional): The process group to work on. If None, the default
+            process group will be used.
+        async_op (bool, optional): Whether this op should be an async op.
+        group_src (int, optional): Source rank on ``group``. Invalid to specify both ``src``
+            and ``group_src``.
+        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("scatter")``:
+            ``linear``, ``binomial``.
+
+    Returns:
+        Async work handle, if async_op is set to True; its ``result()`` is ``[tensor]``. None,
+        if not async_op or if not part of the group.
+
+    Examples:
+        >>> # We have 2 process groups, 2 ranks.
+        >>> output_tensor = torch.zeros(2)
+        >>> scatter_list = [torch.ones(2), torch.ones(2) * 5] if rank == 0 else None
+        >>> ringcoll.scatter(output_tensor, scatter_list, src=0, algorithm="binomial")
+        >>> # Rank i gets scatter_list[i].
+        >>> output_tensor
+        tensor([1., 1.]) # Rank 0
+        tensor([5., 5.]) # Rank 1
+    """
+    check_async(async_op)
+    ctx = group_context(group)
+    return ctx.submit(build_scatter(ctx, tensor, scatter_list, src, group_src, algorithm=algorithm), async_op)
