@@ -118,6 +118,16 @@ def segments(chunk: Buf, segment_numel: int) -> list[Buf]:
     return chunks(chunk.name, chunk.numel, count, chunk.start)
 
 
+def segmented(blocks: Sequence[Buf], segment: Optional[int]) -> list[list[Buf]]:
+    """Each block cut into the same number of near-equal segments: as many as the largest
+    block needs for segments of at most ``segment`` elements (one when ``segment`` is 0 or
+    None). A block's segments depend only on the block and the count, so the sender's and
+    the receiver's cuts of a block agree."""
+    largest = max((b.numel for b in blocks), default=0)
+    count = max(1, -(-largest // segment)) if segment else 1
+    return [chunks(b.name, b.numel, count, b.start) for b in blocks]
+
+
 def _freeze(value):
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))

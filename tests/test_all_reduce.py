@@ -305,30 +305,3 @@ def test_dead_peer_fails_fast_and_the_cluster_reports_it():
             cluster.run(dies, timeout=60)
         assert not cluster.alive
 
-
-def pipelined(segment_bytes):
-    from ringcoll.collectives._common import group_context
-
-    executor = group_context(None).executor
-    rank, out = dist.get_rank(), []
-    os.environ["RINGCOLL_SEGMENT"] = str(segment_bytes)
-    try:
-        for window in (1, 2, 3):
-            executor.window = window
-            for numel in (1, 37, 1000, 4099):
-                tensor = data(rank, numel, torch.int64)
-                want = builtin_reference(tensor, R.SUM)
-                ringcoll.all_reduce(tensor, algorithm="ring")
-                out.append((window, numel, torch.equal(tensor, want)))
-    finally:
-        os.environ.pop("RINGCOLL_SEGMENT")
-        executor.window = ringcoll.executor.DEFAULT_WINDOW
-    return out
-
-
-@pytest.mark.parametrize("world", [3, 4])
-def test_pipelined_ring_with_segments_in_flight(clusters, world):
-    """Small segments and 1-3 steps in flight: transfers overlap reductions, results exact."""
-    for rank, cases in enumerate(clusters(world).run(pipelined, 8 * 13)):
-        for window, numel, ok in cases:
-            assert ok, f"rank {rank} window {window} numel {numel}"

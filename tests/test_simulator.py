@@ -184,3 +184,25 @@ def test_segmented_ring(monkeypatch, world, segment_bytes):
         assert all(torch.equal(got, want) for (got,) in sim.outputs), f"world {world} numel {numel}"
     segments = max(1, -(-(4099 // world + 1) * 8 // int(segment_bytes)))
     assert sim.stats.steps == 2 * (world - 1) * segments
+
+
+@pytest.mark.parametrize("world", [2, 3, 5, 8])
+def test_segmented_rings_of_all_gather_and_reduce_scatter(monkeypatch, world):
+    """Blocks cut into many segments (8-byte segments of int64): still exact."""
+    monkeypatch.setenv("RINGCOLL_SEGMENT", "24")
+    for block in (1, world + 1, 100):
+        inputs = [rank_data(rank, block) for rank in range(world)]
+        gathered = ringcoll.simulate(
+            "all_gather_into_tensor", "ring", world,
+            call=lambda rank: ((torch.empty(world * block, dtype=torch.int64), inputs[rank]), {}))
+        for rank, views in enumerate(gathered.outputs):      # result(): one view per rank's block
+            got = torch.cat([view.reshape(-1) for view in views])
+            assert torch.equal(got, torch.cat(inputs)), f"all_gather world {world} block {block} rank {rank}"
+        full = [rank_data(rank, world * block) for rank in range(world)]
+        scattered = ringcoll.simulate(
+            "reduce_scatter_tensor", "ring", world,
+            call=lambda rank: ((torch.empty(block, dtype=torch.int64), full[rank]), {}))
+        total = sum(full)
+        for rank, out in enumerate(scattered.outputs):
+            assert torch.equal(out[0], total[rank * block:(rank + 1) * block]), f"reduce_scatter rank {rank}"
+        assert scattered.stats.steps == (world - 1) * -(-block * 8 // 24)

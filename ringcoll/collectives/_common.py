@@ -14,7 +14,7 @@ from ..executor import P2PExecutor
 from ..ops import SUPPORTED_DTYPES
 from ..plan import Plan
 from ..schedule import Layout
-from ..selection import choose
+from ..selection import choose, segment_elements
 from ..work import submit
 
 log = logging.getLogger("ringcoll")
@@ -117,6 +117,10 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
              layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
              result=None, describe_as: str = "") -> Plan:
+    if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
+        element_size = next(iter(buffers.values())).element_size()
+        layout = Layout(layout.numel, {**layout.params,
+                                       "segment": segment_elements(collective, algorithm.name, element_size)})
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
                 result=result, describe=describe_as)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)

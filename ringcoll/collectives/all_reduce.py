@@ -6,7 +6,6 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ..selection import segment_elements
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 
 
@@ -19,7 +18,7 @@ def build_all_reduce(ctx: Context, tensor, op=ReduceOp.SUM, *, algorithm="auto")
         return None
     check_device("tensor", tensor, ctx)
     data, write_back = flat(tensor)
-    layout = Layout(data.numel(), {"segment": segment_elements("all_reduce", chosen.name, data.element_size())})
+    layout = Layout(data.numel())
     plan = new_plan("all_reduce", chosen, why, ctx, layout, {"data": data},
                     op=spec.local, result=[tensor],
                     describe_as=describe("all_reduce", chosen.name, tensor, spec.name))

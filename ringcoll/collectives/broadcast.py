@@ -7,7 +7,6 @@ import numbers
 from typing import Optional
 
 from ..schedule import Layout
-from ..selection import segment_elements
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 
 
@@ -51,7 +50,7 @@ def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm
         return None
     check_device("tensor", tensor, ctx)
     data, write_back = flat(tensor)
-    layout = Layout(data.numel(), {"root": root, "segment": segment_elements("broadcast", chosen.name, tensor.element_size())})
+    layout = Layout(data.numel(), {"root": root})
     plan = new_plan("broadcast", chosen, why, ctx, layout, {"data": data}, result=[tensor],
                     describe_as=describe("broadcast", chosen.name, tensor, f"root {root}"))
     if write_back is not None:

@@ -6,7 +6,6 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ..selection import segment_elements
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 from .broadcast import _group_root
 
@@ -21,7 +20,7 @@ def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=N
         return None
     check_device("tensor", tensor, ctx)
     data, write_back = flat(tensor)
-    layout = Layout(data.numel(), {"root": root, "segment": segment_elements("reduce", chosen.name, tensor.element_size())})
+    layout = Layout(data.numel(), {"root": root})
     plan = new_plan("reduce", chosen, why, ctx, layout, {"data": data}, op=spec.local, result=[tensor],
                     describe_as=describe("reduce", chosen.name, tensor, f"{spec.name} root {root}"))
     if spec.premul is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterator, List
 
 from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, sendrecv, step
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, segmented, sendrecv, step
 from .fold import folded_rank, largest_pof2, real_rank
 
 
@@ -43,16 +43,20 @@ def _ring_cost(world: int, nbytes: int) -> Cost:
 def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring all-gather: at step s each rank sends block (rank - s) to its right and receives
     block (rank - s - 1) from its left, straight into the output; after world - 1 steps every
-    block has gone round. Bandwidth-optimal, latency linear in p.
+    block has gone round. Blocks are cut into segments (``layout["segment"]`` elements at
+    most), so a block's first segment moves on while its last is still arriving.
+    Bandwidth-optimal, latency linear in p.
 
-    Cost: (p-1)α + (p-1)/p·nβ (n: the gathered total).
+    Cost: (p-1)α·k + (p-1)/p·nβ (n: the gathered total; k segments per block).
     """
     output = chunks("output", layout.numel, world)
     yield from _place_own(rank, world, layout, output)
+    pieces = segmented(output, layout.get("segment"))
     right, left = (rank + 1) % world, (rank - 1) % world
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
-        yield step(sendrecv(right, output[send_idx], left, output[recv_idx]))
+        for send_piece, recv_piece in zip(pieces[send_idx], pieces[recv_idx]):
+            yield step(sendrecv(right, send_piece, left, recv_piece))
 
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, sendrecv, step
+from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, segmented, sendrecv, step
 from ..registry import Cost, register
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 
@@ -45,13 +45,10 @@ def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     if world == 1:
         return
-    data = chunks("data", layout.numel, world)
-    largest = data[0].numel
-    segment = layout.get("segment") or largest
-    count = max(1, -(-largest // segment))
-    pieces = [chunks("data", c.numel, count, c.start) for c in data]
+    pieces = segmented(chunks("data", layout.numel, world), layout.get("segment"))
+    count = len(pieces[0])
     right, left = (rank + 1) % world, (rank - 1) % world
-    slot_size = -(-largest // count)
+    slot_size = pieces[0][0].numel
     slot = 0
     # scatter-reduce
     for s in range(world - 1):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, sendrecv, step
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, segmented, sendrecv, step
 from .all_gather import span
 from .fold import folded_rank, largest_pof2, real_rank
 
@@ -33,8 +33,10 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
     its right and receives the partial of block (rank - s - 2) from its left, reducing its
     own input block into it; the partials alternate between two scratch slots. At the last
     step the partial of block rank arrives straight in the output and is finished there.
+    Blocks are cut into segments (``layout["segment"]`` elements at most), so the reduction
+    of one segment overlaps the transfer of the next.
 
-    Cost: (p-1)α + (p-1)/p·n(β + γ) (n: the input total).
+    Cost: (p-1)α·k + (p-1)/p·n(β + γ) (n: the input total; k segments per block).
     """
     inputs = chunks("input", layout.numel, world)
     block = inputs[0].numel
@@ -43,13 +45,17 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
         yield step(local=[Copy(output, inputs[0])])
         return
     right, left = (rank + 1) % world, (rank - 1) % world
+    pieces = segmented(inputs, layout.get("segment"))
+    count = len(pieces[0])
+    slots = [chunks("scratch", block, count, slot * block) for slot in (0, 1)]
     partial = None
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s - 1) % world, (rank - s - 2) % world
-        send_buf = inputs[send_idx] if s == 0 else partial
-        recv_buf = output if s == world - 2 else Buf("scratch", (s % 2) * block, (s % 2 + 1) * block)
-        yield step(sendrecv(right, send_buf, left, recv_buf), [reduce(recv_buf, inputs[recv_idx])])
-        partial = recv_buf
+        sends = pieces[send_idx] if s == 0 else partial
+        recvs = chunks("output", block, count) if s == world - 2 else slots[s % 2]
+        for send_piece, recv_piece, own in zip(sends, recvs, pieces[recv_idx]):
+            yield step(sendrecv(right, send_piece, left, recv_piece), [reduce(recv_piece, own)])
+        partial = recvs
 
 
 @register("reduce_scatter", "pairwise", cost=_share_cost)
