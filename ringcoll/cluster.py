@@ -22,7 +22,6 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
-import sys
 import time
 import traceback
 import weakref

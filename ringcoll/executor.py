@@ -14,7 +14,7 @@ import os
 import time
 from collections import deque
 from datetime import timedelta
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist

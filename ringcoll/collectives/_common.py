@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -125,3 +126,39 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
                 result=result, describe=describe_as)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
     return plan
+
+
+def group_root(ctx: Context, name: str, global_root, group_name: str, group_root,
+               default: Optional[int] = None) -> Optional[int]:
+    """The root's rank in the group, from exactly one of a global rank (``name``, as torch's
+    ``src``/``dst``) and a group rank (``group_name``, as torch's ``group_src``/``group_dst``).
+    TypeError/ValueError naming the parameter unless it is an int that names a member of the
+    group. With neither given, the global rank ``default`` (gather and scatter: 0, as torch),
+    else an error. Outside the group (``ctx.rank`` None) only the type is checked, and None
+    returned. Shared by every rooted collective."""
+    if global_root is not None and group_root is not None:
+        raise ValueError(f"give exactly one of {name} and {group_name}, got {name}={global_root!r} "
+                         f"and {group_name}={group_root!r}")
+    if global_root is None and group_root is None and default is not None:
+        global_root = default
+    if global_root is None and group_root is None:
+        raise ValueError(f"{name} (a global rank) or {group_name} (a rank in the group) must be given")
+    param, value = (name, global_root) if global_root is not None else (group_name, group_root)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{param} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if ctx.world is None:
+        if value < 0:
+            raise ValueError(f"{param} must be a non-negative rank, got {value}")
+        return None
+    if param == group_name:
+        if not 0 <= value < ctx.world:
+            raise ValueError(f"{group_name} must be a rank of the group, in [0, {ctx.world}), got {value}")
+        return value
+    members = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
+    if value not in members:
+        if members == list(range(len(members))):
+            raise ValueError(f"{name} must be a rank in [0, {len(members)}), got {value}")
+        raise ValueError(f"{name} must be the global rank of a member of the group, one of "
+                         f"{members}, got {value}")
+    return members.index(value)

@@ -1,50 +1,17 @@
-"""The broadcast drop-in, and the root-rank checks that the rooted collectives share."""
+"""The broadcast drop-in."""
 from __future__ import annotations
 
 __all__ = ["broadcast"]
 
-import numbers
-from typing import Optional
 
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
-
-
-def _group_root(ctx: Context, name: str, global_root, group_name: str, group_root) -> Optional[int]:
-    """The root's rank in the group, from exactly one of a global rank (``name``, as torch's
-    ``src``/``dst``) and a group rank (``group_name``, as torch's ``group_src``/``group_dst``).
-    TypeError/ValueError naming the parameter unless it is an int that names a member of the
-    group. Outside the group (``ctx.rank`` None) only the type is checked, and None returned."""
-    if global_root is not None and group_root is not None:
-        raise ValueError(f"give exactly one of {name} and {group_name}, got {name}={global_root!r} "
-                         f"and {group_name}={group_root!r}")
-    if global_root is None and group_root is None:
-        raise ValueError(f"{name} (a global rank) or {group_name} (a rank in the group) must be given")
-    param, value = (name, global_root) if global_root is not None else (group_name, group_root)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{param} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if ctx.world is None:
-        if value < 0:
-            raise ValueError(f"{param} must be a non-negative rank, got {value}")
-        return None
-    if param == group_name:
-        if not 0 <= value < ctx.world:
-            raise ValueError(f"{group_name} must be a rank of the group, in [0, {ctx.world}), got {value}")
-        return value
-    members = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
-    if value not in members:
-        if members == list(range(len(members))):
-            raise ValueError(f"{name} must be a rank in [0, {len(members)}), got {value}")
-        raise ValueError(f"{name} must be the global rank of a member of the group, one of "
-                         f"{members}, got {value}")
-    return members.index(value)
+from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 
 
 @builder("broadcast")
 def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm="auto"):
     check_tensor("tensor", tensor)
-    root = _group_root(ctx, "src", src, "group_src", group_src)
+    root = group_root(ctx, "src", src, "group_src", group_src)
     chosen, why = pick("broadcast", algorithm, tensor.numel() * tensor.element_size(), ctx)
     if ctx.rank is None:
         return None

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 __all__ = ["gather", "scatter"]
 
-import operator
-
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 from .all_gather import (check_async, check_length, check_numels, check_same, check_tensor_list, copy_in,
                          copy_out, is_block, separate_input, stage_list)
 
@@ -22,36 +20,6 @@ def _optional_list(param: str, tensors) -> list:
         return []
     check_tensor_list(param, tensors)
     return tensors
-
-
-def _check_root_args(param: str, value, group_param: str, group_value) -> None:
-    if value is not None and group_value is not None:
-        raise ValueError(f"{param} and {group_param} must not both be given (got {param}={value!r}, "
-                         f"{group_param}={group_value!r})")
-    for name, given in ((param, value), (group_param, group_value)):
-        if given is None:
-            continue
-        if isinstance(given, bool):
-            raise TypeError(f"{name} must be an int, got bool {given!r}")
-        try:
-            operator.index(given)
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(given).__name__} {given!r}") from None
-
-
-def _root(ctx: Context, param: str, value, group_param: str, group_value) -> int:
-    """The root as a rank of the group."""
-    if group_value is not None:
-        root = operator.index(group_value)
-        if not 0 <= root < ctx.world:
-            raise ValueError(f"{group_param} must be a rank of the group, 0 <= {group_param} < {ctx.world}, "
-                             f"got {root}")
-        return root
-    value = 0 if value is None else operator.index(value)
-    ranks = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
-    if value not in ranks:
-        raise ValueError(f"{param} must be the global rank of a member of the group {ranks}, got {value}")
-    return ranks.index(value)
 
 
 def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int, role: str) -> None:
@@ -74,11 +42,10 @@ def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=Non
     outputs = _optional_list("gather_list", gather_list)
     for index, out in enumerate(outputs):
         check_same(f"gather_list[{index}]", out, tensor, "tensor")
-    _check_root_args("dst", dst, "group_dst", group_dst)
+    root = group_root(ctx, "dst", dst, "group_dst", group_dst, default=0)
     chosen, why = pick("gather", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
     if ctx.rank is None:
         return None
-    root = _root(ctx, "dst", dst, "group_dst", group_dst)
     _check_root_list("gather_list", outputs, tensor, ctx, root, "destination")
     check_device("tensor", tensor, ctx)
     input_flat, _ = flat(tensor)
@@ -146,11 +113,10 @@ def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=N
     inputs = _optional_list("scatter_list", scatter_list)
     for index, item in enumerate(inputs):
         check_same(f"scatter_list[{index}]", item, tensor, "tensor")
-    _check_root_args("src", src, "group_src", group_src)
+    root = group_root(ctx, "src", src, "group_src", group_src, default=0)
     chosen, why = pick("scatter", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
     if ctx.rank is None:
         return None
-    root = _root(ctx, "src", src, "group_src", group_src)
     _check_root_list("scatter_list", inputs, tensor, ctx, root, "source")
     check_device("tensor", tensor, ctx)
     output_flat, write_back = flat(tensor)

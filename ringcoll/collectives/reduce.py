@@ -6,15 +6,14 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
-from .broadcast import _group_root
+from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 
 
 @builder("reduce")
 def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=None, algorithm="auto"):
     check_tensor("tensor", tensor)
     spec = resolve(op, tensor)
-    root = _group_root(ctx, "dst", dst, "group_dst", group_dst)
+    root = group_root(ctx, "dst", dst, "group_dst", group_dst)
     chosen, why = pick("reduce", algorithm, tensor.numel() * tensor.element_size(), ctx)
     if ctx.rank is None:
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, segmented, sendrecv, step
+from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
 from ..registry import Cost, register
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 
