@@ -1,0 +1,527 @@
+#!/usr/bin/env python
+"""GPU check: ringcoll's local-reduction kernels and collectives on CUDA tensors, in one run.
+
+    python bench/gpu_check.py [--out bench/results] [--budget 270] [--worlds 2,4] [--dry-run]
+
+Works from a plain checkout (no install needed: ``kernels/`` is loaded as ``ringcoll.kernels``
+when the package mapping of pyproject.toml is not installed) or after ``pip install -e .``.
+
+Sections, each wrapped so that a failure is reported and the next one still runs, all inside one
+time budget (a section that would overrun is cut short and says so):
+1. environment: versions, GPU, which kernel backends can run here;
+2. correctness: every backend (cupy, numba, torch) on CUDA tensors, every op x dtype, one/several/
+   more-than-eight sources, fused out, misaligned pointers, numel 0; exact data against closed
+   form results and random data against torch's rounding, bit for bit;
+3. streams: a kernel must run on torch's current stream (a busy side stream then our reduction:
+   the result must include the stream's earlier work) and must not block the host;
+4. bandwidth: each backend and torch's in-place op at 1 MiB ... 1 GiB, CUDA events, warm-up,
+   median, against a device-to-device copy of the same size; bytes counted as the copy's are,
+   read + write (x = x + y moves 3x the size, the copy 2x); target >= 90 % of the copy;
+5. collectives: ``ringcoll.all_reduce`` with every algorithm on CUDA tensors, 2-4 ranks sharing
+   the GPU over gloo, against ``torch.distributed.all_reduce`` on CPU copies, per kernel backend;
+   plus async_op=True followed at once by kernels on the current stream (ordering).
+
+It prints a readable report as it goes and writes JSON and text to ``--out``, named with the
+date and the GPU, after every section (a killed run still leaves what it had). Without CUDA, or
+with ``--dry-run``, every section runs on CPU tensors at small sizes with the CPU backends, to
+exercise the script itself; the report says so.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import sys
+import time
+import traceback
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def import_ringcoll_kernels():
+    """ringcoll.kernels, installed or loaded from this checkout's kernels/ under that name."""
+    try:
+        return importlib.import_module("ringcoll.kernels")
+    except ImportError as exc:  # no ringcoll, or a ringcoll whose `from . import kernels` failed
+        if exc.name not in ("ringcoll", "ringcoll.kernels") and "kernels" not in str(exc):
+            raise
+    for name in [m for m in sys.modules if m == "ringcoll" or m.startswith("ringcoll.")]:
+        del sys.modules[name]  # what a failed import of ringcoll left half-initialised
+    spec = importlib.util.spec_from_file_location(
+        "ringcoll.kernels", REPO / "kernels" / "__init__.py",
+        submodule_search_locations=[str(REPO / "kernels")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ringcoll.kernels"] = module
+    spec.loader.exec_module(module)
+    try:
+        import ringcoll
+        ringcoll.kernels = module  # the attribute an installed package would have
+    except Exception:  # noqa: BLE001 - no usable ringcoll: the collectives section says why
+        pass
+    return module
+
+
+# At import: spawned rank processes import this file as their main module and need it too.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+kernels = import_ringcoll_kernels()
+
+import torch  # noqa: E402
+from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,  # noqa: E402
+                                      random_float_case)
+
+MiB = 1 << 20
+TARGET = 0.90
+
+
+# ---- report and budget ----
+
+class Report:
+    def __init__(self, out_dir: pathlib.Path, device_name: str, dry_run: bool):
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") or "unknown"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.json_path = out_dir / f"gpu_check_{stamp}_{slug}.json"
+        self.text_path = self.json_path.with_suffix(".txt")
+        self.data = {"started": stamp, "device": device_name, "dry_run": dry_run, "sections": {}}
+        self.lines: list[str] = []
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def section(self, name: str, status: str, seconds: float, result: dict) -> None:
+        self.data["sections"][name] = {"status": status, "seconds": round(seconds, 1), **result}
+        self.say(f"== {name}: {status.upper()} ({seconds:.1f} s)")
+        self.save()
+
+    def save(self) -> None:
+        self.json_path.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        self.text_path.write_text("\n".join(self.lines) + "\n")
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def until(self, share: float, keep: float = 0.0) -> float:
+        """A deadline for a section: ``share`` of what is left, keeping ``keep`` s for later."""
+        return time.monotonic() + max(0.0, min(self.left() * share, self.left() - keep))
+
+
+class OutOfTime(Exception):
+    pass
+
+
+def check_time(deadline: float, what: str) -> None:
+    if time.monotonic() > deadline:
+        raise OutOfTime(f"time budget spent before {what}")
+
+
+def run_section(report: Report, name: str, fn, *args) -> None:
+    report.say(f"\n== {name}")
+    start = time.monotonic()
+    try:
+        result = fn(report, *args)
+        status = ("failed" if result.get("failures") else
+                  "skipped" if result.get("skipped") else "ok")
+        if result.get("cut_short"):
+            status += " (cut short: time budget)"
+    except Exception as exc:  # noqa: BLE001 - one section's failure must not stop the others
+        text = traceback.format_exc()
+        report.say(text.rstrip())
+        result, status = {"error": f"{type(exc).__name__}: {exc}", "traceback": text}, "error"
+    report.section(name, status, time.monotonic() - start, result)
+
+
+# ---- data ----
+
+def on_device(cpu_tensor: torch.Tensor, device: str, offset: int) -> torch.Tensor:
+    """A copy on ``device`` starting ``offset`` elements into its allocation (misaligned)."""
+    buffer = torch.empty(cpu_tensor.numel() + offset, dtype=cpu_tensor.dtype, device=device)
+    view = buffer[offset:]
+    view.copy_(cpu_tensor)
+    return view
+
+
+# ---- 1. environment ----
+
+def section_environment(report: Report, ctx: dict) -> dict:
+    info = {"python": sys.version.split()[0], "platform": platform.platform(),
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(), "device": ctx["device"],
+            "kernel_backend_configured": kernels.get_backend()}
+    for package in ("cupy", "numba", "numba_cuda", "numpy"):
+        try:
+            info[package] = importlib.import_module(package).__version__
+        except Exception as exc:  # noqa: BLE001
+            info[package] = f"unavailable ({type(exc).__name__})"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                    sm_count=props.multi_processor_count,
+                    capability=f"{props.major}.{props.minor}")
+        info["cuda_backends"] = {b: (kernels._cuda_unavailable(b) or "available")
+                                 for b in ("cupy", "numba")}
+    info["backends_checked"] = ctx["backends"]
+    info["auto_picks"] = kernels.backend_for(ctx["device"])
+    for key, value in info.items():
+        report.say(f"  {key}: {value}")
+    return info
+
+
+# ---- 2. correctness ----
+
+# (sources, numel, fused, offset in elements, data): one source, several, eight (one pass),
+# nine (two passes); misaligned pointers; big enough for many blocks, packs and a tail.
+CASES = ((1, 1, False, 0, "exact"), (1, 37, True, 0, "exact"), (3, 1000, False, 1, "exact"),
+         (8, 4099, True, 0, "exact"), (9, 37, True, 3, "exact"),
+         (3, (1 << 20) + 3, True, 0, "random"), (2, 777, False, 1, "random"))
+
+
+def section_correctness(report: Report, ctx: dict) -> dict:
+    deadline, device, backends = ctx["deadline"], ctx["device"], ctx["backends"]
+    cases = CASES if not ctx["small"] else CASES[:5] + ((3, 4099, True, 0, "random"),)
+    failures, checks, cut = [], 0, False
+    seconds, wrong = dict.fromkeys(backends, 0.0), dict.fromkeys(backends, 0)
+    if "cupy" in backends:
+        from ringcoll.kernels import _cupy
+        start = time.monotonic()
+        _cupy.precompile(workers=min(12, os.cpu_count() or 1))
+        seconds["cupy"] += time.monotonic() - start
+        report.say(f"  cupy: NVRTC compiled every kernel in {time.monotonic() - start:.1f} s")
+    try:
+        for backend in backends:  # numel 0, and no sources with out (a plain copy)
+            for numel in (0, 5):
+                dst, out = torch.ones(numel, device=device), torch.zeros(numel, device=device)
+                kernels.reduce_into(dst, [] if numel else [dst.clone()], "sum", out=out,
+                                    backend=backend)
+                if not torch.equal(out.cpu(), torch.ones(numel)):
+                    failures.append(f"{backend}: numel={numel} edge case wrong")
+        for dtype, op in PAIRS:
+            for nsrc, numel, fused, offset, data in cases:
+                if data == "random" and dtype not in FLOATS:
+                    continue
+                check_time(deadline, f"{dtype} {op} nsrc={nsrc}")
+                make = exact_case if data == "exact" else random_float_case
+                host_dst, host_sources, expected = make(dtype, op, nsrc, numel)
+                for backend in backends:
+                    start = time.monotonic()
+                    dst = on_device(host_dst, device, offset)
+                    sources = [on_device(h, device, offset) for h in host_sources]
+                    out = on_device(torch.zeros_like(host_dst), device, offset) if fused else None
+                    kernels.reduce_into(dst, sources, op, out=out, backend=backend)
+                    checks += 1
+                    for name, got in (("dst", dst), ("out", out)):
+                        problem = None if got is None else first_difference(
+                            got.cpu(), expected, bits=data == "random")
+                        if problem:
+                            wrong[backend] += 1
+                            failures.append(f"{backend} {dtype} {op} nsrc={nsrc} numel={numel} "
+                                            f"offset={offset} {data} {name}: {problem}")
+                    seconds[backend] += time.monotonic() - start
+    except OutOfTime as exc:
+        cut = True
+        report.say(f"  cut short: {exc}")
+    for backend in backends:
+        report.say(f"  {backend}: {wrong[backend]} wrong; {seconds[backend]:.1f} s "
+                   f"(includes compiling every kernel)")
+    for line in failures[:30]:
+        report.say(f"  FAIL {line}")
+    return {"checks": checks, "failures": failures[:200], "cut_short": cut,
+            "per_backend": {b: {"wrong": wrong[b], "seconds": round(seconds[b], 1)}
+                            for b in backends}}
+
+
+# ---- 3. streams ----
+
+def section_streams(report: Report, ctx: dict) -> dict:
+    if ctx["device"] != "cuda":
+        report.say("  skipped: needs CUDA (no CUDA device or --dry-run)")
+        return {"skipped": "no CUDA"}
+    failures, results = [], {}
+    n = 1 << 22
+    for backend in ctx["backends"]:
+        check_time(ctx["deadline"], f"streams {backend}")
+        dst, src = torch.empty(n, device="cuda"), torch.full((n,), 2.0, device="cuda")
+        kernels.reduce_into(dst, src, "sum", backend=backend)  # compile outside the timing
+        side = torch.cuda.Stream()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time ahead of everything below
+            dst.fill_(1.0)
+            start = time.perf_counter()
+            kernels.reduce_into(dst, src, "sum", backend=backend)
+            host_seconds = time.perf_counter() - start
+            after = dst * 10  # a torch kernel right after ours on the same stream
+        busy = not side.query()
+        torch.cuda.synchronize()
+        ordered = bool(torch.all(after == 30.0))
+        results[backend] = {"ordered": ordered, "host_returned_while_stream_busy": busy,
+                            "host_call_ms": round(host_seconds * 1e3, 3)}
+        report.say(f"  {backend}: ordered on current stream: {ordered}; returned while the stream "
+                   f"was busy: {busy} (host call {host_seconds * 1e3:.3f} ms)")
+        if not ordered:
+            failures.append(f"{backend}: result does not follow the current stream's earlier work")
+        if not busy:
+            failures.append(f"{backend}: the host call waited for the GPU (synchronised)")
+    return {"backends": results, "failures": failures}
+
+
+# ---- 4. bandwidth ----
+
+def median_ms(fn, reps: int, device: str) -> float:
+    for _ in range(3):
+        fn()
+    if device != "cuda":
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def section_bandwidth(report: Report, ctx: dict) -> dict:
+    device, deadline = ctx["device"], ctx["deadline"]
+    sizes = [1, 4, 16, 64, 256, 1024] if not ctx["small"] else [1, 4]
+    contenders = ctx["backends"]
+    rows, failures, cut = [], [], False
+    report.say("  GB/s count the bytes a one-pass kernel moves (sources and dst read, dst and "
+               "out written); torch's n-ary row is n separate in-place ops")
+    report.say(f"  {'case':<28}{'size':>9}{'copy GB/s':>11}" + "".join(
+        f"{b + ' GB/s':>13}{'%copy':>7}" for b in contenders))
+
+    def measure(label, dtype, nsrc, fused, size_mib, op="sum"):
+        numel = size_mib * MiB // torch.tensor([], dtype=dtype).element_size()
+        reps = 50 if size_mib <= 64 else (20 if size_mib <= 256 else 10)
+        reps = min(reps, 10) if ctx["small"] else reps
+        dst = torch.ones(numel, dtype=dtype, device=device)
+        sources = [torch.ones(numel, dtype=dtype, device=device) for _ in range(nsrc)]
+        out = torch.empty_like(dst) if fused else None
+        copy_ms = median_ms(lambda: dst.copy_(sources[0]), reps, device)
+        copy_gbs = 2 * numel * dst.element_size() / copy_ms / 1e6
+        moved = (nsrc + 2 + fused) * numel * dst.element_size()  # reads + write (+ out write)
+        row = {"case": label, "dtype": str(dtype), "sources": nsrc, "fused": fused,
+               "size_mib": size_mib, "copy_gbs": round(copy_gbs, 1)}
+        cells = []
+        for backend in contenders:
+            ms = median_ms(lambda: kernels.reduce_into(dst, sources, op, out=out, backend=backend),
+                           reps, device)
+            gbs = moved / ms / 1e6
+            row[backend] = {"ms": round(ms, 4), "gbs": round(gbs, 1),
+                            "of_copy": round(gbs / copy_gbs, 3)}
+            cells.append(f"{gbs:13.1f}{100 * gbs / copy_gbs:6.0f}%")
+        report.say(f"  {label:<28}{size_mib:>6} MiB{copy_gbs:11.1f}" + "".join(cells))
+        rows.append(row)
+        del dst, sources, out
+
+    plan = [("f32 x+=y", torch.float32, 1, False, size) for size in sizes]
+    big = 256 if not ctx["small"] else 4
+    plan += [("bf16 x+=y", torch.bfloat16, 1, False, big),
+             ("f16 x+=y", torch.float16, 1, False, big),
+             ("f64 x+=y", torch.float64, 1, False, big),
+             ("int8 x+=y", torch.int8, 1, False, big),
+             ("f32 fused x+=y; out=x", torch.float32, 1, True, big),
+             ("f32 3-ary", torch.float32, 3, False, big),
+             ("f32 8-ary", torch.float32, 8, False, big)]
+    for label, dtype, nsrc, fused, size in plan:
+        if time.monotonic() > deadline:
+            cut = True
+            report.say("  (time budget spent: remaining sizes skipped)")
+            break
+        measure(label, dtype, nsrc, fused, size)
+    if device == "cuda":
+        for row in rows:
+            if row["size_mib"] >= 256:
+                for backend in contenders:
+                    if backend != "torch" and row[backend]["of_copy"] < TARGET:
+                        failures.append(f"{backend} {row['case']} {row['size_mib']} MiB: "
+                                        f"{100 * row[backend]['of_copy']:.0f}% of the copy's "
+                                        f"bandwidth, target {100 * TARGET:.0f}%")
+        torch.cuda.empty_cache()
+    for line in failures:
+        report.say(f"  BELOW TARGET {line}")
+    return {"rows": rows, "failures": failures, "cut_short": cut,
+            "bytes": "read + write, as the copy: x+=y moves 3x size, the copy 2x"}
+
+
+# ---- 5. collectives ----
+
+def _reference_all_reduce(host: torch.Tensor, op_name: str, world: int, factor: float):
+    import torch.distributed as dist
+    ref = host.clone() * factor if op_name == "PREMUL_SUM" else host.clone()
+    gloo_op = {"PREMUL_SUM": "SUM", "AVG": "SUM"}.get(op_name, op_name)
+    dist.all_reduce(ref, op=getattr(dist.ReduceOp, gloo_op))
+    if op_name == "AVG":
+        kernels.divide_(ref, world)
+    return ref
+
+
+def rank_all_reduce_check(kernel_backend: str, device: str, numel: int, deadline: float) -> dict:
+    """On every rank: each all_reduce algorithm, op and dtype, against gloo on CPU copies."""
+    import torch.distributed as dist
+    import ringcoll
+
+    kernels.set_backend(kernel_backend)
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    factor = 0.5
+    ops = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
+           "MAX": dist.ReduceOp.MAX, "BXOR": dist.ReduceOp.BXOR, "AVG": dist.ReduceOp.AVG,
+           "PREMUL_SUM": dist._make_nccl_premul_sum(factor)}
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8, torch.bool)
+    failures, skipped, checks = [], [], 0
+    for algorithm in ringcoll.algorithms("all_reduce"):
+        for op_name, op in ops.items():
+            for dtype in dtypes:
+                floating = dtype.is_floating_point
+                if (op_name == "BXOR" and floating) or (op_name == "PREMUL_SUM" and not floating) \
+                        or (op_name == "AVG" and dtype == torch.bool):
+                    continue
+                if time.time() > deadline:
+                    return {"checks": checks, "failures": failures, "cut_short": True,
+                            "skipped": sorted(set(skipped))}
+                if op_name == "AVG" and not floating and device == "cpu":
+                    continue  # ringcoll, like gloo, averages integers only on CUDA
+                # small integers: every order of the reduction gives the same exact result
+                base = torch.arange(numel) + rank
+                host = ((base % 2 + 1) if op_name == "PRODUCT" else (base % 5 + 1)).to(dtype)
+                try:
+                    expected = _reference_all_reduce(host, op_name, world, factor)
+                except Exception as exc:  # noqa: BLE001 - gloo refuses it alike on every rank
+                    skipped.append(f"{op_name} {dtype}: gloo reference raised {exc}"[:200])
+                    continue
+                tensor = host.to(device)
+                try:
+                    ringcoll.all_reduce(tensor, op=op, algorithm=algorithm)
+                    problem = first_difference(tensor.cpu(), expected)
+                except Exception as exc:  # noqa: BLE001 - report, keep going
+                    problem = f"raised {type(exc).__name__}: {exc}"
+                checks += 1
+                if problem:
+                    failures.append(f"rank {rank} {algorithm} {op_name} {dtype}: {problem}")
+        # async: kernels right before and right after on the current stream
+        host = (torch.arange(numel) + rank).float()
+        expected = _reference_all_reduce(host, "SUM", world, 1.0) * 2
+        tensor = torch.zeros(numel, device=device)
+        tensor.add_(host.to(device))
+        work = ringcoll.all_reduce(tensor, algorithm=algorithm, async_op=True)
+        work.wait()
+        tensor.mul_(2)
+        checks += 1
+        problem = first_difference(tensor.cpu(), expected)
+        if problem:
+            failures.append(f"rank {rank} {algorithm} async_op ordering: {problem}")
+    return {"checks": checks, "failures": failures, "skipped": sorted(set(skipped)),
+            "algorithms": ringcoll.algorithms("all_reduce")}
+
+
+def section_collectives(report: Report, ctx: dict) -> dict:
+    try:
+        import ringcoll
+        launch = ringcoll.launch
+        ringcoll.algorithms("all_reduce")
+    except Exception as exc:  # noqa: BLE001
+        report.say(f"  skipped: ringcoll's launch/all_reduce/algorithms are not importable "
+                   f"({type(exc).__name__}: {exc})")
+        return {"skipped": f"ringcoll not importable: {exc}"}
+    device, failures, runs, cut = ctx["device"], [], [], False
+    numel = 1003  # not a multiple of any world size or pack width
+    # Without a GPU the CPU Numba kernels would compile in every rank (minutes on 2 cores): the
+    # dry run checks the collectives with torch's kernels only.
+    backends = ctx["backends"] if device == "cuda" else ["torch"]
+    for world in ctx["worlds"]:
+        if time.monotonic() > ctx["deadline"] - 10:
+            cut = True
+            break
+        # a rank that hangs must not eat the whole budget: bounded per run
+        timeout = max(30.0, min(120.0, ctx["deadline"] - time.monotonic()))
+        try:
+            with launch(world, backend="gloo", timeout=timeout) as cluster:
+                for backend in backends:
+                    wall_deadline = time.time() + (ctx["deadline"] - time.monotonic())
+                    start = time.monotonic()
+                    results = cluster.run(rank_all_reduce_check, backend, device, numel,
+                                          wall_deadline)
+                    checks = sum(r["checks"] for r in results)
+                    wrong = [f for r in results for f in r["failures"]]
+                    cut = cut or any(r.get("cut_short") for r in results)
+                    runs.append({"world": world, "kernel_backend": backend, "checks": checks,
+                                 "wrong": len(wrong), "seconds": round(time.monotonic() - start, 1),
+                                 "reference_skipped": results[0].get("skipped", [])})
+                    failures += [f"world={world} kernels={backend} {f}" for f in wrong]
+                    report.say(f"  world {world}, kernels {backend}: {checks} checks over "
+                               f"{results[0].get('algorithms', '?')}, {len(wrong)} wrong "
+                               f"({time.monotonic() - start:.1f} s)")
+        except Exception as exc:  # noqa: BLE001 - a lost cluster: report it, try the next world
+            failures.append(f"world={world}: {type(exc).__name__}: {exc}"[:2000])
+            report.say(f"  world {world}: {type(exc).__name__}: {exc}"[:2000])
+    for line in failures[:30]:
+        report.say(f"  FAIL {line}")
+    return {"runs": runs, "failures": failures[:200], "cut_short": cut}
+
+
+# ---- main ----
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results")
+    parser.add_argument("--budget", type=float, default=250.0,
+                        help="seconds for all sections (start-up and imports come on top)")
+    parser.add_argument("--worlds", default="2,4", help="world sizes for the collectives")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU tensors and small sizes, to exercise the script without a GPU")
+    args = parser.parse_args(argv)
+
+    budget = Budget(args.budget)
+    cuda = torch.cuda.is_available() and not args.dry_run
+    device = "cuda" if cuda else "cpu"
+    name = torch.cuda.get_device_name(0) if cuda else "no-gpu-dry-run"
+    report = Report(args.out, name, dry_run=not cuda)
+    report.say(f"ringcoll GPU check on {name}, budget {args.budget:.0f} s")
+    if not cuda:
+        why = "--dry-run" if args.dry_run else "no CUDA device"
+        report.say(f"({why}: every section runs on CPU tensors at small sizes with the CPU "
+                   f"backends; CUDA-only checks are skipped)")
+    ctx = {"device": device, "small": not cuda, "worlds": [int(w) for w in args.worlds.split(",")],
+           "backends": list(kernels.available_backends(device))}
+
+    run_section(report, "environment", section_environment, ctx)
+    ctx["deadline"] = budget.until(0.45, keep=90)
+    run_section(report, "correctness", section_correctness, ctx)
+    ctx["deadline"] = budget.until(0.2, keep=80)
+    run_section(report, "streams", section_streams, ctx)
+    ctx["deadline"] = budget.until(0.4, keep=60)
+    run_section(report, "bandwidth", section_bandwidth, ctx)
+    ctx["deadline"] = budget.until(1.0)
+    run_section(report, "collectives", section_collectives, ctx)
+
+    statuses = {k: v["status"] for k, v in report.data["sections"].items()}
+    report.say("\nsummary: " + ", ".join(f"{k} {v}" for k, v in statuses.items()))
+    report.say(f"written: {report.json_path} and {report.text_path.name}")
+    report.save()
+    return 0 if all(s.startswith(("ok", "skipped")) for s in statuses.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

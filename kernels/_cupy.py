@@ -1,0 +1,101 @@
+"""CuPy backend: the kernels of reduce.cu, compiled by NVRTC on first use, one module per kind.
+
+Tensors are never converted: the kernels receive torch's raw device pointers (zero-copy; bf16 is
+just 16-bit words to the kernel) and are launched on torch's current stream of the tensor's
+device, so the host never waits.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import warnings
+
+import numpy as np
+import torch
+
+from ._lowering import ITEMSIZE, KIND_OPS, MAX_SOURCES, OP_CODE, passes, plan
+
+THREADS = 256
+# Blocks per SM at most: enough resident warps to cover memory latency; the grid-stride loop
+# does the rest.
+BLOCKS_PER_SM = 16
+
+
+def pack_width(kind: str) -> int:
+    """Elements per 16-byte pack for this kind."""
+    return 16 // ITEMSIZE[kind]
+
+
+def kernel_name(kind: str, op: str, vec: int) -> str:
+    return f"ringcoll::reduce_kernel<ringcoll::{kind}, {OP_CODE[op]}, {vec}>"
+
+
+def kernel_names(kind: str) -> list[str]:
+    """Every instantiation of reduce_kernel that the dispatch can launch for this kind."""
+    return [kernel_name(kind, op, vec) for op in KIND_OPS[kind] for vec in (1, pack_width(kind))]
+
+
+def source() -> str:
+    return importlib.resources.files(__package__).joinpath("reduce.cu").read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _module(kind: str):
+    import cupy
+    return cupy.RawModule(code=source(), options=("-std=c++17",),
+                          name_expressions=kernel_names(kind))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(kind: str, op: str, vec: int):
+    return _module(kind).get_function(kernel_name(kind, op, vec))
+
+
+@functools.lru_cache(maxsize=None)
+def _max_blocks(device: int) -> int:
+    import cupy
+    return cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"] * BLOCKS_PER_SM
+
+
+@functools.lru_cache(maxsize=64)
+def _stream(device: int, handle: int):
+    import cupy
+    with warnings.catch_warnings():
+        # CuPy 14 deprecates ExternalStream for Stream.from_external, which older CuPy lacks.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device)
+
+
+def precompile(device: int = 0, workers: int = 8) -> None:
+    """Compile every module now, in parallel threads (NVRTC runs without the GIL), rather than
+    one at a time at first use; 92 kernels take NVRTC about a minute on one core."""
+    import cupy
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(kind):
+        with cupy.cuda.Device(device):
+            _kernel(kind, KIND_OPS[kind][0], 1)
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(build, KIND_OPS))
+
+
+def reduce_into(dst: torch.Tensor, sources: list[torch.Tensor], op: str,
+                out: torch.Tensor | None) -> None:
+    """dst = dst (op) sources..., out = dst if given; flat contiguous CUDA tensors, numel > 0."""
+    import cupy
+    kind, op, n = plan(dst, sources, out, op)
+    tensors = [dst, *sources] + ([out] if out is not None else [])
+    vec = pack_width(kind) if all(t.data_ptr() % 16 == 0 for t in tensors) else 1
+    device = dst.device.index
+    null = np.uint64(0)
+    stream = _stream(device, torch.cuda.current_stream(dst.device).cuda_stream)
+    with cupy.cuda.Device(device), stream:
+        kernel = _kernel(kind, op, vec)  # compiled for the current device on first use
+        blocks = max(1, min(-(-max(n // vec, n % vec) // THREADS), _max_blocks(device)))
+        for chunk, last in passes(sources):
+            pointers = [np.uint64(s.data_ptr()) for s in chunk]
+            pointers += [null] * (MAX_SOURCES - len(chunk))
+            out_ptr = np.uint64(out.data_ptr()) if (last and out is not None) else null
+            kernel((blocks,), (THREADS,), (np.uint64(dst.data_ptr()), out_ptr, *pointers,
+                                           np.int32(len(chunk)), np.uint64(n)))

@@ -1,0 +1,532 @@
+"""ringcoll.kernels: every backend against closed-form results and against torch, for every op
+and dtype, on the CPU; the Numba CUDA kernels under the CUDA simulator and through NVVM; the CuPy
+sources through nvcc; the selection rules.
+
+Data come from ringcoll.kernels.testing (shared with bench/gpu_check.py): exact cases whose
+result is known in closed form (integers wrap, float intermediates are exactly representable), and
+random floats compared bit for bit with torch's sequence of in-place ops. The slow checks run in
+subprocesses started with the module, so they overlap with the in-process tests:
+``python tests/test_kernels.py MODE`` is their entry point.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+import ringcoll.kernels as kernels
+from ringcoll.kernels import _lowering
+from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,
+                                      random_float_case)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# (number of sources, numel, fused): one source, several, more than one kernel pass (9 > 8);
+# numel not a multiple of any pack width; numel 0 (reduce_into returns before any kernel, the
+# simulator launches one anyway).
+CASES = ((1, 1, False), (1, 37, True), (3, 100, False), (3, 37, True), (9, 37, True),
+         (2, 0, True))
+
+
+def assert_same(got: torch.Tensor, expected: torch.Tensor, what: str, bits: bool = False):
+    problem = first_difference(got, expected, bits=bits)
+    if problem:
+        raise AssertionError(f"{what}: {problem}")
+
+
+# ---- the slow checks, in subprocesses started with the module ----
+
+class Background:
+    """A subprocess whose output goes to files (a pipe nobody reads until the end could fill
+    and stall it)."""
+
+    def __init__(self, args: list, env: dict | None = None):
+        self.stdout, self.stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(args, stdout=self.stdout, stderr=self.stderr, text=True,
+                                     env={**os.environ, **(env or {})}, cwd=ROOT)
+
+    def finish(self, timeout: float = 240) -> tuple[int, str, str]:
+        code = self.proc.wait(timeout=timeout)
+        self.stdout.seek(0)
+        self.stderr.seek(0)
+        return code, self.stdout.read(), self.stderr.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _spawn(mode: str, env: dict | None = None) -> Background:
+    """This file run as a script in ``mode`` (see the entry points at the end)."""
+    return Background([sys.executable, str(pathlib.Path(__file__).resolve()), mode], env)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def background(tmp_path_factory):
+    procs = {"cudasim": _spawn("cudasim", {"NUMBA_ENABLE_CUDASIM": "1"}),
+             "numba-ptx": _spawn("numba-ptx", {"NUMBA_ENABLE_CUDASIM": "0"})}
+    if shutil.which("nvcc"):
+        source = tmp_path_factory.mktemp("nvcc") / "reduce_instances.cu"
+        source.write_text(nvcc_instances_source())
+        procs["nvcc"] = Background(
+            ["nvcc", "-std=c++17", "-cubin", "-arch=sm_90", "-Xcicc", "-O0", "-Xptxas", "-O0",
+             "-diag-suppress", "177", "-o", str(source.with_suffix(".cubin")), str(source)])
+    yield procs
+    for proc in procs.values():
+        proc.stop()
+
+
+def _report(proc: Background) -> dict:
+    code, stdout, stderr = proc.finish()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert code == 0 and lines, f"exit {code}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def nvcc_instances_source() -> str:
+    from ringcoll.kernels import _cupy
+    names = [name for kind in _lowering.KIND_OPS for name in _cupy.kernel_names(kind)]
+    body = "".join(f"    (void*)&{name},\n" for name in names)
+    return (f'#include "{(ROOT / "kernels" / "reduce.cu").as_posix()}"\n'
+            f"// Taking each address instantiates the kernel the dispatch can launch.\n"
+            f"void* const ringcoll_reduce_instances[] = {{\n{body}}};\n")
+
+
+# ---- the CPU path: torch and numba, every op x dtype ----
+
+@pytest.mark.parametrize("backend", ["torch", "numba"])
+@pytest.mark.parametrize("dtype,op", PAIRS + [(torch.complex64, "sum")],
+                         ids=lambda v: str(v).replace("torch.", ""))
+def test_cpu_exact(backend, dtype, op):
+    for nsrc, numel, fused in CASES:
+        dst, sources, expected = exact_case(dtype, op, nsrc, numel)
+        out = torch.full_like(dst, 7) if fused else None
+        kernels.reduce_into(dst, sources, op, out=out, backend=backend)
+        what = f"{backend} {dtype} {op} nsrc={nsrc} numel={numel}"
+        assert_same(dst, expected, what)
+        if fused:
+            assert_same(out, expected, what + " (out)")
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("op", ["sum", "product", "min", "max"])
+def test_cpu_numba_rounds_like_torch(dtype, op):
+    for nsrc, numel, fused in CASES:
+        dst, sources, expected = random_float_case(dtype, op, nsrc, numel)
+        out = torch.empty_like(dst) if fused else None
+        kernels.reduce_into(dst, sources, op, out=out, backend="numba")
+        assert_same(dst, expected, f"numba {dtype} {op} nsrc={nsrc} numel={numel}", bits=True)
+        if fused:
+            assert torch.equal(out, dst)
+
+
+def test_half_conversions_are_exact_for_every_bit_pattern():
+    """The CPU kernels' f16/bf16 conversions against torch on all 65536 encodings, and their
+    float32 -> half rounding on values between neighbours (ties included)."""
+    import numba
+    import numpy as np
+    from ringcoll.kernels import _numba
+
+    @numba.njit
+    def roundtrip(up, down, bits, floats):
+        ups = np.empty(bits.size, np.float32)
+        downs = np.empty(floats.size, np.uint16)
+        for i in range(bits.size):
+            ups[i] = up(bits[i])
+        for i in range(floats.size):
+            downs[i] = down(floats[i])
+        return ups, downs
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    for dtype, up, down in ((torch.float16, _numba._f16_up, _numba._f16_down),
+                            (torch.bfloat16, _numba._bf16_up, _numba._bf16_down)):
+        halves = torch.from_numpy(bits.view(np.int16)).view(dtype)
+        exact = halves.float()
+        # neighbours' midpoints (ties), and points a quarter of the way: exercise rounding
+        finite = exact[torch.isfinite(exact)].unique()
+        mids = torch.cat([(finite[:-1] + finite[1:]) / 2, finite[:-1] * 0.75 + finite[1:] * 0.25,
+                          exact, torch.tensor([1e6, -1e6, 65519.0, 65520.0, 1e-9])])
+        mids = mids[torch.isfinite(mids) | torch.isnan(mids)].float()
+        ups, downs = roundtrip(numba.njit(up), numba.njit(down), bits, mids.numpy())
+        # bit for bit (signed zeros included), NaNs compared as NaNs
+        assert_same(torch.from_numpy(ups), exact, f"{dtype} -> float32", bits=True)
+        assert_same(torch.from_numpy(downs.view(np.int16)).view(dtype), mids.to(dtype),
+                    f"float32 -> {dtype}", bits=True)
+
+
+def test_numel_zero_and_no_sources():
+    for backend in ("torch", "numba"):
+        empty = torch.empty(0)
+        kernels.reduce_into(empty, [torch.empty(0)], "sum", out=torch.empty(0), backend=backend)
+        dst, out = torch.arange(5.0) + 1, torch.zeros(5)
+        kernels.reduce_into(dst, [], "max", out=out, backend=backend)
+        assert torch.equal(out, torch.arange(5.0) + 1)
+
+
+def test_closed_form_rank_sum():
+    """Rank-valued data, as a collective would see it: sum over 13 ranks is n(n-1)/2."""
+    world = 13
+    for backend in ("torch", "numba"):
+        dst = torch.zeros(33, dtype=torch.int32)
+        kernels.reduce_into(dst, [torch.full((33,), r, dtype=torch.int32) for r in range(world)],
+                            "sum", backend=backend)
+        assert torch.all(dst == world * (world - 1) // 2), backend
+
+
+def test_source_aliasing_dst_doubles():
+    for backend in ("torch", "numba"):
+        dst = torch.arange(1, 41, dtype=torch.float32)
+        kernels.reduce_into(dst, dst, "sum", backend=backend)
+        assert torch.equal(dst, 2 * torch.arange(1, 41, dtype=torch.float32)), backend
+
+
+def test_word_choice_for_bitwise_ops():
+    assert _lowering.word_kind(64, [0, 1024]) == "u64"
+    assert _lowering.word_kind(64, [0, 1028]) == "u32"
+    assert _lowering.word_kind(6, [0, 16]) == "u16"
+    assert _lowering.word_kind(37, [0, 16]) == "u8"
+    # an odd offset forces bytes, and the bytes kernel still gives the right answer
+    base = torch.arange(1, 66, dtype=torch.uint8)
+    dst, src = base[1:].clone(), torch.full((64,), 0x5A, dtype=torch.uint8)
+    kernels.reduce_into(dst[1:], src[1:], "bxor", backend="numba")
+    assert torch.equal(dst[1:], base[2:] ^ 0x5A)
+
+
+# ---- AVG and PREMUL_SUM helpers ----
+
+def test_divide_truncates_integers_and_divides_floats():
+    ints = torch.tensor([-7, 7, -1, 1, 9], dtype=torch.int32)
+    kernels.divide_(ints, 2)
+    assert ints.tolist() == [-3, 3, 0, 0, 4]
+    floats = torch.tensor([3.0, -1.0], dtype=torch.bfloat16)
+    kernels.divide_(floats, 4)
+    assert floats.tolist() == [0.75, -0.25]
+    with pytest.raises(ValueError, match="bool"):
+        kernels.divide_(torch.ones(2, dtype=torch.bool), 2)
+    with pytest.raises(ValueError, match="divisor"):
+        kernels.divide_(torch.ones(2), 0)
+
+
+def test_scale_multiplies_once():
+    t = torch.tensor([1.0, 3.0], dtype=torch.float16)
+    kernels.scale_(t, 0.5)
+    assert t.tolist() == [0.5, 1.5]
+    with pytest.raises(ValueError, match="floating point"):
+        kernels.scale_(torch.ones(2, dtype=torch.int64), 2)
+
+
+# ---- bad input is refused before any tensor is touched ----
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda d: kernels.reduce_into(d, d.clone(), "avg"), ValueError, "unknown local op 'avg'"),
+    (lambda d: kernels.reduce_into(d, d.clone(), "band"), ValueError, "integer or bool"),
+    (lambda d: kernels.reduce_into(d, d[:3].clone(), "sum"), ValueError, r"src\[0\]"),
+    (lambda d: kernels.reduce_into(d, d.double(), "sum"), ValueError, "float64"),
+    (lambda d: kernels.reduce_into(d, [d.clone()], "sum", out=d[:2]), ValueError, "out"),
+    (lambda d: kernels.reduce_into(d, torch.ones(8, 2)[:, 0], "sum"), ValueError, "contiguous"),
+    (lambda d: kernels.reduce_into(d, 3.0, "sum"), TypeError, "src must be"),
+    (lambda d: kernels.reduce_into(d, [d.clone(), 1], "sum"), TypeError, r"src\[1\]"),
+    (lambda d: kernels.reduce_into(d.numpy(), d, "sum"), TypeError, "dst must be"),
+    (lambda d: kernels.reduce_into(d, d.clone(), "sum", backend="gpu"), ValueError, "'gpu'"),
+    (lambda d: kernels.reduce_into(d, d.clone(), "sum", backend="cupy"), ValueError, "CUDA"),
+    (lambda d: kernels.reduce_into(d.to(torch.uint16), d.to(torch.uint16), "sum"), ValueError,
+     "uint16"),
+    (lambda d: kernels.reduce_into(d.to(torch.complex64), d.to(torch.complex64), "max"),
+     ValueError, "complex"),
+])
+def test_bad_input(call, error, match):
+    dst = torch.arange(1.0, 9.0)
+    with pytest.raises(error, match=match):
+        call(dst)
+    assert torch.equal(dst, torch.arange(1.0, 9.0))
+
+
+# ---- selection ----
+
+@pytest.fixture
+def selection(monkeypatch):
+    """Clean global choice, no env var, and a fake of which CUDA backends are usable."""
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    kernels.set_backend(None)
+    usable = {"cupy": "CuPy is absent in this test", "numba": "no GPU in this test"}
+    monkeypatch.setattr(kernels, "_cuda_unavailable", lambda name: usable[name])
+    monkeypatch.setattr(kernels, "_logged", set())
+    yield usable
+    kernels.set_backend(None)
+
+
+def test_auto_on_cpu_is_torch(selection):
+    assert kernels.get_backend() == "auto"
+    assert kernels.backend_for("cpu") == "torch"
+
+
+def test_auto_on_cuda_prefers_cupy_then_numba_then_torch(selection, caplog):
+    with caplog.at_level(logging.DEBUG, logger="ringcoll.kernels"):
+        assert kernels.backend_for("cuda") == "torch"
+    assert "no cupy kernels" in caplog.text and "no numba kernels" in caplog.text
+    selection["numba"] = None
+    assert kernels.backend_for("cuda") == "numba"
+    selection["cupy"] = None
+    assert kernels.backend_for("cuda") == "cupy"
+    assert kernels.available_backends("cuda") == ("cupy", "numba", "torch")
+
+
+def test_env_var_then_setter_then_per_call(selection, monkeypatch):
+    monkeypatch.setenv(kernels.ENV_VAR, "numba")
+    assert kernels.get_backend() == "numba" and kernels.backend_for("cpu") == "numba"
+    kernels.set_backend("torch")
+    assert kernels.backend_for("cpu") == "torch"
+    assert kernels.backend_for("cpu", backend="numba") == "numba"
+    kernels.set_backend(None)
+    assert kernels.backend_for("cpu") == "numba"
+    monkeypatch.setenv(kernels.ENV_VAR, "fastest")
+    with pytest.raises(ValueError, match="RINGCOLL_KERNELS"):
+        kernels.backend_for("cpu")
+
+
+def test_selection_reaches_the_backend(selection, monkeypatch):
+    from ringcoll.kernels import _numba
+    calls = []
+    monkeypatch.setattr(_numba, "reduce_into_cpu", lambda *args: calls.append(args[2]))
+    dst = torch.ones(4)
+    monkeypatch.setenv(kernels.ENV_VAR, "numba")
+    kernels.reduce_into(dst, torch.ones(4), "max")
+    kernels.reduce_into(dst, torch.ones(4), "min", backend="torch")
+    assert calls == ["max"]
+    kernels.set_backend("torch")
+    kernels.reduce_into(dst, torch.ones(4), "sum")
+    assert calls == ["max"]
+
+
+def test_explicit_missing_backend_raises(selection):
+    with pytest.raises(RuntimeError, match="cupy kernels were requested .*CuPy is absent"):
+        kernels.backend_for("cuda", backend="cupy")
+    kernels.set_backend("numba")
+    with pytest.raises(RuntimeError, match="numba kernels were requested .*no GPU"):
+        kernels.backend_for("cuda")
+
+
+def test_global_cupy_leaves_cpu_tensors_to_torch(selection, monkeypatch, caplog):
+    monkeypatch.setenv(kernels.ENV_VAR, "cupy")
+    with caplog.at_level(logging.DEBUG, logger="ringcoll.kernels"):
+        assert kernels.backend_for("cpu") == "torch"
+    assert "does not apply to cpu" in caplog.text
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        kernels.backend_for("cpu", backend="cupy")
+
+
+def test_set_backend_checks_name_and_package(selection, monkeypatch):
+    with pytest.raises(ValueError, match="unknown kernel backend 'nccl'"):
+        kernels.set_backend("nccl")
+    monkeypatch.setattr(kernels, "_installed", lambda package: package != "cupy")
+    with pytest.raises(RuntimeError, match="cupy package is not installed"):
+        kernels.set_backend("cupy")
+    kernels.set_backend("numba")
+    assert kernels.get_backend() == "numba"
+
+
+def test_cuda_unavailable_reports_a_reason():
+    kernels._cuda_unavailable.cache_clear()
+    for name in ("cupy", "numba"):
+        assert kernels._cuda_unavailable(name) or torch.cuda.is_available()
+
+
+def test_import_is_cheap():
+    code, stdout, stderr = _spawn("import-check").finish()
+    assert code == 0, stderr
+    assert json.loads(stdout.splitlines()[-1]) == {"numba": False, "cupy": False}
+
+
+# ---- the CUDA dispatch glue, without a GPU ----
+
+def test_cupy_dispatch_launches_the_right_kernels(monkeypatch):
+    """_cupy.reduce_into against a fake CuPy that records launches: kernel names, pack width
+    from alignment, pointer order, passes of at most 8 sources, out on the last pass only."""
+    import contextlib
+    import types
+    from ringcoll.kernels import _cupy
+    launches, modules = [], []
+
+    class Module:
+        def __init__(self, code, options, name_expressions):
+            assert "reduce_kernel" in code and "-std=c++17" in options
+            modules.append(list(name_expressions))
+
+        def get_function(self, name):
+            assert name in modules[-1], name
+            return lambda grid, block, args: launches.append((name, grid, block, args))
+
+    cuda = types.SimpleNamespace(
+        Device=lambda index: contextlib.nullcontext(),
+        ExternalStream=lambda handle, device: contextlib.nullcontext(),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2}))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawModule=Module, cuda=cuda))
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(cuda_stream=7))
+    for cached in (_cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream):
+        cached.cache_clear()
+    try:
+        buffers = torch.zeros(12, 4100)  # rows start 16-byte aligned; [1:] does not
+        dst, out, sources = buffers[0, :4096], buffers[1, :4096], list(buffers[2:, :4096])
+        _cupy.reduce_into(dst, sources, "sum", out)
+        (name1, grid1, block1, args1), (name2, _, _, args2) = launches
+        assert name1 == name2 == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4>"
+        assert block1 == (256,) and grid1 == (4,)  # 1024 packs of 4 floats, 256 threads
+        pointers = [int(a) for a in args1[:10]]
+        assert pointers == [dst.data_ptr(), 0] + [t.data_ptr() for t in sources[:8]]
+        assert int(args1[10]) == 8 and int(args1[11]) == 4096
+        assert [int(a) for a in args2[:5]] == [dst.data_ptr(), out.data_ptr(),
+                                                sources[8].data_ptr(), sources[9].data_ptr(), 0]
+        assert int(args2[10]) == 2
+        launches.clear()
+        _cupy.reduce_into(buffers[0, 1:4097], [buffers[2, :4096]], "max", None)  # VEC 1
+        assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::f32, 3, 1>"
+        assert launches[0][1] == (16,)  # 4096 elements, 256 threads per block
+        big = torch.zeros(2, 100000)  # 25000 packs: 98 blocks wanted
+        _cupy.reduce_into(big[0], [big[1]], "max", None)
+        assert launches[1][1] == (2 * _cupy.BLOCKS_PER_SM,)  # capped: 2 SMs x 16 blocks
+        launches.clear()
+        flags = torch.zeros(2, 24, dtype=torch.bool)  # row 1 is 8-byte aligned, not 16
+        _cupy.reduce_into(flags[0], [flags[1]], "min", None)  # bool min = and on 8-byte words
+        assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::u64, 4, 1>"
+        assert int(launches[0][1][0]) == 1 and int(launches[0][3][11]) == 3
+        assert modules == [_cupy.kernel_names("f32"), _cupy.kernel_names("u64")]
+    finally:
+        for cached in (_cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream):
+            cached.cache_clear()
+
+
+# ---- results of the background checks (last, so the CPU tests above overlap with them) ----
+
+def test_numba_cuda_kernels_under_simulator(background):
+    report = _report(background["cudasim"])
+    assert report["failures"] == [], "\n".join(report["failures"][:20])
+    assert report["checked"] == len(PAIRS) * (len(CASES) + 1)
+
+
+def test_numba_cuda_kernels_compile_to_ptx(background):
+    report = _report(background["numba-ptx"])
+    if report.get("skip"):
+        pytest.skip(report["skip"])
+    assert report["failures"] == [], "\n".join(report["failures"])
+    assert report["compiled"] == sum(len(ops) for ops in _lowering.KIND_OPS.values())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: cannot compile "
+                    "kernels/reduce.cu here")
+def test_cupy_sources_compile_with_nvcc(background):
+    code, stdout, stderr = background["nvcc"].finish()
+    assert code == 0, (stdout + stderr)[-5000:]
+
+
+# ---- subprocess entry points ----
+
+def _cudasim_main() -> dict:
+    """Every Numba CUDA kernel under NUMBA_ENABLE_CUDASIM=1 on a 2 x 16 grid, against closed-form
+    results and, for floats, against torch's rounding."""
+    import warnings
+    import numpy as np
+    from numba import cuda
+    from numba import config
+    from ringcoll.kernels import _numba
+    assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
+    warnings.simplefilter("ignore")  # numpy scalar overflow warnings: wrap-around is the point
+    failures, checked = [], 0
+    for dtype, op in PAIRS:
+        cases = [(exact_case, nsrc, numel, fused) for nsrc, numel, fused in CASES]
+        cases.append((random_float_case if dtype in FLOATS else exact_case, 3, 37, True))
+        for maker, nsrc, numel, fused in cases:
+            dst, sources, expected = maker(dtype, op, nsrc, numel, seed=1)
+            kind, lowered_op, _ = _lowering.plan(dst, sources, None, op)
+            np_dtype = _numba.cuda_dtype(kind)
+            device = lambda t: cuda.to_device(t.view(torch.uint8).numpy().view(np_dtype))  # noqa
+            d_dst = device(dst)
+            d_out = device(torch.zeros_like(dst)) if fused else None
+            kernel = _numba.cuda_kernel(kind, lowered_op)[2, 16]
+            _numba.launch(kernel, d_dst, [device(s) for s in sources], d_out)
+            back = lambda d: torch.from_numpy(d.copy_to_host().view(np.uint8)).view(dtype)  # noqa
+            what = f"cudasim {dtype} {op} ({kind} {lowered_op}) nsrc={nsrc} numel={numel}"
+            checked += 1
+            for name, got in (("dst", back(d_dst)),) + ((("out", back(d_out)),) if fused else ()):
+                try:
+                    assert_same(got, expected, f"{what} {name}")
+                except AssertionError as exc:
+                    failures.append(str(exc))
+    return {"checked": checked, "failures": failures + _cudasim_dispatch_failures()}
+
+
+def _cudasim_dispatch_failures() -> list:
+    """reduce_into_cuda itself (views, grid, passes) on CPU tensors: the simulator's device
+    arrays wrap the tensors' memory, the stream and device hooks are stubbed."""
+    import collections
+    import contextlib
+    import types
+    from numba import cuda
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    from ringcoll.kernels import _numba
+    cuda.as_cuda_array = lambda t: FakeCUDAArray(t.numpy())
+    cuda.external_stream = cuda.default_stream = lambda *handle: 0
+    cuda.gpus = collections.defaultdict(contextlib.nullcontext)
+    torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0)
+    _numba._max_blocks = lambda device: 2
+    _numba.THREADS = 16
+    failures = []
+    for dtype, op in PAIRS:
+        dst, sources, expected = exact_case(dtype, op, 9, 41, seed=2)
+        out = torch.zeros_like(dst)
+        _numba.reduce_into_cuda(dst, sources, op, out)
+        for name, got in (("dst", dst), ("out", out)):
+            try:
+                assert_same(got, expected, f"reduce_into_cuda {dtype} {op} {name}")
+            except AssertionError as exc:
+                failures.append(str(exc))
+    return failures
+
+
+def _numba_ptx_main() -> dict:
+    """Compile every Numba CUDA kernel to PTX for sm_90 through NVVM, without a GPU: the real
+    compiler catches what the simulator (plain Python) cannot, e.g. unsupported typing."""
+    import numba
+    from numba import cuda
+    from numba.cuda import dispatcher
+    from ringcoll.kernels import _numba
+
+    class _NoGpu:  # device functions ask the current device for its compute capability
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: _NoGpu()
+    failures, compiled = [], 0
+    for kind, ops in _lowering.KIND_OPS.items():
+        array = numba.types.Array(numba.from_dtype(_numba.cuda_dtype(kind)), 1, "C")
+        signature = (array,) * 10 + (numba.int64, numba.boolean)
+        for op in ops:
+            try:
+                ptx, _ = cuda.compile_ptx(_numba.cuda_kernel(kind, op).py_func, signature,
+                                          cc=(9, 0))
+            except Exception as exc:
+                if compiled == 0 and "NVVM" in f"{type(exc).__name__}{exc}":
+                    return {"skip": f"NVVM is not available: {exc}"}
+                failures.append(f"{kind} {op}: {type(exc).__name__}: {exc}"[:2000])
+                continue
+            compiled += ".entry" in ptx
+    return {"compiled": compiled, "failures": failures}
+
+
+def _import_check_main() -> dict:
+    return {"numba": "numba" in sys.modules, "cupy": "cupy" in sys.modules}
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    main = {"cudasim": _cudasim_main, "numba-ptx": _numba_ptx_main,
+            "import-check": _import_check_main}[mode]
+    print(json.dumps(main()))
