@@ -33,33 +33,52 @@ class Rule:
 KiB, MiB = 1024, 1024 * 1024
 
 RULES = (
-    Rule("all_reduce", 64 * KiB, "recursive_doubling",
-         "first rule: α-bound below ~64 KiB, where lg p messages beat 2(p-1) (ALGORITHMS.md cost "
-         "table; MPICH uses recursive doubling for short vectors). To be re-measured by ringcoll-bench."),
+    # Measured 2026-12-02 with ringcoll-bench on this 2-core machine (gloo, float32 SUM, median
+    # of 7, time ratio to the built-in in the same run; raw JSON under bench/results/). Here α is
+    # a process wake-up (~1 ms with p ranks on 2 cores) and every P2P message pays a rendezvous,
+    # so fewer, larger messages win; ±15 % is run-to-run noise at one size.
+    Rule("all_reduce", 1 * MiB, "recursive_doubling",
+         "up to 1 MiB: lg p whole-vector exchanges; p=4: 0.39-0.84 of the built-in from 4 KiB to "
+         "1 MiB, best of the four at every size; p=3 (with the fold): 0.32-1.07, best at 4 of 5 "
+         "sizes."),
+    Rule("all_reduce", None, "rabenseifner",
+         "above 1 MiB at powers of two: 2 lg p messages with the ring's bytes; p=4: 1.02-1.09 at "
+         "4-16 MiB and 0.87 at 64 MiB, where ring was 0.99-1.45 and recursive doubling 1.16-1.30.",
+         world=lambda world: world & (world - 1) == 0),
     Rule("all_reduce", None, "ring",
-         "first rule: β-bound above 64 KiB; the ring moves 2(p-1)/p·n at any p without the fold's "
-         "extra 2n that Rabenseifner pays at non-powers of two. To be re-measured by ringcoll-bench."),
+         "above 1 MiB at other p: no fold (Rabenseifner's fold moves 2n more); p=3 at 64 MiB: ring "
+         "1.07-1.20 vs rabenseifner 1.41, recursive doubling 1.30, double_binary_tree 1.42."),
     # all_gather / reduce_scatter / gather / scatter: nbytes is the gathered (scattered) total
-    Rule("all_gather", 512 * KiB, "recursive_doubling",
-         "first rule: MPICH's default (maint/tuning/coll/mpir/generic.json, ALGORITHMS.md): a "
-         "power-of-two world and a total below 512 KiB take recursive doubling, lg p messages "
-         "with no fold. To be re-measured by ringcoll-bench.",
+    Rule("all_gather", None, "recursive_doubling",
+         "powers of two, any size: lg p messages, no fold; p=4 (ringcoll-bench 2026-12-02): 0.48-"
+         "0.86 of the built-in from 1 MiB to 64 MiB (ring 0.53-1.20, bruck 0.58-1.16), 0.53-1.12 "
+         "below (MPICH stops at 512 KiB; here the ring's p-1 rendezvous cost more).",
          world=lambda world: world & (world - 1) == 0),
     Rule("all_gather", 80 * KiB, "bruck",
          "first rule: MPICH's default: other worlds below 80 KiB take Bruck, ⌈lg p⌉ messages at "
          "any p. To be re-measured by ringcoll-bench."),
     Rule("all_gather", None, "ring",
-         "first rule: MPICH's default: the ring above, (p-1)/p·n on the wire with no rotation "
-         "copy. To be re-measured by ringcoll-bench."),
+         "MPICH's default above 80 KiB at other p; p=3 (ringcoll-bench 2026-12-02): ring 0.49-"
+         "0.97 of the built-in from 1 MiB to 64 MiB, best at 3 of 4 sizes (bruck 0.53-1.03)."),
+    Rule("reduce_scatter", None, "recursive_halving",
+         "powers of two, any size: lg p messages and no fold; p=4 (ringcoll-bench 2026-12-02): "
+         "0.34-0.51 of the built-in (which runs a whole all_reduce) from 1 MiB to 64 MiB, 0.40-0.96 "
+         "below; pairwise 0.34-0.89, ring 0.52-0.87.",
+         world=lambda world: world & (world - 1) == 0),
     Rule("reduce_scatter", 512 * KiB, "recursive_halving",
          "first rule: MPICH's default for commutative ops (every ReduceOp): recursive halving "
          "below 512 KiB, lg p messages. To be re-measured by ringcoll-bench."),
     Rule("reduce_scatter", None, "pairwise",
-         "first rule: MPICH's default above 512 KiB: pairwise exchange, every block straight to "
-         "its owner, no fold. To be re-measured by ringcoll-bench."),
+         "MPICH's default above 512 KiB: every block straight to its owner, no fold; p=3 "
+         "(ringcoll-bench 2026-12-02): 0.42-0.63 of the built-in from 4 MiB to 64 MiB, best there."),
+    Rule("gather", None, "linear",
+         "p <= 8: the root posts every receive at once; p=4 (ringcoll-bench 2026-12-02): linear "
+         "1.05-1.59 of the built-in from 4 KiB to 64 MiB, binomial 1.18-2.14 (each tree level "
+         "costs a wake-up here).",
+         world=lambda world: world <= 8),
     Rule("gather", None, "binomial",
-         "first rule: MPICH's default gather is the binomial tree at every size, ⌈lg p⌉ "
-         "messages on the critical path. To be re-measured by ringcoll-bench."),
+         "p > 8: MPICH's default, ⌈lg p⌉ messages on the critical path. Not measured (p > 8 needs "
+         "more cores)."),
     Rule("scatter", None, "binomial",
          "first rule: MPICH's default scatter is the binomial tree at every size, ⌈lg p⌉ "
          "messages on the critical path. To be re-measured by ringcoll-bench."),
@@ -71,14 +90,17 @@ RULES = (
     # 21.1, ring 2.3 / 8.3, double_binary_tree 4.2 / 8.2; 256 KiB: 2.0 / 10.3, 8.5 / 29.0, 5.1 /
     # 79.5, 8.4 / 25.1; 4 MiB: 9.9 / 29.5, 11.9 / 42.3, 116 / 381, 98 / 204. Here α is a process
     # wake-up (~1 ms), so the 64 KiB-segment pipelines pay it per segment and lose.
+    Rule("broadcast", None, "binomial",
+         "p <= 8, any size: lg p messages and the fewest bytes in all (p-1)n, which is what two "
+         "cores can move; p=4 (ringcoll-bench 2026-12-02): 0.98-1.05 of the built-in from 1 MiB "
+         "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56.",
+         world=lambda world: world <= 8),
     Rule("broadcast", 256 * KiB, "binomial",
-         "up to 256 KiB: lg p messages; measured 2026-12-02 (comment above): best or within 20% "
-         "at p=4 and 8 for 4 KiB and 256 KiB (MPICH: binomial below 12 KiB or p < 8). To be "
-         "re-measured by ringcoll-bench."),
+         "p > 8, up to 256 KiB: lg p messages (MPICH: binomial below 12 KiB or p < 8). Not "
+         "measured (p > 8 needs more cores)."),
     Rule("broadcast", None, "scatter_allgather",
-         "above 256 KiB: 2(p-1)/p·n on the wire instead of lg p·n; measured 2026-12-02 at 4 MiB: "
-         "8.5 ms vs binomial 18.2 at p=4, 27.6 vs 50.8 at p=8 (MPICH's long-message broadcast). "
-         "To be re-measured by ringcoll-bench."),
+         "p > 8, above 256 KiB: 2(p-1)/p·n on the wire instead of lg p·n (MPICH's long-message "
+         "broadcast). Not measured (p > 8 needs more cores)."),
     Rule("reduce", None, "binomial",
          "p <= 8: binomial measured fastest at every size; 2026-12-02 (comment above), 4 KiB to "
          "4 MiB, at p=4 and 8 (4 MiB: 9.9 ms vs rabenseifner 11.9 at p=4, 29.5 vs 42.3 at p=8). "
@@ -176,11 +198,16 @@ class SegmentRule:
 
 
 SEGMENTS = (
-    SegmentRule("all_reduce", "ring", 1 * MiB,
-                "gloo's own ring cuts ≤ 1 MiB segments (ALGORITHMS.md); to be re-measured."),
+    SegmentRule("all_reduce", "ring", 16 * MiB,
+                "gloo's own ring cuts ≤ 1 MiB segments, but here each segment pays a P2P "
+                "rendezvous and a wake-up while two cores leave nothing to overlap: ring at 64 MiB "
+                "(ringcoll-bench 2026-12-02, time / built-in) p=4: 1.41 with 1 MiB segments, 1.15 "
+                "with 4 MiB, 1.04 unsegmented; p=3: 1.35-1.44 with 1 MiB, 1.07-1.10 with 8 MiB, "
+                "1.07-1.25 unsegmented."),
 )
 
-#: the pipelined algorithms' segment where no rule names one
+#: the pipelined algorithms' segment where no rule names one (gloo's ring segment; the trees
+#: and chains that use it are not chosen by ``auto`` on this machine)
 DEFAULT_SEGMENT_BYTES = 1 * MiB
 
 

@@ -66,13 +66,15 @@ def test_bad_arguments():
 def test_under_torchrun_the_existing_group_is_used(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
-        import torch, ringcoll
+        import sys, torch, ringcoll
         with ringcoll.launch(backend="gloo") as cluster:
             def value():
                 t = torch.ones(5) * (cluster.world_size + 1)
                 ringcoll.all_reduce(t, algorithm="ring")
                 return t[0].item()
-            print("RESULTS", cluster.run(value))
+            results = cluster.run(value)
+            sys.stdout.write(f"RESULTS {results}\\n")   # one write: the ranks share the pipe
+            sys.stdout.flush()
     """))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           "--standalone", str(script)],
