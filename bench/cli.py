@@ -1,0 +1,342 @@
+"""``ringcoll-bench``: every algorithm against the torch built-in, side by side, nccl-tests style.
+
+    ringcoll-bench                                   # all_reduce, 4 ranks, 1 KiB - 64 MiB
+    ringcoll-bench --collective all --np 2 -b 1K -e 16M -n 10 -w 2
+    ringcoll-bench --collective broadcast,reduce -r 1 --algorithms binomial,auto
+    torchrun --nproc-per-node 8 -m ringcoll.bench.cli --backend nccl -b 8 -e 1G -f 2
+
+Without torchrun it spawns a local cluster of ``--np`` ranks (gloo by default); under
+torchrun every rank runs this program and rank 0 prints and writes. Each (collective, size)
+is one ``cluster.run`` of :func:`ringcoll.bench.harness.measure` on every rank.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import sys
+from typing import List, Optional, Sequence
+
+from .harness import BUILTIN, DTYPES, OPS, Job, Row, failed_rows, job_numel, measure, summarize
+from .report import (machine_info, plot, summary_lines, table_header, table_lines, write_csv,
+                     write_json)
+from .specs import IN_PLACE, OUT_OF_PLACE, SPECS, available, family_of
+
+class OptionError(ValueError):
+    """A flag's value that cannot be run (reported without a traceback)."""
+
+
+DEFAULT_OUT = os.path.join("bench", "results")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from nccl-tests' size syntax: ``8``, ``1K``, ``64M``, ``1G`` (powers of 1024;
+    ``KB``/``KiB`` accepted too)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"size must be a number of bytes with an optional K/M/G/T suffix, got {text!r}")
+    value, unit = float(match.group(1)), match.group(2).upper()
+    nbytes = value * 1024 ** " KMGT".index(unit or " ")
+    if nbytes != int(nbytes):
+        raise ValueError(f"size must be a whole number of bytes, got {text!r}")
+    return int(nbytes)
+
+
+def size_range(minbytes: int, maxbytes: int, factor: float = 2, step: int = 0) -> List[int]:
+    """nccl-tests' sweep: from minbytes to maxbytes, times ``factor`` (or plus ``step``)."""
+    if minbytes < 0 or maxbytes < minbytes:
+        raise OptionError(f"sizes must satisfy 0 <= minbytes <= maxbytes, got {minbytes}, {maxbytes}")
+    if step <= 0 and (factor <= 1 or minbytes == 0):
+        raise OptionError(f"a sweep needs a step factor > 1 from a size > 0, or a step in bytes; got "
+                         f"factor {factor}, step {step}, minbytes {minbytes}")
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(int(size))
+        size = size + step if step > 0 else size * factor
+    return sizes
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default == 0:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ringcoll-bench", description=__doc__.split("\n\n")[0].replace("``", ""),
+        formatter_class=_Help)
+    p.add_argument("-b", "--minbytes", type=parse_size, default="1K", help="smallest size")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default="64M", help="largest size")
+    p.add_argument("-f", "--stepfactor", type=float, default=4, help="size multiplier")
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=0, help="size increment (overrides -f)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed rounds per size")
+    p.add_argument("-w", "--warmup_iters", type=int, default=2, help="warm-up rounds per size")
+    p.add_argument("--max-seconds", type=float, default=8.0,
+                   help="stop timing a size after this many seconds of rounds (at least 3 rounds; 0: "
+                        "always -n)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="count wrong elements")
+    p.add_argument("-o", "--op", choices=OPS, default="sum", help="reduction op")
+    p.add_argument("-d", "--datatype", choices=sorted(DTYPES), default="float", metavar="TYPE",
+                   help=f"element type: {', '.join(sorted(DTYPES))}")
+    p.add_argument("-r", "--root", type=int, default=0, help="root rank of rooted collectives (default: 0)")
+    p.add_argument("--collective", action="append",
+                   help="collective(s): a torch.distributed function name, comma-separated or "
+                        "repeated, or 'all' (every one ringcoll has; list variants by name); "
+                        "default: all_reduce",
+                   default=None, metavar="NAMES")
+    p.add_argument("--algorithms", metavar="NAMES",
+                   help="comma-separated subset of ringcoll's algorithms, 'auto' allowed "
+                        "(default: every registered one and auto; the built-in always runs)")
+    p.add_argument("--variant", choices=("both", OUT_OF_PLACE, IN_PLACE), default="both",
+                   help="which variants of collectives that have both")
+    p.add_argument("--np", type=int, metavar="N", help="ranks to spawn (default: 4; under torchrun: its world)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda with nccl, else cpu)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds one size may take; a collective that exceeds it (or crashes a "
+                        "rank) is reported as failed and the sweep goes on with the next one")
+    p.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
+    return p
+
+
+def benchmarkable() -> dict:
+    """collective -> ringcoll's algorithm names, for every spec whose function exists."""
+    import ringcoll
+
+    registered = ringcoll.algorithms()
+    return {name: list(registered[family_of(SPECS[name], registered)])
+            for name in available(registered, ringcoll)}
+
+
+def choose_collectives(requested: Optional[Sequence[str]], catalogue: dict) -> List[str]:
+    names = [n.strip() for entry in (requested or ["all_reduce"]) for n in entry.split(",") if n.strip()]
+    chosen: List[str] = []
+    for name in names:
+        if name == "all":
+            chosen += [n for n in catalogue if SPECS[n].primary]
+        elif name not in SPECS:
+            raise OptionError(f"collective must be 'all' or one of {sorted(SPECS)}, got {name!r}")
+        elif name not in catalogue:
+            raise OptionError(f"collective {name!r} has no ringcoll implementation yet; "
+                             f"benchmarkable: {sorted(catalogue)}")
+        else:
+            chosen.append(name)
+    return list(dict.fromkeys(chosen))
+
+
+def choose_algorithms(requested: Optional[str], registered: Sequence[str]) -> List[str]:
+    if not requested:       # every algorithm, and what algorithm="auto" picks at each size
+        return list(registered) + ["auto"]
+    wanted = [a.strip() for a in requested.split(",") if a.strip() and a.strip() != BUILTIN]
+    return [a for a in wanted if a == "auto" or a in registered]
+
+
+def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
+    sizes = size_range(options.minbytes, options.maxbytes, options.stepfactor, options.stepbytes)
+    jobs: List[Job] = []
+    device = options.device or ("cuda" if options.backend == "nccl" else "cpu")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise OptionError("--device cuda (or --backend nccl) needs a GPU, and torch sees none")
+    dtype = DTYPES[options.datatype]
+    floating = dtype.startswith(("float", "bfloat"))
+    chosen = choose_collectives(options.collective, catalogue)
+    if options.algorithms:
+        known = {a for name in chosen for a in catalogue[name]} | {"auto", BUILTIN}
+        unknown = [a.strip() for a in options.algorithms.split(",") if a.strip() and a.strip() not in known]
+        if unknown:
+            raise OptionError(f"--algorithms names {unknown}, which none of {chosen} has; they have "
+                              f"{ {name: catalogue[name] for name in chosen} }")
+    for name in chosen:
+        spec = SPECS[name]
+        if spec.reduces and options.op == "avg" and not floating:
+            raise OptionError(f"-o avg needs a floating-point -d, got {options.datatype}")
+        if spec.reduces and options.op in ("band", "bor", "bxor") and floating:
+            raise OptionError(f"-o {options.op} needs an integer or bool -d, got {options.datatype}")
+        algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
+        variants = spec.variants if options.variant == "both" else \
+            tuple(v for v in spec.variants if v == options.variant)
+        if not variants:
+            continue
+        if spec.rooted and not 0 <= options.root < world:
+            raise OptionError(f"root must be in [0, {world}), got {options.root}")
+        seen = set()
+        for size in (sizes if spec.sized else [0]):
+            job = Job(name, size, dtype, options.op, options.root, algorithms,
+                      variants, options.iters, options.warmup_iters, bool(options.check), device,
+                      options.max_seconds)
+            numel = job_numel(job, world)
+            if spec.sized and (numel == 0 or numel in seen):
+                continue            # too small to split among the ranks, or a repeat
+            seen.add(numel)
+            jobs.append(job)
+    return jobs
+
+
+def run(options, cluster=None):
+    """Benchmark as ``options`` say, on ``cluster`` (else a new one); (meta, rows, files)."""
+    import ringcoll
+    from tqdm import tqdm
+
+    catalogue = benchmarkable()
+    if cluster is not None:
+        world = cluster.world_size
+    elif ringcoll.cluster.under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+    else:
+        world = 4 if options.np is None else options.np
+        if world < 1:
+            raise OptionError(f"--np must be >= 1, got {world}")
+    jobs = make_jobs(options, catalogue, world)      # bad options fail before any spawn
+    if not jobs:
+        raise OptionError("nothing to run: no size fits, or no variant selected")
+    own = cluster is None
+    if own and ringcoll.cluster.under_torchrun() and jobs[0].device == "cuda":
+        import torch
+
+        # one GPU per local rank, before the group exists (NCCL refuses two ranks on one GPU)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+    def start():
+        if ringcoll.cluster.under_torchrun():
+            return ringcoll.launch(options.np, options.backend)
+        # a transfer stuck in one rank fails there (RINGCOLL_TIMEOUT) before the cluster gives up
+        return ringcoll.launch(world, options.backend, timeout=options.timeout,
+                               env={"RINGCOLL_TIMEOUT": str(max(10.0, options.timeout / 3))})
+
+    if own:
+        cluster = start()
+    main_rank = True
+    if cluster.external:
+        import torch.distributed as dist
+
+        main_rank = dist.get_rank() == 0
+    say = print if main_rank else (lambda *a, **k: None)
+    printed: List[str] = []
+    try:
+        date = datetime.datetime.now(datetime.timezone.utc)
+        device = jobs[0].device
+        context = f"{world} ranks, {options.backend}, {device}"
+        machine = machine_info()
+        meta = {
+            "date": date.isoformat(timespec="seconds"), "world_size": world,
+            "backend": options.backend, "device": device, "torch": _torch_version(),
+            "ringcoll": ringcoll.__version__, "hostname": machine["hostname"],
+            "machine": machine, "command": " ".join(["ringcoll-bench"] + list(options.argv)),
+            "iters": options.iters, "warmup": options.warmup_iters, "max_seconds": options.max_seconds,
+            "check": bool(options.check),
+            "dtype": DTYPES[options.datatype], "op": options.op, "root": options.root,
+            "collectives": {name: list(job.algorithms) for name, job in
+                            {job.collective: job for job in jobs}.items()},
+            "timing": "per round: barrier, then each contestant once in rotated order; per call "
+                      "the maximum over ranks; the median over rounds after warm-up",
+        }
+        limit = f" (at most {options.max_seconds:g} s a size)" if options.max_seconds else ""
+        load = meta["machine"].get("loadavg")
+        printed += [f"# ringcoll-bench  {meta['date']}  torch {meta['torch']}  ringcoll {meta['ringcoll']}  "
+                    f"{meta['machine']['cpu_count']} cores, load average {load[0] if load else '?'}",
+                    f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
+                    f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time"]
+        for line in printed:
+            say(line)
+        rows: List[Row] = []
+        current = None
+        # a bar only on a terminal: in a log its redraws bury the table
+        with tqdm(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+            broken = set()
+            for index, job in enumerate(jobs):
+                bar.set_description(f"{job.collective} {job.size} B")
+                new: List[Row] = []
+                try:
+                    if job.collective not in broken:
+                        new = summarize(job, cluster.run(measure, job, timeout=options.timeout))
+                except Exception as error:  # noqa: BLE001 - a failed collective ends its sweep
+                    if not own or cluster.external:
+                        raise
+                    new = failed_rows(job, world, error)
+                    broken.add(job.collective)
+                    if not cluster.alive:
+                        cluster.close()
+                        cluster = start()
+                rows += new
+                if main_rank:
+                    variants = [v for v in job.spec.variants if v in (job.variants or job.spec.variants)]
+                    lines = []
+                    if job.collective != current:
+                        current = job.collective
+                        lines += [""] + table_header(job.collective, variants, context)
+                    lines += table_lines(new, variants)
+                    if index + 1 == len(jobs) or jobs[index + 1].collective != job.collective:
+                        lines += ["#"] + summary_lines([r for r in rows if r.collective == job.collective])
+                    for line in lines:
+                        bar.write(line, file=sys.stdout)
+                    printed += lines
+                bar.update(1)
+        meta["loadavg_end"] = machine_info().get("loadavg")
+        files = _write(options, meta, rows, world, date, printed) if main_rank else []
+        for path in files:
+            say(f"# wrote {path}")
+        return meta, rows, files
+    finally:
+        if own:
+            cluster.close()
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _write(options, meta: dict, rows: List[Row], world: int, date, printed: List[str]) -> List[str]:
+    os.makedirs(options.out, exist_ok=True)
+    stem = os.path.join(options.out, f"{date:%Y%m%dT%H%M%SZ}_np{world}_{options.backend}")
+    files = [stem + ".json", stem + ".csv", stem + ".txt"]
+    write_json(files[0], meta, rows)
+    write_csv(files[1], meta, rows)
+    with open(files[2], "w") as handle:             # the tables as printed
+        handle.write("\n".join(printed) + "\n")
+    if not options.no_plot:
+        for name in meta["collectives"]:
+            path = f"{stem}_{name}.png"
+            title = f"{name}: ringcoll vs torch.distributed ({world} ranks, {options.backend}, " \
+                    f"{meta['device']}, {meta['dtype']})"
+            if plot(path, name, [r for r in rows if r.collective == name], title):
+                files.append(path)
+    return files
+
+
+def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
+    """The console script. ``cluster``: an existing ringcoll cluster to run on (tests).
+    Exit status 1 when a ringcoll algorithm gives a wrong element or fails."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = parser().parse_args(argv)
+    options.argv = argv
+    if options.list:
+        for name, algos in benchmarkable().items():
+            print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (list variant)'}")
+        return 0
+    for flag, value in (("-n/--iters", options.iters), ("-w/--warmup_iters", options.warmup_iters)):
+        if value < 0:
+            raise SystemExit(f"ringcoll-bench: {flag} must be >= 0, got {value}")
+    if options.iters == 0:
+        raise SystemExit("ringcoll-bench: -n/--iters must be >= 1")
+    try:
+        _, rows, _ = run(options, cluster)
+    except OptionError as error:
+        raise SystemExit(f"ringcoll-bench: {error}")
+    bad = [r for r in rows if r.algorithm != BUILTIN and (r.error or r.wrong)]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

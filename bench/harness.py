@@ -1,0 +1,251 @@
+"""The harness, once for every collective: set up, check, warm up, time, summarise.
+
+:func:`measure` runs on every rank (through ``cluster.run``) for one collective at one size.
+For each variant (out-of-place, in-place) it sets the collective up from its spec, then:
+
+1. check: one call per contestant on freshly armed buffers, counting wrong elements
+   (also the first call of each, so a contestant that raises is dropped on every rank);
+2. warm-up: ``warmup`` rounds of one call per contestant;
+3. timing: ``iters`` rounds (fewer, but at least 3, once ``max_seconds`` have passed); in
+   each round every contestant runs once, the order rotated every round, so the built-in and
+   ringcoll's algorithms alternate under the same conditions. Before each timed call the
+   inputs are restored, the device synchronised and the ranks meet at a barrier; the time is
+   from leaving the barrier to the call's end (after a device synchronisation on CUDA).
+
+:func:`summarize` (in the parent) takes, for each round, the maximum over ranks, then the
+median over rounds; algbw = bytes / time, busbw = algbw × the spec's bus factor, and
+``vs_builtin`` = time / the built-in's time at the same size in the same run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Dict, List, Optional, Tuple
+
+from .specs import SPECS, Case, Spec
+
+BUILTIN = "built-in"
+
+#: nccl-tests' -d names and torch's own
+DTYPES = {
+    "int8": "int8", "char": "int8", "uint8": "uint8", "int16": "int16", "int32": "int32",
+    "int": "int32", "int64": "int64", "half": "float16", "float16": "float16",
+    "float": "float32", "float32": "float32", "double": "float64", "float64": "float64",
+    "bfloat16": "bfloat16", "bool": "bool",
+}
+#: the fewest timed rounds a time limit leaves
+MIN_ROUNDS = 3
+#: nccl-tests' -o names
+OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One collective at one size: what every rank runs in one ``cluster.run``."""
+
+    collective: str
+    size: int                         # requested bytes (-b .. -e)
+    dtype: str = "float32"
+    op: str = "sum"
+    root: int = 0
+    algorithms: Tuple[str, ...] = ()  # ringcoll's contestants (the built-in always runs)
+    variants: Tuple[str, ...] = ()    # empty: every variant the collective has
+    iters: int = 20
+    warmup: int = 5
+    check: bool = True
+    device: str = "cpu"               # "cpu" or "cuda"
+    max_seconds: float = 0.0          # stop timing a variant after this long (>= MIN_ROUNDS rounds)
+
+    @property
+    def spec(self) -> Spec:
+        return SPECS[self.collective]
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, DTYPES[name])
+
+
+def job_numel(job: Job, world: int) -> int:
+    return job.spec.numel(job.size, torch_dtype(job.dtype).itemsize, world)
+
+
+def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
+    import torch.distributed as dist
+
+    import ringcoll
+
+    fns = {BUILTIN: getattr(dist, spec.name)}
+    ours = getattr(ringcoll, spec.name, None)
+    for name in algorithms:
+        fns[name] = partial(ours, algorithm=name)
+    return fns
+
+
+def measure(job: Job) -> dict:
+    """Run ``job`` on this rank (every rank calls it together); its raw timings.
+
+    Returns ``{"numel": n, "variants": {variant: {contestant: {"times": [s, ...],
+    "wrong": int | None, "error": str | None}}}}``."""
+    import torch
+    import torch.distributed as dist
+
+    spec = job.spec
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = torch_dtype(job.dtype)
+    device = torch.device("cuda", torch.cuda.current_device()) if job.device == "cuda" else torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    numel = spec.numel(job.size, dtype.itemsize, world)
+    fns = _contestant_fns(spec, job.algorithms)
+    contestants = list(fns)
+    out: dict = {"numel": numel, "variants": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # torch 2.13's deprecation notes on *_tensor
+        for variant in job.variants or spec.variants:
+            case = Case(rank, world, numel, dtype, device, job.op if spec.reduces else None,
+                        job.root, variant)
+            instance = spec.setup(case)
+            results = {name: {"times": [], "wrong": None, "error": None} for name in contestants}
+
+            if job.check:
+                instance.expected()     # the spec's own errors are not a contestant's
+            # 1. check (and first call): a contestant that raises anywhere is dropped everywhere
+            for name in contestants:
+                try:
+                    if job.check:
+                        results[name]["wrong"] = instance.check(fns[name], case.op)
+                    else:
+                        instance.reset()
+                        instance.call(fns[name])
+                except Exception as error:  # noqa: BLE001 - reported in the row
+                    results[name]["error"] = f"{type(error).__name__}: {error}"
+                    results[name]["traceback"] = traceback.format_exc()
+            failed = torch.tensor([results[name]["error"] is not None for name in contestants],
+                                  dtype=torch.int32, device=device)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+            live = [name for name, bad in zip(contestants, failed.tolist()) if not bad]
+            for name in contestants:
+                if name not in live and results[name]["error"] is None:
+                    results[name]["error"] = "failed on another rank"
+
+            def timed(name: str) -> float:
+                instance.reset()
+                sync()
+                dist.barrier()
+                start = time.perf_counter()
+                instance.call(fns[name])
+                sync()
+                return time.perf_counter() - start
+
+            # 2. warm-up
+            for _ in range(job.warmup):
+                for name in live:
+                    timed(name)
+            # 3. timing: every contestant once per round, the order rotated each round
+            began = time.perf_counter()
+            for it in range(job.iters):
+                shift = it % max(1, len(live))
+                for name in live[shift:] + live[:shift]:
+                    results[name]["times"].append(timed(name))
+                if job.max_seconds and it + 1 >= MIN_ROUNDS and it + 1 < job.iters:
+                    # the time limit: every rank stops after the same round
+                    over = torch.tensor([time.perf_counter() - began > job.max_seconds],
+                                        dtype=torch.int32, device=device)
+                    dist.all_reduce(over, op=dist.ReduceOp.MAX)
+                    if over.item():
+                        break
+            out["variants"][variant] = results
+            del instance
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# parent side
+
+
+def bus_bandwidth(spec: Spec, nbytes: int, seconds: float, world: int) -> Tuple[float, float]:
+    """(algbw, busbw) in GB/s (10^9 bytes per second), as nccl-tests."""
+    if seconds <= 0 or nbytes == 0:
+        return 0.0, 0.0
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * spec.bus_factor(world)
+
+
+@dataclass
+class Row:
+    """One line of a table: one contestant of one collective, variant and size."""
+
+    collective: str
+    variant: str
+    algorithm: str
+    size: int                 # bytes
+    count: int                # elements
+    type: str
+    redop: str
+    root: int
+    time_us: Optional[float]
+    algbw: Optional[float]
+    busbw: Optional[float]
+    wrong: Optional[int]
+    vs_builtin: Optional[float] = None
+    min_us: Optional[float] = None
+    max_us: Optional[float] = None
+    iters: int = 0
+    error: Optional[str] = None
+    times_us: List[float] = field(default_factory=list)     # per round, the slowest rank's
+    traceback: Optional[str] = None                          # of the error, on the first rank that raised
+
+
+def summarize(job: Job, per_rank: List[dict]) -> List[Row]:
+    """The rows of ``job`` from every rank's :func:`measure` result."""
+    spec = job.spec
+    world = len(per_rank)
+    numel = per_rank[0]["numel"]
+    nbytes = numel * torch_dtype(job.dtype).itemsize
+    rows: List[Row] = []
+    for variant, results in per_rank[0]["variants"].items():
+        variant_rows: Dict[str, Row] = {}
+        for name in results:
+            per = [r["variants"][variant][name] for r in per_rank]
+            raised = [p for p in per if p["error"] and p["error"] != "failed on another rank"]
+            error = raised[0]["error"] if raised else next((p["error"] for p in per if p["error"]), None)
+            wrongs = [p["wrong"] for p in per]
+            wrong = None if any(w is None for w in wrongs) else sum(wrongs)
+            rounds = [max(ts) for ts in zip(*(p["times"] for p in per))]   # slowest rank, per round
+            seconds = statistics.median(rounds) if rounds else None
+            algbw, busbw = bus_bandwidth(spec, nbytes, seconds, world) if seconds else (None, None)
+            variant_rows[name] = Row(
+                collective=spec.name, variant=variant, algorithm=name, size=nbytes, count=numel,
+                type=job.dtype, redop=job.op if spec.reduces else "none",
+                root=job.root if spec.rooted else -1,
+                time_us=seconds * 1e6 if seconds else None, algbw=algbw, busbw=busbw, wrong=wrong,
+                min_us=min(rounds) * 1e6 if rounds else None, max_us=max(rounds) * 1e6 if rounds else None,
+                iters=len(rounds), error=error, times_us=[t * 1e6 for t in rounds],
+                traceback=raised[0].get("traceback") if raised else None)
+        base = variant_rows.get(BUILTIN)
+        for row in variant_rows.values():
+            if base is not None and base.time_us and row.time_us:
+                row.vs_builtin = row.time_us / base.time_us
+            rows.append(row)
+    return rows
+
+
+def failed_rows(job: Job, world: int, error: BaseException) -> List[Row]:
+    """Rows for a job that did not finish (a rank died or hung): every contestant, the error."""
+    spec = job.spec
+    numel = spec.numel(job.size, torch_dtype(job.dtype).itemsize, world)
+    text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return [Row(spec.name, variant, name, numel * torch_dtype(job.dtype).itemsize, numel, job.dtype,
+                job.op if spec.reduces else "none", job.root if spec.rooted else -1,
+                None, None, None, None, error=text)
+            for variant in (job.variants or spec.variants) for name in (BUILTIN, *job.algorithms)]
+
+
+def measure_all(jobs: List[Job]) -> List[dict]:
+    """:func:`measure` for each job in turn, in one ``cluster.run`` (tests batch cases so)."""
+    return [measure(job) for job in jobs]

@@ -1,0 +1,368 @@
+"""The facts of each collective, one small spec each; the harness owns everything else.
+
+A spec says, for one torch.distributed function: which registry collective its algorithms
+come from, the bus-bandwidth factor, how the benchmark size maps to elements, which
+variants exist (out-of-place, in-place), and -- in ``setup`` -- how to allocate the buffers,
+fill them with exactly predictable data, call the function, and what every rank must hold
+afterwards. ringcoll's functions have torch's exact signatures, so one ``call`` serves the
+built-in (``torch.distributed.<name>``) and every algorithm (``ringcoll.<name>``).
+
+Words, as nccl-tests: the *size* is the bytes of the largest buffer a rank sees (the
+per-rank vector for all_reduce/broadcast/reduce, the gathered total for all_gather/gather,
+the scattered total for reduce_scatter/scatter, what one rank sends for all_to_all); a
+*chunk* is size / world, the part one rank contributes or receives.
+
+Data: element ``i`` of rank ``r``'s contribution is a small positive integer drawn from a
+hash of ``i`` shifted by ``r`` (never zero, never periodic in the chunk size), so every
+reduction below is exact in every dtype and a misplaced chunk shows up as wrong elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+OUT_OF_PLACE, IN_PLACE = "out-of-place", "in-place"
+
+# --------------------------------------------------------------------------------------
+# data with an exactly predictable result
+
+
+def levels_for(op: Optional[str]) -> int:
+    """How many distinct values the data takes, so the reduction by ``op`` stays exact:
+    SUM/AVG of values 1..4 stays below 2^8 (bfloat16's exact integers) up to 64 ranks;
+    PRODUCT of values 1..2 gives powers of two; copies, MIN/MAX and bitwise ops take 1..100."""
+    return {"sum": 4, "avg": 4, "prod": 2}.get(op, 100)
+
+
+class Pattern:
+    """The benchmark's data: ``values(rank, start, stop)`` is rank ``rank``'s element
+    ``start..stop`` of a vector whose base is a hash of the element index."""
+
+    def __init__(self, total: int, levels: int, dtype: torch.dtype, device: torch.device):
+        index = torch.arange(total, dtype=torch.int64, device=device)
+        self._base = ((index * 2654435761) >> 13).remainder_(levels).to(torch.int32)
+        self.levels, self.dtype = levels, dtype
+
+    def values(self, rank: int, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
+        shifted = (self._base[start:stop] + 7 * rank).remainder_(self.levels)
+        if self.dtype == torch.bool:
+            return shifted.remainder_(2).bool()
+        return shifted.add_(1).to(self.dtype)
+
+
+_ACCUMULATE = {
+    "sum": lambda acc, v: acc.logical_or_(v) if acc.dtype == torch.bool else acc.add_(v),
+    "avg": lambda acc, v: acc.add_(v),
+    "prod": lambda acc, v: acc.logical_and_(v) if acc.dtype == torch.bool else acc.mul_(v),
+    "min": lambda acc, v: torch.minimum(acc, v, out=acc),
+    "max": lambda acc, v: torch.maximum(acc, v, out=acc),
+    "band": lambda acc, v: acc.bitwise_and_(v),
+    "bor": lambda acc, v: acc.bitwise_or_(v),
+    "bxor": lambda acc, v: acc.bitwise_xor_(v),
+}
+
+
+def reduced(pattern: Pattern, world: int, op: str, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
+    """The exact reduction by ``op`` of every rank's ``values(rank, start, stop)``, in the
+    dtype (integer overflow wraps, as the collectives do)."""
+    acc = pattern.values(0, start, stop).clone()
+    for rank in range(1, world):
+        _ACCUMULATE[op](acc, pattern.values(rank, start, stop))
+    if op == "avg":
+        if acc.is_floating_point():
+            acc.div_(world)
+        else:
+            acc.div_(world, rounding_mode="trunc")
+    return acc
+
+
+def count_wrong(actual: torch.Tensor, expected: torch.Tensor, op: Optional[str] = None) -> int:
+    """How many elements of ``actual`` differ from ``expected``: exact equality, except AVG
+    on floating point (one rounded division), which allows a few units in the last place."""
+    if actual.shape != expected.shape:
+        return max(actual.numel(), expected.numel())
+    if op == "avg" and actual.is_floating_point():
+        eps = torch.finfo(actual.dtype).eps
+        ok = torch.isclose(actual.double(), expected.double(), rtol=4 * eps, atol=0.0)
+        return int((~ok).sum())
+    return int((actual != expected).sum())
+
+
+def spoil(tensor: torch.Tensor, expected: torch.Tensor) -> None:
+    """Fill ``tensor`` with values that differ from ``expected`` everywhere, so an element the
+    collective forgets to write is counted wrong."""
+    if tensor.dtype == torch.bool:
+        tensor.copy_(~expected)
+    else:
+        tensor.copy_(expected)
+        tensor.add_(1)
+
+
+# --------------------------------------------------------------------------------------
+# one instance of a collective on this rank
+
+
+@dataclass(frozen=True)
+class Case:
+    """What one rank needs to set a collective up: the problem and its own place in it."""
+
+    rank: int
+    world: int
+    numel: int                  # elements of the size buffer (a multiple of world if chunked)
+    dtype: torch.dtype
+    device: torch.device
+    op: Optional[str]           # "sum", "prod", ... for reducing collectives
+    root: int
+    variant: str
+
+    @property
+    def chunk(self) -> int:
+        return self.numel // self.world
+
+    def reduce_op(self):
+        return getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(self.op, self.op.upper()))
+
+
+@dataclass
+class Instance:
+    """A collective ready to run on this rank.
+
+    call(fn): one call of ``fn`` (the built-in or ringcoll's, same signature);
+    restore: (dst, src) copies done before every timed call -- the inputs the call overwrites;
+    expect: (output, expected) pairs that must hold after a call; the check first spoils the
+    outputs and restores the inputs, then calls once and counts wrong elements.
+    """
+
+    call: Callable[[Callable], object]
+    restore: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    expect: List[Tuple[torch.Tensor, Callable[[], torch.Tensor]]] = field(default_factory=list)
+    _expected: Optional[list] = field(default=None, repr=False)
+
+    def reset(self) -> None:
+        for dst, src in self.restore:
+            dst.copy_(src)
+
+    def expected(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """(output, expected values) pairs, computed once."""
+        if self._expected is None:
+            self._expected = [(out, make()) for out, make in self.expect]
+        return self._expected
+
+    def check(self, fn: Callable, op: Optional[str]) -> int:
+        expected = self.expected()
+        self.reset()
+        for out, want in expected:
+            spoil(out, want)
+        self.reset()      # an in-place input may alias an output
+        self.call(fn)
+        return sum(count_wrong(out, want, op) for out, want in expected)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The facts of one collective (see the module docstring)."""
+
+    name: str                                   # torch.distributed / ringcoll function
+    family: str                                 # registry collective of its algorithms
+    bus_factor: Callable[[int], float]          # busbw = algbw * bus_factor(world)
+    setup: Callable[[Case], Instance]
+    variants: Tuple[str, ...] = (OUT_OF_PLACE,)
+    reduces: bool = False                       # takes an op
+    rooted: bool = False                        # takes a root (src/dst)
+    chunked: bool = False                       # the size is split in world chunks
+    sized: bool = True                          # barrier is not
+    primary: bool = True                        # part of --collective all
+
+    def numel(self, size: int, itemsize: int, world: int) -> int:
+        """Elements of the size buffer for a requested size in bytes (rounded down to a
+        multiple of world when chunked, as nccl-tests does)."""
+        if not self.sized:
+            return 0
+        count = size // itemsize
+        return count - count % world if self.chunked else count
+
+
+def _ring_factor(world: int) -> float:
+    return (world - 1) / world
+
+
+def _all_reduce_factor(world: int) -> float:
+    return 2 * (world - 1) / world
+
+
+def _one(world: int) -> float:
+    return 1.0
+
+
+def _empty(case: Case, numel: int) -> torch.Tensor:
+    return torch.empty(numel, dtype=case.dtype, device=case.device)
+
+
+def _pattern(case: Case, total: int) -> Pattern:
+    return Pattern(total, levels_for(case.op), case.dtype, case.device)
+
+
+# --------------------------------------------------------------------------------------
+# the specs, one per torch function
+
+
+def _all_reduce(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    source = pat.values(case.rank)
+    tensor = source.clone()
+    op = case.reduce_op()
+    return Instance(call=lambda fn: fn(tensor, op), restore=[(tensor, source)],
+                    expect=[(tensor, lambda: reduced(pat, case.world, case.op))])
+
+
+def _broadcast(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    source = pat.values(case.rank)      # the root's is the message, the others' is overwritten
+    tensor = source.clone()
+    return Instance(call=lambda fn: fn(tensor, case.root),
+                    restore=[(tensor, source)] if case.rank == case.root else [],
+                    expect=[(tensor, lambda: pat.values(case.root))])
+
+
+def _reduce(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    source = pat.values(case.rank)
+    tensor = source.clone()
+    op = case.reduce_op()
+    expect = [(tensor, lambda: reduced(pat, case.world, case.op))] if case.rank == case.root else []
+    return Instance(call=lambda fn: fn(tensor, case.root, op), restore=[(tensor, source)], expect=expect)
+
+
+def _all_gather_into_tensor(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    output = _empty(case, case.numel)
+    mine = slice(case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    if case.variant == IN_PLACE:
+        # nccl-tests' in-place: the input is this rank's chunk of the output
+        source = pat.values(case.rank, mine.start, mine.stop)
+        data = output[mine]
+        restore = [(data, source)]
+    else:
+        data = pat.values(case.rank, mine.start, mine.stop)
+        restore = []
+
+    def expected():
+        return torch.cat([pat.values(r, r * case.chunk, (r + 1) * case.chunk) for r in range(case.world)])
+
+    return Instance(call=lambda fn: fn(output, data), restore=restore, expect=[(output, expected)])
+
+
+def _all_gather(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    outputs = [_empty(case, case.chunk) for _ in range(case.world)]
+    data = pat.values(case.rank, case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    expect = [(outputs[r], (lambda r=r: pat.values(r, r * case.chunk, (r + 1) * case.chunk)))
+              for r in range(case.world)]
+    return Instance(call=lambda fn: fn(outputs, data), expect=expect)
+
+
+def _reduce_scatter_tensor(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    source = pat.values(case.rank)
+    data = source.clone()
+    mine = slice(case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    # in-place: the output is this rank's chunk of the input (nccl-tests' recvbuff offset)
+    output = data[mine] if case.variant == IN_PLACE else _empty(case, case.chunk)
+    op = case.reduce_op()
+    return Instance(call=lambda fn: fn(output, data, op),
+                    restore=[(data, source)] if case.variant == IN_PLACE else [],
+                    expect=[(output, lambda: reduced(pat, case.world, case.op, mine.start, mine.stop))])
+
+
+def _reduce_scatter(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    inputs = [pat.values(case.rank, r * case.chunk, (r + 1) * case.chunk) for r in range(case.world)]
+    output = _empty(case, case.chunk)
+    op = case.reduce_op()
+    mine = (case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    return Instance(call=lambda fn: fn(output, inputs, op),
+                    expect=[(output, lambda: reduced(pat, case.world, case.op, *mine))])
+
+
+def _all_to_all_single(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    data = pat.values(case.rank)            # chunk j goes to rank j
+    output = _empty(case, case.numel)       # chunk j comes from rank j
+
+    def expected():
+        return torch.cat([pat.values(r, case.rank * case.chunk, (case.rank + 1) * case.chunk)
+                          for r in range(case.world)])
+
+    return Instance(call=lambda fn: fn(output, data), expect=[(output, expected)])
+
+
+def _all_to_all(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    inputs = [pat.values(case.rank, j * case.chunk, (j + 1) * case.chunk) for j in range(case.world)]
+    outputs = [_empty(case, case.chunk) for _ in range(case.world)]
+    mine = (case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    expect = [(outputs[r], (lambda r=r: pat.values(r, *mine))) for r in range(case.world)]
+    return Instance(call=lambda fn: fn(outputs, inputs), expect=expect)
+
+
+def _gather(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    data = pat.values(case.rank, case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    is_root = case.rank == case.root
+    outputs = [_empty(case, case.chunk) for _ in range(case.world)] if is_root else None
+    expect = [(outputs[r], (lambda r=r: pat.values(r, r * case.chunk, (r + 1) * case.chunk)))
+              for r in range(case.world)] if is_root else []
+    return Instance(call=lambda fn: fn(data, outputs, case.root), expect=expect)
+
+
+def _scatter(case: Case) -> Instance:
+    pat = _pattern(case, case.numel)
+    is_root = case.rank == case.root
+    inputs = [pat.values(case.root, j * case.chunk, (j + 1) * case.chunk)
+              for j in range(case.world)] if is_root else None
+    output = _empty(case, case.chunk)
+    mine = (case.rank * case.chunk, (case.rank + 1) * case.chunk)
+    return Instance(call=lambda fn: fn(output, inputs, case.root),
+                    expect=[(output, lambda: pat.values(case.root, *mine))])
+
+
+def _barrier(case: Case) -> Instance:
+    return Instance(call=lambda fn: fn())
+
+
+SPECS: Dict[str, Spec] = {spec.name: spec for spec in (
+    Spec("all_reduce", "all_reduce", _all_reduce_factor, _all_reduce, (IN_PLACE,), reduces=True),
+    Spec("broadcast", "broadcast", _one, _broadcast, (IN_PLACE,), rooted=True),
+    Spec("reduce", "reduce", _one, _reduce, (IN_PLACE,), reduces=True, rooted=True),
+    Spec("all_gather_into_tensor", "all_gather", _ring_factor, _all_gather_into_tensor,
+         (OUT_OF_PLACE, IN_PLACE), chunked=True),
+    Spec("reduce_scatter_tensor", "reduce_scatter", _ring_factor, _reduce_scatter_tensor,
+         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True),
+    Spec("all_to_all_single", "all_to_all", _ring_factor, _all_to_all_single, chunked=True),
+    Spec("gather", "gather", _ring_factor, _gather, rooted=True, chunked=True),
+    Spec("scatter", "scatter", _ring_factor, _scatter, rooted=True, chunked=True),
+    Spec("barrier", "barrier", _one, _barrier, sized=False),
+    # the list variants: same facts, tensors in lists
+    Spec("all_gather", "all_gather", _ring_factor, _all_gather, chunked=True, primary=False),
+    Spec("reduce_scatter", "reduce_scatter", _ring_factor, _reduce_scatter, reduces=True,
+         chunked=True, primary=False),
+    Spec("all_to_all", "all_to_all", _ring_factor, _all_to_all, chunked=True, primary=False),
+)}
+
+
+def family_of(spec: Spec, registered: Dict[str, Sequence[str]]) -> Optional[str]:
+    """The registry collective that holds ``spec``'s algorithms: its own name if registered
+    (e.g. ``all_gather_into_tensor``), else its family (``all_gather``); None if neither."""
+    for key in (spec.name, spec.family):
+        if registered.get(key):
+            return key
+    return None
+
+
+def available(registered: Dict[str, Sequence[str]], module) -> List[str]:
+    """The specs whose ringcoll function exists and whose algorithms are registered."""
+    return [name for name, spec in SPECS.items()
+            if hasattr(module, name) and family_of(spec, registered) is not None]

@@ -1,0 +1,370 @@
+"""ringcoll-bench: the harness's pieces, the specs against the built-ins, and a smoke run."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll.bench import cli, harness, report, specs, summary
+from ringcoll.bench.harness import BUILTIN, Job, Row
+from ringcoll.bench.specs import IN_PLACE, OUT_OF_PLACE, SPECS, Case, Pattern
+
+
+# -- sizes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, nbytes", [("8", 8), ("1K", 1024), ("64M", 64 << 20), ("1G", 1 << 30),
+                                          ("4k", 4096), ("2KiB", 2048), ("16MB", 16 << 20), ("0.5K", 512)])
+def test_parse_size(text, nbytes):
+    assert cli.parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "1X", "-4", "1.3"])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError, match="size"):
+        cli.parse_size(text)
+
+
+def test_size_range():
+    assert cli.size_range(1024, 64 << 20, 4) == [1024 << (2 * k) for k in range(9)]
+    assert cli.size_range(8, 40, step=16) == [8, 24, 40]
+    assert cli.size_range(1024, 1024, 2) == [1024]
+    with pytest.raises(ValueError, match="factor"):
+        cli.size_range(1024, 4096, 1)
+    with pytest.raises(ValueError, match="maxbytes"):
+        cli.size_range(4096, 1024, 2)
+
+
+def test_flags_parse_like_nccl_tests():
+    options = cli.parser().parse_args(["-b", "8", "-e", "128M", "-f", "2", "-n", "5", "-w", "1", "-c", "0",
+                                       "-o", "max", "-d", "half", "-r", "1", "--np", "3"])
+    assert (options.minbytes, options.maxbytes, options.stepfactor) == (8, 128 << 20, 2)
+    assert (options.iters, options.warmup_iters, options.check) == (5, 1, 0)
+    assert (options.op, harness.DTYPES[options.datatype], options.root, options.np) == ("max", "float16", 1, 3)
+
+
+# -- facts per collective --------------------------------------------------------------------
+
+def test_bus_factors_are_nccl_tests():
+    for world in (2, 3, 4, 8):
+        ring = (world - 1) / world
+        assert SPECS["all_reduce"].bus_factor(world) == pytest.approx(2 * ring)
+        for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "reduce_scatter",
+                     "all_to_all_single", "all_to_all", "gather", "scatter"):
+            assert SPECS[name].bus_factor(world) == pytest.approx(ring), name
+        for name in ("broadcast", "reduce"):
+            assert SPECS[name].bus_factor(world) == 1.0, name
+
+
+def test_bandwidths():
+    algbw, busbw = harness.bus_bandwidth(SPECS["all_reduce"], 4_000_000, 0.002, 4)
+    assert algbw == pytest.approx(2.0) and busbw == pytest.approx(3.0)
+    assert harness.bus_bandwidth(SPECS["barrier"], 0, 0.001, 4) == (0.0, 0.0)
+
+
+def test_numel_rounds_to_whole_chunks():
+    assert SPECS["all_reduce"].numel(1000, 4, 3) == 250
+    assert SPECS["all_gather_into_tensor"].numel(1000, 4, 3) == 249
+    assert SPECS["reduce_scatter_tensor"].numel(8, 4, 3) == 0
+    assert SPECS["barrier"].numel(1 << 20, 4, 3) == 0
+
+
+def test_variants():
+    assert SPECS["all_reduce"].variants == (IN_PLACE,)
+    assert SPECS["all_gather_into_tensor"].variants == (OUT_OF_PLACE, IN_PLACE)
+    assert SPECS["reduce_scatter_tensor"].variants == (OUT_OF_PLACE, IN_PLACE)
+
+
+# -- data and #wrong ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.uint8, torch.bool])
+def test_pattern_is_exact_and_never_zero(dtype):
+    pat = Pattern(1000, specs.levels_for("sum"), dtype, torch.device("cpu"))
+    a, b = pat.values(0), pat.values(1)
+    assert a.dtype == dtype and a.numel() == 1000
+    assert not torch.equal(a, b)                             # ranks differ
+    assert torch.equal(pat.values(1, 100, 300), b[100:300])  # a slice is the same elements
+    if dtype != torch.bool:
+        assert int((a == 0).sum()) == 0
+        assert set(a.unique().tolist()) <= {1, 2, 3, 4}
+        assert len(set(a[:64].tolist())) > 1               # not constant
+
+
+def test_reduced_is_the_exact_reduction():
+    pat = Pattern(500, specs.levels_for("sum"), torch.float16, torch.device("cpu"))
+    world = 5
+    wide = sum(pat.values(r).double() for r in range(world))
+    assert torch.equal(specs.reduced(pat, world, "sum").double(), wide)
+    assert torch.equal(specs.reduced(pat, world, "avg").double(), (wide / world).half().double())
+    big = Pattern(500, specs.levels_for("max"), torch.int32, torch.device("cpu"))
+    assert torch.equal(specs.reduced(big, 3, "max"), torch.stack([big.values(r) for r in range(3)]).amax(0))
+    two = Pattern(500, specs.levels_for("prod"), torch.float32, torch.device("cpu"))
+    assert set(two.values(0).unique().tolist()) == {1.0, 2.0}
+
+
+def test_count_wrong_and_spoil():
+    expected = torch.arange(1, 11, dtype=torch.float32)
+    actual = expected.clone()
+    assert specs.count_wrong(actual, expected) == 0
+    actual[3] += 1
+    actual[7] = float("nan")
+    assert specs.count_wrong(actual, expected) == 2
+    for dtype in (torch.float32, torch.int8, torch.uint8, torch.bool):
+        want = Pattern(64, 100, dtype, torch.device("cpu")).values(2)
+        out = torch.empty_like(want)
+        specs.spoil(out, want)
+        assert specs.count_wrong(out, want) == 64, dtype
+    assert specs.count_wrong(torch.ones(3), torch.ones(4)) == 4
+
+
+def _case(name, rank=0, world=2, numel=12, variant=None, op="sum", dtype=torch.int32):
+    spec = SPECS[name]
+    return Case(rank, world, numel, dtype, torch.device("cpu"), op if spec.reduces else None, 0,
+                variant or spec.variants[0])
+
+
+@pytest.mark.parametrize("name, variant", [(n, v) for n in SPECS if n != "barrier" for v in SPECS[n].variants])
+def test_check_counts_an_untouched_output_wrong(name, variant):
+    """A collective that does nothing leaves every checked element wrong (world 2, root 0;
+    checked at the root, except broadcast, whose root holds the answer already)."""
+    instance = SPECS[name].setup(_case(name, rank=1 if name == "broadcast" else 0, variant=variant))
+    checked = sum(want.numel() for _, want in instance.expected())
+    assert checked > 0
+    if name == "all_gather_into_tensor" and variant == IN_PLACE:
+        checked -= 12 // 2          # its own chunk is its input, in place: right already
+    assert instance.check(lambda *args: None, None) == checked
+
+
+def test_check_counts_zero_for_the_identity_at_world_1():
+    """At world 1 every collective is the identity on its data: doing nothing (in place) or
+    copying input to output is right."""
+    instance = SPECS["all_reduce"].setup(_case("all_reduce", world=1, numel=10))
+    assert instance.check(lambda *args: None, "sum") == 0
+    instance = SPECS["all_gather_into_tensor"].setup(_case("all_gather_into_tensor", world=1, numel=10))
+    assert instance.check(lambda out, inp: out.copy_(inp), None) == 0
+
+
+# -- summarising and the table ---------------------------------------------------------------
+
+def _raw(times_by_rank, wrong=0, error=None, variant=IN_PLACE, name=BUILTIN):
+    return [{"numel": 256, "variants": {variant: {name: {"times": times, "wrong": wrong, "error": error}}}}
+            for times in times_by_rank]
+
+
+def test_summarize_takes_max_over_ranks_then_median():
+    job = Job("all_reduce", 1024, algorithms=("ring",), iters=3)
+    per_rank = [{"numel": 256, "variants": {IN_PLACE: {
+        BUILTIN: {"times": [1e-3, 5e-3, 3e-3], "wrong": 0, "error": None},
+        "ring": {"times": [4e-3, 4e-3, 8e-3], "wrong": 1, "error": None}}}},
+        {"numel": 256, "variants": {IN_PLACE: {
+            BUILTIN: {"times": [2e-3, 1e-3, 4e-3], "wrong": 0, "error": None},
+            "ring": {"times": [2e-3, 6e-3, 2e-3], "wrong": 2, "error": None}}}}]
+    rows = {r.algorithm: r for r in harness.summarize(job, per_rank)}
+    assert rows[BUILTIN].time_us == pytest.approx(4000)          # max per round [2, 5, 4] ms
+    assert rows["ring"].time_us == pytest.approx(6000)           # [4, 6, 8] ms
+    assert rows["ring"].vs_builtin == pytest.approx(1.5)
+    assert rows["ring"].wrong == 3 and rows[BUILTIN].wrong == 0
+    assert rows["ring"].size == 1024 and rows["ring"].count == 256 and rows["ring"].root == -1
+    assert rows["ring"].busbw == pytest.approx(1024 / 6e-3 / 1e9 * 2 * (1 / 2))
+
+
+def test_summarize_reports_errors():
+    job = Job("all_reduce", 1024)
+    per_rank = [{"numel": 256, "variants": {IN_PLACE: {BUILTIN: {"times": [], "wrong": None,
+                                                                 "error": "failed on another rank"}}}},
+                {"numel": 256, "variants": {IN_PLACE: {BUILTIN: {"times": [], "wrong": None,
+                                                                 "error": "ValueError: no"}}}}]
+    (row,) = harness.summarize(job, per_rank)
+    assert row.error == "ValueError: no" and row.time_us is None and row.wrong is None
+
+
+def _row(name, variant, size, time_us, wrong=0, error=None, ratio=None):
+    algbw = size / time_us / 1e3 if time_us else None
+    return Row("reduce_scatter_tensor", variant, name, size, size // 4, "float32", "sum", -1, time_us,
+               algbw, algbw * 0.75 if algbw else None, wrong, ratio, error=error)
+
+
+def test_table_format():
+    rows = [_row(BUILTIN, OUT_OF_PLACE, 1024, 100.0), _row(BUILTIN, IN_PLACE, 1024, 90.0),
+            _row("ring", OUT_OF_PLACE, 1024, 50.0, ratio=0.5), _row("ring", IN_PLACE, 1024, 45.0, ratio=0.5),
+            _row("pairwise", OUT_OF_PLACE, 1024, 200.0, wrong=7, ratio=2.0),
+            _row("pairwise", IN_PLACE, 1024, None, wrong=None, error="RuntimeError: x"),
+            _row(BUILTIN, OUT_OF_PLACE, 4096, 120.0)]
+    variants = report.variants_of(rows)
+    header = report.table_header("reduce_scatter_tensor", variants, "4 ranks")
+    lines = report.table_lines(rows, variants)
+    assert header[0].startswith("# reduce_scatter_tensor")
+    assert "out-of-place" in header[1] and "in-place" in header[1]
+    assert header[2].count("time(us)") == 2 and header[2].count("vs built-in") == 2
+    assert "size(B)" in header[2] and "#wrong" in header[2] and "algorithm" in header[2]
+    assert len({len(line) for line in header[2:] + lines}) == 1          # the columns line up
+    assert [line.split()[5] for line in lines] == [BUILTIN, "ring", "pairwise", BUILTIN]
+    first = lines[0].split()
+    assert first[:5] == ["1024", "256", "float32", "sum", "-1"]
+    assert first[6:11] == ["100.0", "0.010", "0.008", "0", "1.00"]
+    assert lines[1].split()[10] == "0.50"
+    assert lines[2].split()[9] == "7" and lines[2].split()[10] == "2.00"
+    assert lines[2].split()[-5:] == ["--", "--", "--", "err", "--"]
+    assert len(lines[3].split()) == 6 + 5             # no in-place row at 4096: blank cells
+    summary = report.summary_lines(rows)
+    assert any("ring" in line and "0.50" in line for line in summary)
+    assert any("pairwise" in line and "RuntimeError" in line for line in summary)
+
+
+def test_choose_collectives():
+    catalogue = {"all_reduce": ["ring"], "all_gather_into_tensor": ["ring"], "all_gather": ["ring"]}
+    assert cli.choose_collectives(None, catalogue) == ["all_reduce"]
+    assert cli.choose_collectives(["all"], catalogue) == ["all_reduce", "all_gather_into_tensor"]
+    assert cli.choose_collectives(["all_gather,all_reduce", "all_reduce"], catalogue) == ["all_gather", "all_reduce"]
+    with pytest.raises(cli.OptionError, match="collective"):
+        cli.choose_collectives(["allreduce"], catalogue)
+    with pytest.raises(cli.OptionError, match="no ringcoll implementation"):
+        cli.choose_collectives(["broadcast"], catalogue)
+    assert cli.choose_algorithms("ring,auto,nope,built-in", ["ring", "tree"]) == ["ring", "auto"]
+
+
+def _options(*argv):
+    options = cli.parser().parse_args(list(argv))
+    options.argv = list(argv)
+    return options
+
+
+def test_make_jobs():
+    catalogue = {"all_reduce": ["ring", "tree"], "all_gather_into_tensor": ["ring"], "barrier": ["x"]}
+    jobs = cli.make_jobs(_options("--collective", "all", "-b", "4", "-e", "64", "-f", "2",
+                                  "--algorithms", "tree,ring"), catalogue, 3)
+    reduce_jobs = [j for j in jobs if j.collective == "all_reduce"]
+    assert [j.size for j in reduce_jobs] == [4, 8, 16, 32, 64]
+    assert reduce_jobs[0].algorithms == ("tree", "ring")
+    # all_gather needs whole chunks: 4 and 8 bytes are under one float32 per rank
+    assert [j.size for j in jobs if j.collective == "all_gather_into_tensor"] == [16, 32, 64]
+    assert [j.size for j in jobs if j.collective == "barrier"] == [0]
+    with pytest.raises(cli.OptionError, match="avg"):
+        cli.make_jobs(_options("-o", "avg", "-d", "int32"), catalogue, 2)
+    with pytest.raises(cli.OptionError, match="bxor"):
+        cli.make_jobs(_options("-o", "bxor", "-d", "float"), catalogue, 2)
+    with pytest.raises(cli.OptionError, match="none of"):
+        cli.make_jobs(_options("--algorithms", "ring,nope"), catalogue, 2)
+    with pytest.raises(SystemExit):
+        cli.main(["--collective", "no_such_collective"])
+
+
+def test_catalogue_lists_what_ringcoll_has():
+    catalogue = cli.benchmarkable()
+    assert catalogue["all_reduce"] == ringcoll.algorithms("all_reduce")
+    for name in catalogue:
+        assert hasattr(ringcoll, name)
+
+
+# -- in the simulator: every spec, every algorithm, worlds that are not powers of two ------------
+
+def _simulated_wrong(name: str, algorithm: str, world: int, numel: int, dtype, op: str, variant: str) -> int:
+    """#wrong of ``algorithm`` run by the simulator on the buffers the spec sets up on every rank
+    (the very tensors: in-place aliasing kept), counted by the spec's own check."""
+    from ringcoll.collectives import BUILDERS
+    from ringcoll.collectives._common import Context
+    from ringcoll.simulator import run_plans
+
+    spec = SPECS[name]
+    instances, plans = [], []
+    for rank in range(world):
+        case = Case(rank, world, spec.numel(numel * dtype.itemsize, dtype.itemsize, world), dtype,
+                    torch.device("cpu"), op if spec.reduces else None, world - 1, variant)
+        instance = spec.setup(case)
+        expected = instance.expected()
+        instance.reset()
+        for out, want in expected:
+            specs.spoil(out, want)
+        instance.reset()
+        captured = []
+        instance.call(lambda *args: captured.append(args))
+        plans.append(BUILDERS[name](Context(rank, world), *captured[0], algorithm=algorithm))
+        instances.append((instance, expected))
+    with torch.no_grad():
+        run_plans(plans)                    # with each plan's before/after steps, as the executor
+    return sum(specs.count_wrong(out, want, op) for instance, expected in instances for out, want in expected)
+
+
+def test_specs_with_every_algorithm_in_the_simulator():
+    """The specs' data and checks at worlds 3 and 5 (the real-group tests run at 2), root
+    world - 1, non-whole chunks, with every registered algorithm of every collective."""
+    catalogue = cli.benchmarkable()
+    bad = []
+    for name, algorithms in catalogue.items():
+        if not SPECS[name].sized:
+            continue
+        for algorithm in algorithms:
+            for world, numel, dtype, op in ((3, 301, torch.int32, "sum"), (5, 1003, torch.float32, "max")):
+                for variant in SPECS[name].variants:
+                    wrong = _simulated_wrong(name, algorithm, world, numel, dtype, op, variant)
+                    if wrong:
+                        bad.append((name, algorithm, variant, world, wrong))
+    assert not bad
+
+
+# -- on a real group ---------------------------------------------------------------------------
+
+def test_specs_agree_with_the_builtins(clusters):
+    """Every spec's expected data is what torch.distributed's own collective produces: sizes
+    that are not whole chunks, root 1, several dtypes and ops. (World 2: the one world this
+    file spawns; the expected data's rank arithmetic is world-generic, checked in-process.)"""
+    cases = []
+    for name, spec in SPECS.items():
+        for dtype, op in (("float32", "sum"), ("int8", "sum"), ("bfloat16", "prod"), ("uint8", "bxor"),
+                          ("bool", "max"), ("float64", "min")):
+            if op != "sum" and not spec.reduces:
+                continue
+            for size in ((40, 1002) if op == "sum" else (1002,)):
+                cases.append(Job(name, size, dtype, op, root=1, iters=1, warmup=0))
+    results = clusters(2).run(harness.measure_all, cases)
+    bad = []
+    for i, job in enumerate(cases):
+        for row in harness.summarize(job, [r[i] for r in results]):
+            if row.wrong != 0 or row.error:
+                bad.append((job.collective, row.variant, job.dtype, job.op, job.size, row.wrong, row.error))
+    assert not bad
+
+
+def test_a_failing_contestant_is_reported_not_fatal(clusters):
+    job = Job("all_reduce", 64, algorithms=("no_such_algorithm",), iters=1, warmup=0)
+    rows = {r.algorithm: r for r in harness.summarize(job, clusters(2).run(harness.measure, job))}
+    assert rows[BUILTIN].wrong == 0 and rows[BUILTIN].error is None and rows[BUILTIN].iters == 1
+    assert "no_such_algorithm" in rows["no_such_algorithm"].error and rows["no_such_algorithm"].iters == 0
+    assert "Traceback" in rows["no_such_algorithm"].traceback
+
+
+def test_cli_smoke(clusters, tmp_path, capsys):
+    """Every benchmarkable collective, every algorithm, tiny sizes: files written, nothing
+    wrong; a time limit already passed stops every rank after the same round."""
+    out = tmp_path / "results"
+    status = cli.main(["--collective", "all", "--np", "2", "-b", "1K", "-e", "4K", "-n", "4", "-w", "1",
+                       "--max-seconds", "1e-9", "--out", str(out)], cluster=clusters(2))
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    files = sorted(os.listdir(out))
+    (json_name,) = [f for f in files if f.endswith(".json")]
+    (csv_name,) = [f for f in files if f.endswith(".csv")]
+    assert "_np2_" in json_name
+    data = json.loads((out / json_name).read_text())
+    assert data["meta"]["world_size"] == 2 and data["meta"]["torch"] == torch.__version__
+    rows = data["rows"]
+    catalogue = cli.benchmarkable()
+    expected = [n for n in catalogue if SPECS[n].primary]
+    assert sorted({r["collective"] for r in rows}) == sorted(expected)
+    for name in expected:
+        names = {r["algorithm"] for r in rows if r["collective"] == name}
+        assert names == {BUILTIN, "auto", *catalogue[name]}, name
+        if SPECS[name].sized:
+            assert f"{json_name[:-5]}_{name}.png" in files
+    assert all(r["wrong"] == 0 and r["error"] is None for r in rows), [r for r in rows if r["wrong"] or r["error"]]
+    assert all(r["time_us"] > 0 and r["iters"] == harness.MIN_ROUNDS for r in rows)   # the time limit
+    with open(out / csv_name, newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == len(rows) and table[0]["world_size"] == "2"
+    assert "vs built-in" in printed and "# all_reduce" in printed
+    assert (out / f"{json_name[:-5]}.txt").read_text().strip() in printed     # the tables, as printed
+    table = summary.markdown([str(out / json_name)])
+    assert "| all_reduce | ring |" in table and "| all_reduce | built-in |" in table
