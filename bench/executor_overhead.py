@@ -8,6 +8,7 @@
    for steps in flight, and the local reductions on tiny segments.
 2. The same for a whole call through the public API (argument checks, the choice, the plan).
 3. A cProfile of one 64 MiB float32 all_reduce (ring) on a local 4-rank gloo cluster, rank 0.
+4. The floor of one step: a bare gloo P2P exchange against the built-in barrier.
 Writes ``executor_overhead.json`` and ``profile_all_reduce_64MiB.txt`` under ``--out``.
 """
 from __future__ import annotations
@@ -114,6 +115,33 @@ def _profiled_all_reduce(numel: int) -> str:
             f"{builtin * 1e3:.1f} ms (one call each, after warm-up)\n" + text.getvalue())
 
 
+def _message_floor(rounds: int = 30) -> dict:
+    """Median ms of one bare gloo P2P exchange (isend right + irecv left, 4 bytes) against the
+    built-in barrier and a 4-byte built-in all_reduce: the floor every P2P step pays here."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out, into = torch.ones(1), torch.empty(1)
+    group = dist.group.WORLD
+
+    def exchange():
+        works = [group.send([out], (rank + 1) % world, 7), group.recv([into], (rank - 1) % world, 7)]
+        for work in works:
+            work.wait()
+
+    cases = {"p2p exchange": exchange, "built-in barrier": dist.barrier,
+             "built-in all_reduce 4 B": lambda: dist.all_reduce(out)}
+    times = {name: [] for name in cases}
+    for round_ in range(rounds + 3):
+        for name, fn in cases.items():
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            if round_ >= 3:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results")
@@ -130,9 +158,14 @@ def main(argv=None) -> None:
         print(f"  {algorithm:20s} {us:7.1f} us/call")
     with ringcoll.launch(args.np) as cluster:
         profile = cluster.run(_profiled_all_reduce, 16 * 1024 * 1024)[0]
+        floors = cluster.run(_message_floor)
+    floor = {name: max(rank[name] for rank in floors) for name in floors[0]}
     print(profile.split("\n")[0])
+    print(f"one step's floor at {args.np} ranks (median ms, slowest rank): " +
+          ", ".join(f"{name} {ms:.2f}" for name, ms in floor.items()))
     with open(os.path.join(args.out, "executor_overhead.json"), "w") as handle:
-        json.dump({"per_step": steps, "per_call_us": calls, "torch": torch.__version__,
+        json.dump({"per_step": steps, "per_call_us": calls, "message_floor_ms": floor,
+                   "world": args.np, "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d")}, handle, indent=2)
     with open(os.path.join(args.out, "profile_all_reduce_64MiB.txt"), "w") as handle:
         handle.write(profile)
