@@ -139,6 +139,10 @@ class Cluster:
 
             self._owns_group = not dist.is_initialized()
             if self._owns_group:
+                if backend == "nccl":           # one GPU per local rank, before NCCL starts
+                    import torch
+
+                    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
                 dist.init_process_group(backend, init_method="env://")
             actual = dist.get_world_size()
             if world_size is not None and world_size != actual:

@@ -87,6 +87,16 @@ class P2PExecutor:
             buffers[name] = scratch
         return buffers
 
+    def staging(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A buffer of ``numel`` elements that a builder stages a tensor list through, kept
+        across calls like the scratch buffers (plans run one at a time, and each copies in and
+        out within its own run)."""
+        key = ("staging", dtype, device)
+        buffer = self._scratch.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._scratch[key] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel]
+
     # -- running -----------------------------------------------------------------------
     def run(self, plan: Plan) -> None:
         """Run the plan's steps in order, keeping up to ``window`` steps' transfers in flight:

@@ -52,7 +52,7 @@ def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=Non
     buffers = {"input": input_flat}
     staged = False
     if ctx.rank == root:
-        buffers["output"], staged = stage_list(outputs, tensor)
+        buffers["output"], staged = stage_list(outputs, tensor, ctx)
     plan = new_plan("gather", chosen, why, ctx, Layout(ctx.world * input_flat.numel(), {"root": root}), buffers,
                     result=outputs if ctx.rank == root else [],
                     describe_as=describe("gather", chosen.name, tensor, f"root {root}"))
@@ -123,7 +123,7 @@ def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=N
     buffers = {"output": output_flat}
     staged = False
     if ctx.rank == root:
-        buffers["input"], staged = stage_list(inputs, tensor)
+        buffers["input"], staged = stage_list(inputs, tensor, ctx)
     plan = new_plan("scatter", chosen, why, ctx, Layout(ctx.world * output_flat.numel(), {"root": root}), buffers,
                     result=[tensor], describe_as=describe("scatter", chosen.name, tensor, f"root {root}"))
     if staged:

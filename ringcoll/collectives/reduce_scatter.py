@@ -128,7 +128,7 @@ def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, a
     check_device("output", output, ctx)
     for index, tensor in enumerate(input_list):
         check_device(f"input_list[{index}]", tensor, ctx)
-    input_flat, staged = stage_list(input_list, output)
+    input_flat, staged = stage_list(input_list, output, ctx)
     return _plan(ctx, chosen, why, spec, output, input_flat, copy_in(input_flat, input_list) if staged else None,
                  [output], "reduce_scatter")
 
