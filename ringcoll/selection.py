@@ -79,9 +79,14 @@ RULES = (
     Rule("gather", None, "binomial",
          "p > 8: MPICH's default, ⌈lg p⌉ messages on the critical path. Not measured (p > 8 needs "
          "more cores)."),
+    Rule("scatter", None, "linear",
+         "p <= 8: the root posts every send at once; p=4 (ringcoll-bench 2026-12-02, run "
+         "20261202T144510Z_np4): linear 1.40 of the built-in at 1 MiB and up and 1.34 at 64 MiB, "
+         "binomial 1.66 and 1.75; 1.65 vs 1.93 up to 64 KiB.",
+         world=lambda world: world <= 8),
     Rule("scatter", None, "binomial",
-         "first rule: MPICH's default scatter is the binomial tree at every size, ⌈lg p⌉ "
-         "messages on the critical path. To be re-measured by ringcoll-bench."),
+         "p > 8: MPICH's default scatter, ⌈lg p⌉ messages on the critical path. Not measured "
+         "(p > 8 needs more cores)."),
     # broadcast / reduce: nbytes is the vector. Measured 2026-12-02, gloo on 2 cores (heavily
     # shared: load 15), float32, root 1, median of 7, ms, p=4 / p=8. Broadcast 4 KiB: binomial
     # 5.1 / 6.3, pipelined_chain 4.3 / 8.1, scatter_allgather 10.6 / 32.2, double_binary_tree
