@@ -86,6 +86,12 @@ def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> 
             raise ValueError(f"{param} must be on device {like.device} like the other tensors, got {tensor.device}")
 
 
+def check_async(async_op) -> None:
+    """TypeError unless ``async_op`` is a bool (checked before anything else, as torch)."""
+    if not isinstance(async_op, bool):
+        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+
+
 def check_device(param: str, tensor: torch.Tensor, ctx: Context) -> None:
     if ctx.executor is not None and ctx.executor.backend == "nccl" and not tensor.is_cuda:
         raise ValueError(f"{param} must be a CUDA tensor on an NCCL group, got device {tensor.device}")

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from ._common import Context, builder, check_async, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 
 
 # -- helpers for the family ---------------------------------------------------------------
@@ -119,11 +119,6 @@ def separate_input(input_flat: torch.Tensor, output_flat: torch.Tensor, exact: b
     plan.before.insert(0, lambda: copy.copy_(input_flat))
     plan.buffers["input"] = copy
     return copy
-
-
-def check_async(async_op) -> None:
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
 
 
 # -- all_gather_into_tensor ---------------------------------------------------------------

@@ -6,7 +6,7 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from ._common import Context, check_async, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 
 
 @builder("all_reduce")
@@ -66,7 +66,6 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         tensor([4, 6]) # Rank 0
         tensor([4, 6]) # Rank 1
     """
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_reduce(ctx, tensor, op, algorithm=algorithm), async_op)

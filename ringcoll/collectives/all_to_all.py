@@ -20,7 +20,7 @@ import torch
 from ..schedule import Buf, Layout
 from .. import registry
 from ..selection import choose
-from ._common import Context, builder, check_device, check_tensor, flat, group_context, new_plan, pick
+from ._common import Context, check_async, builder, check_device, check_tensor, flat, group_context, new_plan, pick
 
 
 
@@ -237,8 +237,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         tensor([0, 10, 11])   # Rank 0
         tensor([1, 2, 12])    # Rank 1
     """
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_to_all_single(ctx, output, input, output_split_sizes, input_split_sizes,
                                               algorithm=algorithm), async_op)
@@ -312,8 +311,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         [tensor([0]), tensor([10])]    # Rank 0
         [tensor([1]), tensor([11])]    # Rank 1
     """
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_to_all(ctx, output_tensor_list, input_tensor_list, algorithm=algorithm),
                       async_op)

@@ -10,7 +10,7 @@ import torch
 
 from ..schedule import Layout
 from ..schedules.barrier import token_numel
-from ._common import Context, builder, group_context, new_plan, pick
+from ._common import Context, check_async, builder, group_context, new_plan, pick
 
 
 def _token_device(ctx: Context, device_ids) -> torch.device:
@@ -80,7 +80,6 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algori
         1764680402.1  # Rank 0: returns only once rank 1 has arrived
         1764680402.1  # Rank 1
     """
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_barrier(ctx, device_ids, timeout, algorithm=algorithm), async_op)

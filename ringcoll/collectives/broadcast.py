@@ -5,7 +5,7 @@ __all__ = ["broadcast"]
 
 
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
+from ._common import Context, check_async, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 
 
 @builder("broadcast")
@@ -61,7 +61,6 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         tensor([3, 4]) # Rank 0
         tensor([3, 4]) # Rank 1
     """
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_broadcast(ctx, tensor, src, group_src=group_src, algorithm=algorithm), async_op)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed import P2POp, batch_isend_irecv, irecv, isend, recv, send
 
 from ..work import Work
+from ._common import check_async
 
 
 class _SendRecvWork(Work):
@@ -106,8 +107,7 @@ def sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=False):
     """
     _check_tensor("send_tensor", send_tensor)
     _check_tensor("recv_tensor", recv_tensor)
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     if group is not None and not isinstance(group, dist.ProcessGroup) \
             and group is not dist.GroupMember.NON_GROUP_MEMBER:
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")

@@ -6,7 +6,7 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
+from ._common import Context, check_async, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 
 
 @builder("reduce")
@@ -70,7 +70,6 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         tensor([4, 6]) # Rank 0
         tensor([3, 4]) # Rank 1 (unspecified)
     """
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+    check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_reduce(ctx, tensor, dst, op, group_dst=group_dst, algorithm=algorithm), async_op)
