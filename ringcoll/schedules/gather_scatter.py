@@ -14,6 +14,7 @@ from typing import Iterator, List, Tuple
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, step
 from .all_gather import span
+from .trees import binomial, binomial_span
 
 
 def _lg(world: int) -> int:
@@ -64,6 +65,14 @@ def gather_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         yield step([Send(root, mine)])
 
 
+def _binomial_place(rel: int, world: int):
+    """Relative rank rel's place in the binomial tree rooted at 0: its parent, its children's
+    subtrees as block spans (lo, hi) smallest first, and the blocks of its own subtree."""
+    parent, kids = binomial(rel, world)
+    lo, hi = binomial_span(rel, world)
+    return parent, [binomial_span(child, world) for child in reversed(kids)], hi - lo
+
+
 @register("gather", "binomial", cost=_binomial_cost)
 def gather_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Binomial-tree gather (MPICH): the rank with relative rank rel receives, at once, the
@@ -79,25 +88,19 @@ def gather_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     block = output[0].numel
     mine = Buf("input", 0, block)
     rel = (rank - root) % world
-    children = []
-    mask = 1
-    while mask < world and not rel & mask:
-        if rel + mask < world:
-            children.append((rel + mask, min(rel + 2 * mask, world)))
-        mask <<= 1
-    size = min(mask, world - rel)           # blocks in this rank's subtree, its own included
+    parent_rel, children, size = _binomial_place(rel, world)
     if rank == root:
         yield step(local=[Copy(output[root], mine)])
         yield step([Recv((lo + root) % world, buf) for lo, hi in children
                     for buf in _at_root(output, lo, hi, root, world)])
         return
-    parent = (rel - mask + root) % world
+    parent = (parent_rel + root) % world
     if not children:
         yield step([Send(parent, mine)])
         return
     yield step([Recv((lo + root) % world, span(subtree, lo - rel, hi - rel)) for lo, hi in children],
                [Copy(subtree[0], mine)])
-    sends = _in_subtree(subtree, rel, rel, rel + size, root, world) if rel - mask == 0 \
+    sends = _in_subtree(subtree, rel, rel, rel + size, root, world) if parent_rel == 0 \
         else [span(subtree, 0, size)]
     yield step([Send(parent, buf) for buf in sends])
 
@@ -135,19 +138,13 @@ def scatter_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     block = inputs[0].numel
     output = Buf("output", 0, block)
     rel = (rank - root) % world
-    children = []
-    mask = 1
-    while mask < world and not rel & mask:
-        if rel + mask < world:
-            children.append((rel + mask, min(rel + 2 * mask, world)))
-        mask <<= 1
-    size = min(mask, world - rel)
+    parent_rel, children, size = _binomial_place(rel, world)
     if rank != root:
-        parent = (rel - mask + root) % world
+        parent = (parent_rel + root) % world
         if not children:
             yield step([Recv(parent, output)])
             return
-        recvs = _in_subtree(subtree, rel, rel, rel + size, root, world) if rel - mask == 0 \
+        recvs = _in_subtree(subtree, rel, rel, rel + size, root, world) if parent_rel == 0 \
             else [span(subtree, 0, size)]
         yield step([Recv(parent, buf) for buf in recvs], [Copy(output, subtree[0])])
     for lo, hi in reversed(children):
