@@ -95,8 +95,14 @@ RULES = (
     # 21.1, ring 2.3 / 8.3, double_binary_tree 4.2 / 8.2; 256 KiB: 2.0 / 10.3, 8.5 / 29.0, 5.1 /
     # 79.5, 8.4 / 25.1; 4 MiB: 9.9 / 29.5, 11.9 / 42.3, 116 / 381, 98 / 204. Here α is a process
     # wake-up (~1 ms), so the 64 KiB-segment pipelines pay it per segment and lose.
+    Rule("broadcast", 1 * MiB, "linear",
+         "p <= 8, up to 1 MiB: one step (the root's p-1 sends at once) instead of lg p dependent "
+         "ones, each a wake-up here; p=4 (ringcoll-bench 2026-12-02, 30 rounds): linear 1.13-1.76 "
+         "of the built-in from 1 KiB to 1 MiB, binomial 1.34-2.27 (at p=2 they are one message "
+         "alike).",
+         world=lambda world: world <= 8),
     Rule("broadcast", None, "binomial",
-         "p <= 8, any size: lg p messages and the fewest bytes in all (p-1)n, which is what two "
+         "p <= 8, above 1 MiB: lg p messages and the fewest bytes in all (p-1)n, which is what two "
          "cores can move; p=4 (ringcoll-bench 2026-12-02): 0.98-1.05 of the built-in from 1 MiB "
          "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56.",
          world=lambda world: world <= 8),

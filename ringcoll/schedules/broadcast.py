@@ -1,7 +1,7 @@
 """broadcast: every rank ends with the root's ``data``.
 
 Layout parameters: ``root`` (the root's rank in the group) and, for the pipelined
-algorithms, ``segment`` (elements per segment; see :data:`trees.SEGMENT_BYTES`). Every
+algorithms, ``segment`` (elements per segment, from ringcoll.selection.SEGMENTS). Every
 algorithm is written on vranks, ``vrank = (rank - root) % world``, the root being vrank 0.
 Data is only copied, never computed, so every rank ends with the root's bits.
 """
@@ -37,6 +37,26 @@ def _binomial(vrank: int, world: int, data: Buf) -> Iterator[Step]:
         yield step([Recv(parent, data)])
     for child in children:
         yield step([Send(child, data)])
+
+
+def _linear_cost(world: int, nbytes: int) -> Cost:
+    return Cost(world - 1, (world - 1) * nbytes, 0)
+
+
+@register("broadcast", "linear", cost=_linear_cost)
+def broadcast_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Flat tree: the root posts its p - 1 sends at once and every other rank receives in a
+    single step. One step instead of lg p dependent ones, at the price of the root sending
+    every byte p - 1 times: for short vectors, where a step costs a process wake-up.
+
+    Cost: (p-1)α + (p-1)nβ, the latencies overlapped (≈ α + (p-1)nβ).
+    """
+    root = layout["root"]
+    data = Buf("data", 0, layout.numel)
+    if rank == root:
+        yield step([Send(peer, data) for peer in range(world) if peer != root])
+    else:
+        yield step([Recv(root, data)])
 
 
 def _chain_cost(world: int, nbytes: int) -> Cost:
