@@ -11,7 +11,7 @@ __all__ = ["gather", "scatter"]
 from ..schedule import Layout
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 from ._common import check_async
-from .all_gather import (check_length, check_numels, check_same, check_tensor_list, copy_in,
+from ._lists import (check_length, check_numels, check_same, check_tensor_list, copy_in,
                          copy_out, is_block, separate_input, stage_list)
 
 

@@ -16,7 +16,7 @@ from ..ops import ReduceOp, resolve
 from ..schedule import Layout
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 from ._common import check_async
-from .all_gather import (check_length, check_numels, check_same, check_tensor_list, copy_in,
+from ._lists import (check_length, check_numels, check_same, check_tensor_list, copy_in,
                          overlaps, stage_list)
 
 
