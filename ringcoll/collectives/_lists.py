@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from ._common import Context, check_tensor
+from ._common import Context, check_device, check_tensor
 
 
 def check_tensor_list(param: str, tensors) -> None:
@@ -26,6 +26,22 @@ def check_same(param: str, tensor: torch.Tensor, like: torch.Tensor, like_param:
         raise ValueError(f"{param} must have the dtype of {like_param}, {like.dtype}, got {tensor.dtype}")
     if tensor.device != like.device:
         raise ValueError(f"{param} must be on the device of {like_param}, {like.device}, got {tensor.device}")
+
+
+def check_all_same(param: str, tensors: Sequence[torch.Tensor], like: torch.Tensor, like_param: str) -> None:
+    """:func:`check_same` for every tensor of the list ``param``."""
+    for index, tensor in enumerate(tensors):
+        check_same(f"{param}[{index}]", tensor, like, like_param)
+
+
+def check_list_fits(param: str, tensors: Sequence[torch.Tensor], like: torch.Tensor, like_param: str,
+                    ctx: Context) -> None:
+    """Once the group is known: one tensor per rank, each of ``like``'s size, on a device the
+    group's backend can move."""
+    check_length(param, tensors, ctx.world)
+    check_numels(param, tensors, like.numel(), f"those of {like_param}")
+    for index, tensor in enumerate(tensors):
+        check_device(f"{param}[{index}]", tensor, ctx)
 
 
 def check_numels(param: str, tensors: Sequence[torch.Tensor], numel: int, what: str) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from ..schedule import Layout
 from ._common import Context, builder, check_async, check_device, check_tensor, describe, flat, group_context, new_plan, pick
-from ._lists import (check_length, check_numels, check_same, check_tensor_list, copy_out, is_block,
+from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_out, is_block,
                      separate_input, stage_list)
 
 
@@ -101,17 +101,13 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
     check_tensor_list("tensor_list", tensor_list)
     check_tensor("tensor", tensor)
-    for index, out in enumerate(tensor_list):
-        check_same(f"tensor_list[{index}]", out, tensor, "tensor")
+    check_all_same("tensor_list", tensor_list, tensor, "tensor")
     nbytes = tensor.numel() * tensor.element_size() * (ctx.world or 1)
     chosen, why = pick("all_gather", algorithm, nbytes, ctx)
     if ctx.rank is None:
         return None
-    check_length("tensor_list", tensor_list, ctx.world)
-    check_numels("tensor_list", tensor_list, tensor.numel(), "those of tensor")
+    check_list_fits("tensor_list", tensor_list, tensor, "tensor", ctx)
     check_device("tensor", tensor, ctx)
-    for index, out in enumerate(tensor_list):
-        check_device(f"tensor_list[{index}]", out, ctx)
     output_flat, staged = stage_list(tensor_list, tensor, ctx)
     input_flat, _ = flat(tensor)
     plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, tensor, tensor_list, "all_gather")

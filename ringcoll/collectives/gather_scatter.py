@@ -11,7 +11,7 @@ __all__ = ["gather", "scatter"]
 from ..schedule import Layout
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
 from ._common import check_async
-from ._lists import (check_length, check_numels, check_same, check_tensor_list, copy_in,
+from ._lists import (check_all_same, check_list_fits, check_tensor_list, copy_in,
                          copy_out, is_block, separate_input, stage_list)
 
 
@@ -27,10 +27,7 @@ def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int,
     if ctx.rank == root:
         if not tensors:
             raise ValueError(f"{param} must be given on the {role} rank (group rank {root}), got none")
-        check_length(param, tensors, ctx.world)
-        check_numels(param, tensors, tensor.numel(), "those of tensor")
-        for index, item in enumerate(tensors):
-            check_device(f"{param}[{index}]", item, ctx)
+        check_list_fits(param, tensors, tensor, "tensor", ctx)
     elif tensors:
         raise ValueError(f"{param} must be None on ranks other than the {role} (group rank {root}), "
                          f"got a list of {len(tensors)} on group rank {ctx.rank}")
@@ -41,8 +38,7 @@ def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int,
 def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
     check_tensor("tensor", tensor)
     outputs = _optional_list("gather_list", gather_list)
-    for index, out in enumerate(outputs):
-        check_same(f"gather_list[{index}]", out, tensor, "tensor")
+    check_all_same("gather_list", outputs, tensor, "tensor")
     root = group_root(ctx, "dst", dst, "group_dst", group_dst, default=0)
     chosen, why = pick("gather", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
     if ctx.rank is None:
@@ -112,8 +108,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
     check_tensor("tensor", tensor)
     inputs = _optional_list("scatter_list", scatter_list)
-    for index, item in enumerate(inputs):
-        check_same(f"scatter_list[{index}]", item, tensor, "tensor")
+    check_all_same("scatter_list", inputs, tensor, "tensor")
     root = group_root(ctx, "src", src, "group_src", group_src, default=0)
     chosen, why = pick("scatter", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
     if ctx.rank is None:

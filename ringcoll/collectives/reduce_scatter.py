@@ -16,7 +16,7 @@ from ..ops import ReduceOp, resolve
 from ..schedule import Layout
 from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
 from ._common import check_async
-from ._lists import (check_length, check_numels, check_same, check_tensor_list, copy_in,
+from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
                          overlaps, stage_list)
 
 
@@ -117,18 +117,14 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, algorithm="auto"):
     check_tensor("output", output)
     check_tensor_list("input_list", input_list)
-    for index, tensor in enumerate(input_list):
-        check_same(f"input_list[{index}]", tensor, output, "output")
+    check_all_same("input_list", input_list, output, "output")
     spec = resolve(op, output)
     nbytes = output.numel() * output.element_size() * (ctx.world or 1)
     chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx)
     if ctx.rank is None:
         return None
-    check_length("input_list", input_list, ctx.world)
-    check_numels("input_list", input_list, output.numel(), "those of output")
+    check_list_fits("input_list", input_list, output, "output", ctx)
     check_device("output", output, ctx)
-    for index, tensor in enumerate(input_list):
-        check_device(f"input_list[{index}]", tensor, ctx)
     input_flat, staged = stage_list(input_list, output, ctx)
     return _plan(ctx, chosen, why, spec, output, input_flat, copy_in(input_flat, input_list) if staged else None,
                  [output], "reduce_scatter")
