@@ -1,4 +1,9 @@
-"""CuPy backend: the kernels of reduce.cu, compiled by NVRTC on first use, one module per kind.
+"""CuPy backend: the kernels of reduce.cu, compiled by NVRTC on first use, one module per kind
+and device.
+
+The source goes through ringcoll's own NVRTC call (``_nvrtc``, options ``_nvrtc.OPTIONS``), not
+through ``cupy.RawModule(code=...)``, whose compiler adds ``-ftz=true`` after the caller's options
+(subnormals would be flushed); CuPy loads the binary (``cupy.cuda.function.Module``) and launches.
 
 Tensors are never converted: the kernels receive torch's raw device pointers (zero-copy; bf16 is
 just 16-bit words to the kernel) and are launched on torch's current stream of the tensor's
@@ -13,7 +18,9 @@ import warnings
 import numpy as np
 import torch
 
-from ._lowering import ITEMSIZE, KIND_OPS, MAX_SOURCES, OP_CODE, passes, plan
+from . import _nvrtc
+from ._lowering import (ITEMSIZE, KIND_OPS, MAX_SOURCES, OP_CODE, PACK_BYTES, pack_split,
+                        passes, plan)
 
 THREADS = 256
 # Blocks per SM at most: enough resident warps to cover memory latency; the grid-stride loop
@@ -23,7 +30,7 @@ BLOCKS_PER_SM = 16
 
 def pack_width(kind: str) -> int:
     """Elements per 16-byte pack for this kind."""
-    return 16 // ITEMSIZE[kind]
+    return PACK_BYTES // ITEMSIZE[kind]
 
 
 def kernel_name(kind: str, op: str, vec: int) -> str:
@@ -40,15 +47,30 @@ def source() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _module(kind: str):
+def _arch(device: int) -> str:
     import cupy
-    return cupy.RawModule(code=source(), options=("-std=c++17",),
-                          name_expressions=kernel_names(kind))
+    return _nvrtc.arch_option(int(cupy.cuda.Device(device).compute_capability))
+
+
+def compile_kind(kind: str, arch: str) -> _nvrtc.Compiled:
+    """Every kernel of one kind, compiled (or read from the disk cache) for ``arch``."""
+    return _nvrtc.compile_source(source(), kernel_names(kind), arch)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(kind: str, op: str, vec: int):
-    return _module(kind).get_function(kernel_name(kind, op, vec))
+def _module(kind: str, device: int):
+    import cupy
+    compiled = compile_kind(kind, _arch(device))
+    with cupy.cuda.Device(device):
+        module = cupy.cuda.function.Module()
+        module.load(compiled.binary)
+    return module, compiled.lowered
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(kind: str, op: str, vec: int, device: int):
+    module, lowered = _module(kind, device)
+    return module.get_function(lowered[kernel_name(kind, op, vec)])
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +96,7 @@ def precompile(device: int = 0, workers: int = 8) -> None:
 
     def build(kind):
         with cupy.cuda.Device(device):
-            _kernel(kind, KIND_OPS[kind][0], 1)
+            _kernel(kind, KIND_OPS[kind][0], 1, device)
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(build, KIND_OPS))
@@ -86,16 +108,21 @@ def reduce_into(dst: torch.Tensor, sources: list[torch.Tensor], op: str,
     import cupy
     kind, op, n = plan(dst, sources, out, op)
     tensors = [dst, *sources] + ([out] if out is not None else [])
-    vec = pack_width(kind) if all(t.data_ptr() % 16 == 0 for t in tensors) else 1
+    vec, head = pack_split([t.data_ptr() for t in tensors], ITEMSIZE[kind], n)
     device = dst.device.index
     null = np.uint64(0)
     stream = _stream(device, torch.cuda.current_stream(dst.device).cuda_stream)
     with cupy.cuda.Device(device), stream:
-        kernel = _kernel(kind, op, vec)  # compiled for the current device on first use
-        blocks = max(1, min(-(-max(n // vec, n % vec) // THREADS), _max_blocks(device)))
+        kernel = _kernel(kind, op, vec, device)
+        blocks = max(1, min(-(-launch_items(n, vec, head) // THREADS), _max_blocks(device)))
         for chunk, last in passes(sources):
             pointers = [np.uint64(s.data_ptr()) for s in chunk]
             pointers += [null] * (MAX_SOURCES - len(chunk))
             out_ptr = np.uint64(out.data_ptr()) if (last and out is not None) else null
             kernel((blocks,), (THREADS,), (np.uint64(dst.data_ptr()), out_ptr, *pointers,
-                                           np.int32(len(chunk)), np.uint64(n)))
+                                           np.int32(len(chunk)), np.uint64(n), np.uint64(head)))
+
+
+def launch_items(n: int, vec: int, head: int) -> int:
+    """How many threads have work in the widest of the kernel's three loops (head, packs, tail)."""
+    return max(head, (n - head) // vec, (n - head) % vec)

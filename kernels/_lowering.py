@@ -80,3 +80,24 @@ def passes(sources: Sequence, limit: int = MAX_SOURCES) -> Iterator[tuple[Sequen
     """Split the sources into kernel passes of at most ``limit``; yields (chunk, is_last)."""
     for start in range(0, len(sources), limit):
         yield sources[start:start + limit], start + limit >= len(sources)
+
+
+PACK_BYTES = 16
+
+
+def pack_split(pointers: Sequence[int], itemsize: int, n: int) -> tuple[int, int]:
+    """(vec, head) for a 16-byte-pack kernel over ``n`` elements at these addresses.
+
+    When every address is the same number of bytes past a 16-byte boundary, the first ``head``
+    elements (fewer than a pack) are done one at a time and the rest in packs of ``vec`` elements,
+    from an aligned address in every buffer: a ring chunk at an odd offset keeps its packs. When
+    the misalignments differ no shift aligns them all: (1, 0), one element at a time.
+    """
+    vec = PACK_BYTES // itemsize
+    offsets = {p % PACK_BYTES for p in pointers}
+    if len(offsets) != 1:
+        return 1, 0
+    offset = offsets.pop()
+    if offset % itemsize:  # not element-aligned (never for a tensor's own dtype)
+        return 1, 0
+    return vec, min(n, (PACK_BYTES - offset) % PACK_BYTES // itemsize)

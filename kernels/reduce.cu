@@ -8,8 +8,10 @@
 // the unsigned kind (wrap-around without undefined behaviour); bool and bitwise ops run on words.
 //
 // One thread handles one *pack* of 16 bytes (VEC elements) per grid-stride iteration when every
-// pointer is 16-byte aligned (VEC = 16 / sizeof(element)); otherwise VEC = 1. The elements after
-// the last whole pack are done one at a time by the same threads.
+// pointer is 16 bytes past a 16-byte boundary by the same amount (VEC = 16 / sizeof(element)): the
+// first `head` elements (fewer than VEC, bringing every pointer to a boundary) and the elements
+// after the last whole pack are done one at a time by the same threads. When the pointers'
+// misalignments differ, VEC = 1 and head = 0. (_lowering.pack_split computes head.)
 //
 // Self-contained on purpose: NVRTC inside a pip-installed CuPy may not find the toolkit's
 // cuda_fp16.h / cuda_bf16.h, so half conversions use PTX cvt (f16) and bit arithmetic (bf16).
@@ -121,20 +123,43 @@ __device__ __forceinline__ typename K::A step(typename K::A a, typename K::S x) 
   return K::up(K::down(apply<OP>(a, K::up(x))));
 }
 
+template <class K, int OP, int NSRC>
+__device__ __forceinline__ void reduce_one(typename K::S* dst, typename K::S* out,
+                                           const typename K::S* const* src, u64_t i) {
+  typename K::A a = K::up(dst[i]);
+#pragma unroll
+  for (int j = 0; j < NSRC; ++j) a = step<K, OP>(a, src[j][i]);
+  dst[i] = K::down(a);
+  if (out) out[i] = dst[i];
+}
+
 template <class K, int OP, int VEC, int NSRC>
 __device__ __forceinline__ void reduce_packs(typename K::S* dst, typename K::S* out,
-                                             const typename K::S* const* src, u64_t n) {
+                                             const typename K::S* const* src, u64_t n,
+                                             u64_t head) {
   typedef typename K::S S;
   typedef Pack<S, VEC> P;
   const u64_t stride = static_cast<u64_t>(gridDim.x) * blockDim.x;
   const u64_t first = static_cast<u64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const u64_t npacks = n / VEC;
+  if (VEC > 1) {
+    if (head > n) head = n;
+    for (u64_t i = first; i < head; i += stride) reduce_one<K, OP, NSRC>(dst, out, src, i);
+  } else {
+    head = 0;
+  }
+  // The packs start `head` elements in, where every pointer is 16-byte aligned.
+  S* const body = dst + head;
+  S* const body_out = out ? out + head : out;
+  const S* body_src[NSRC];
+#pragma unroll
+  for (int j = 0; j < NSRC; ++j) body_src[j] = src[j] + head;
+  const u64_t npacks = (n - head) / VEC;
   for (u64_t p = first; p < npacks; p += stride) {
     // Every load of the iteration is issued before any arithmetic.
-    P d = P::load(dst, p);
+    P d = P::load(body, p);
     P s[NSRC];
 #pragma unroll
-    for (int j = 0; j < NSRC; ++j) s[j] = P::load(src[j], p);
+    for (int j = 0; j < NSRC; ++j) s[j] = P::load(body_src[j], p);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       typename K::A a = K::up(d.v[k]);
@@ -142,17 +167,12 @@ __device__ __forceinline__ void reduce_packs(typename K::S* dst, typename K::S* 
       for (int j = 0; j < NSRC; ++j) a = step<K, OP>(a, s[j].v[k]);
       d.v[k] = K::down(a);
     }
-    P::store(dst, p, d);
-    if (out) P::store(out, p, d);
+    P::store(body, p, d);
+    if (out) P::store(body_out, p, d);
   }
   if (VEC > 1) {
-    for (u64_t i = npacks * VEC + first; i < n; i += stride) {
-      typename K::A a = K::up(dst[i]);
-#pragma unroll
-      for (int j = 0; j < NSRC; ++j) a = step<K, OP>(a, src[j][i]);
-      dst[i] = K::down(a);
-      if (out) out[i] = dst[i];
-    }
+    for (u64_t i = head + npacks * VEC + first; i < n; i += stride)
+      reduce_one<K, OP, NSRC>(dst, out, src, i);
   }
 }
 
@@ -162,17 +182,18 @@ __global__ void __launch_bounds__(256)
 reduce_kernel(typename K::S* dst, typename K::S* out,
               const typename K::S* s0, const typename K::S* s1, const typename K::S* s2,
               const typename K::S* s3, const typename K::S* s4, const typename K::S* s5,
-              const typename K::S* s6, const typename K::S* s7, int nsrc, u64_t n) {
+              const typename K::S* s6, const typename K::S* s7, int nsrc, u64_t n,
+              u64_t head) {
   const typename K::S* const src[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
   switch (nsrc) {
-    case 1: reduce_packs<K, OP, VEC, 1>(dst, out, src, n); break;
-    case 2: reduce_packs<K, OP, VEC, 2>(dst, out, src, n); break;
-    case 3: reduce_packs<K, OP, VEC, 3>(dst, out, src, n); break;
-    case 4: reduce_packs<K, OP, VEC, 4>(dst, out, src, n); break;
-    case 5: reduce_packs<K, OP, VEC, 5>(dst, out, src, n); break;
-    case 6: reduce_packs<K, OP, VEC, 6>(dst, out, src, n); break;
-    case 7: reduce_packs<K, OP, VEC, 7>(dst, out, src, n); break;
-    case 8: reduce_packs<K, OP, VEC, 8>(dst, out, src, n); break;
+    case 1: reduce_packs<K, OP, VEC, 1>(dst, out, src, n, head); break;
+    case 2: reduce_packs<K, OP, VEC, 2>(dst, out, src, n, head); break;
+    case 3: reduce_packs<K, OP, VEC, 3>(dst, out, src, n, head); break;
+    case 4: reduce_packs<K, OP, VEC, 4>(dst, out, src, n, head); break;
+    case 5: reduce_packs<K, OP, VEC, 5>(dst, out, src, n, head); break;
+    case 6: reduce_packs<K, OP, VEC, 6>(dst, out, src, n, head); break;
+    case 7: reduce_packs<K, OP, VEC, 7>(dst, out, src, n, head); break;
+    case 8: reduce_packs<K, OP, VEC, 8>(dst, out, src, n, head); break;
     default: break;
   }
 }

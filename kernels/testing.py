@@ -5,7 +5,9 @@ bench/gpu_check.py check every backend with.
 integers/floats: integer sums wrap around (large values), integer products wrap (small factors),
 float sums and products stay exactly representable in every float dtype (halves; powers of two),
 and float min/max carry a NaN in dst and in the last source to check NaN propagation. No case is
-all zeros. ``random_float_case`` is the complement: random floats where every step rounds, whose
+all zeros. ``subnormal_case`` does the same with subnormal floats (small multiples of each float
+dtype's smallest subnormal), whose exact results a kernel that flushes subnormals to zero (CUDA's
+-ftz=true) gets wrong. ``random_float_case`` is the complement: random floats where every step rounds, whose
 only oracle is torch's own sequence of in-place ops.
 """
 from __future__ import annotations
@@ -70,6 +72,35 @@ def exact_case(dtype: torch.dtype, op: str, nsrc: int, numel: int, seed: int = 0
     if dtype in FLOATS and op in ("min", "max") and numel > 3:
         rows[0][1] = float("nan")
         rows[-1][2] = float("nan")
+    expected = list(rows[0])
+    for row in rows[1:]:
+        expected = [_combine(dtype, op, a, x) for a, x in zip(expected, row)]
+    tensor = lambda values: torch.tensor(values, dtype=dtype)  # noqa: E731
+    return tensor(rows[0]), [tensor(r) for r in rows[1:]], tensor(expected)
+
+
+# The smallest positive subnormal of each float dtype.
+SMALLEST_SUBNORMAL = {torch.float16: 2.0 ** -24, torch.bfloat16: 2.0 ** -133,
+                      torch.float32: 2.0 ** -149, torch.float64: 2.0 ** -1074}
+
+
+def subnormal_case(dtype: torch.dtype, op: str, nsrc: int, numel: int, seed: int = 0):
+    """(dst, sources, expected): CPU float tensors of subnormals (and some zeros), for sum,
+    product, min and max, with exactly known results: sums of k * tiny stay multiples of tiny
+    (exact), products scale by +-1 and +-2 (exact), min/max order subnormals against zero and
+    each other, so a kernel that compares subnormals as 0 picks the wrong one."""
+    rng = random.Random(f"subnormal{dtype}{op}{nsrc}{numel}{seed}")
+    tiny = SMALLEST_SUBNORMAL[dtype]
+    multiples = [k for k in range(-8, 9) if k]
+
+    def value(row: int) -> float:
+        if op == "product" and row > 0:
+            return rng.choice((1.0, -1.0, 2.0, -2.0))
+        if op in ("min", "max") and rng.random() < 0.25:
+            return 0.0
+        return rng.choice(multiples) * tiny
+
+    rows = [[value(r) for _ in range(numel)] for r in range(nsrc + 1)]
     expected = list(rows[0])
     for row in rows[1:]:
         expected = [_combine(dtype, op, a, x) for a, x in zip(expected, row)]

@@ -26,7 +26,7 @@ import torch
 import ringcoll.kernels as kernels
 from ringcoll.kernels import _lowering
 from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,
-                                      random_float_case)
+                                      random_float_case, subnormal_case)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # (number of sources, numel, fused): one source, several, more than one kernel pass (9 > 8);
@@ -34,6 +34,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # simulator launches one anyway).
 CASES = ((1, 1, False), (1, 37, True), (3, 100, False), (3, 37, True), (9, 37, True),
          (2, 0, True))
+
+
+def _exact_cases(dtype, op):
+    """(maker, nsrc, numel, fused): the closed-form cases, and for floats subnormal ones too."""
+    cases = [(exact_case, nsrc, numel, fused) for nsrc, numel, fused in CASES]
+    if dtype in FLOATS and op in ("sum", "product", "min", "max"):
+        cases += [(subnormal_case, 3, 37, True), (subnormal_case, 9, 5, False)]
+    return cases
 
 
 def assert_same(got: torch.Tensor, expected: torch.Tensor, what: str, bits: bool = False):
@@ -72,8 +80,10 @@ def _spawn(mode: str, env: dict | None = None) -> Background:
 
 @pytest.fixture(scope="module", autouse=True)
 def background(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kernel-cache")  # empty: NVRTC really compiles
     procs = {"cudasim": _spawn("cudasim", {"NUMBA_ENABLE_CUDASIM": "1"}),
-             "numba-ptx": _spawn("numba-ptx", {"NUMBA_ENABLE_CUDASIM": "0"})}
+             "numba-ptx": _spawn("numba-ptx", {"NUMBA_ENABLE_CUDASIM": "0"}),
+             "nvrtc": _spawn("nvrtc", {"RINGCOLL_KERNEL_CACHE": str(cache)})}
     if shutil.which("nvcc"):
         source = tmp_path_factory.mktemp("nvcc") / "reduce_instances.cu"
         source.write_text(nvcc_instances_source())
@@ -107,8 +117,8 @@ def nvcc_instances_source() -> str:
 @pytest.mark.parametrize("dtype,op", PAIRS + [(torch.complex64, "sum")],
                          ids=lambda v: str(v).replace("torch.", ""))
 def test_cpu_exact(backend, dtype, op):
-    for nsrc, numel, fused in CASES:
-        dst, sources, expected = exact_case(dtype, op, nsrc, numel)
+    for maker, nsrc, numel, fused in _exact_cases(dtype, op):
+        dst, sources, expected = maker(dtype, op, nsrc, numel)
         out = torch.full_like(dst, 7) if fused else None
         kernels.reduce_into(dst, sources, op, out=out, backend=backend)
         what = f"{backend} {dtype} {op} nsrc={nsrc} numel={numel}"
@@ -348,61 +358,129 @@ def test_import_is_cheap():
 
 # ---- the CUDA dispatch glue, without a GPU ----
 
-def test_cupy_dispatch_launches_the_right_kernels(monkeypatch):
-    """_cupy.reduce_into against a fake CuPy that records launches: kernel names, pack width
-    from alignment, pointer order, passes of at most 8 sources, out on the last pass only."""
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """_cupy against a fake CuPy that records module loads and launches (no GPU, no NVRTC: the
+    compile step returns each name expression as its own mangled name)."""
     import contextlib
     import types
-    from ringcoll.kernels import _cupy
+    from ringcoll.kernels import _cupy, _nvrtc
     launches, modules = [], []
 
     class Module:
-        def __init__(self, code, options, name_expressions):
-            assert "reduce_kernel" in code and "-std=c++17" in options
-            modules.append(list(name_expressions))
+        def load(self, binary):
+            modules.append(binary)
 
-        def get_function(self, name):
-            assert name in modules[-1], name
-            return lambda grid, block, args: launches.append((name, grid, block, args))
+        def get_function(self, mangled):
+            return lambda grid, block, args: launches.append((mangled, grid, block, args))
+
+    def compile_kind(kind, arch):
+        assert arch == "-arch=sm_90"
+        names = _cupy.kernel_names(kind)
+        return _nvrtc.Compiled(f"binary {kind}".encode(), "", {n: n for n in names}, ())
 
     cuda = types.SimpleNamespace(
-        Device=lambda index: contextlib.nullcontext(),
+        Device=lambda index: _FakeDevice(),
         ExternalStream=lambda handle, device: contextlib.nullcontext(),
+        function=types.SimpleNamespace(Module=Module),
         runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2}))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawModule=Module, cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(_cupy, "compile_kind", compile_kind)
+    monkeypatch.setattr(_nvrtc, "arch_option", lambda capability: f"-arch=sm_{capability}")
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device=None: types.SimpleNamespace(cuda_stream=7))
-    for cached in (_cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream):
-        cached.cache_clear()
-    try:
-        buffers = torch.zeros(12, 4100)  # rows start 16-byte aligned; [1:] does not
-        dst, out, sources = buffers[0, :4096], buffers[1, :4096], list(buffers[2:, :4096])
-        _cupy.reduce_into(dst, sources, "sum", out)
-        (name1, grid1, block1, args1), (name2, _, _, args2) = launches
-        assert name1 == name2 == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4>"
-        assert block1 == (256,) and grid1 == (4,)  # 1024 packs of 4 floats, 256 threads
-        pointers = [int(a) for a in args1[:10]]
-        assert pointers == [dst.data_ptr(), 0] + [t.data_ptr() for t in sources[:8]]
-        assert int(args1[10]) == 8 and int(args1[11]) == 4096
-        assert [int(a) for a in args2[:5]] == [dst.data_ptr(), out.data_ptr(),
-                                                sources[8].data_ptr(), sources[9].data_ptr(), 0]
-        assert int(args2[10]) == 2
-        launches.clear()
-        _cupy.reduce_into(buffers[0, 1:4097], [buffers[2, :4096]], "max", None)  # VEC 1
-        assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::f32, 3, 1>"
-        assert launches[0][1] == (16,)  # 4096 elements, 256 threads per block
-        big = torch.zeros(2, 100000)  # 25000 packs: 98 blocks wanted
-        _cupy.reduce_into(big[0], [big[1]], "max", None)
-        assert launches[1][1] == (2 * _cupy.BLOCKS_PER_SM,)  # capped: 2 SMs x 16 blocks
-        launches.clear()
-        flags = torch.zeros(2, 24, dtype=torch.bool)  # row 1 is 8-byte aligned, not 16
-        _cupy.reduce_into(flags[0], [flags[1]], "min", None)  # bool min = and on 8-byte words
-        assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::u64, 4, 1>"
-        assert int(launches[0][1][0]) == 1 and int(launches[0][3][11]) == 3
-        assert modules == [_cupy.kernel_names("f32"), _cupy.kernel_names("u64")]
-    finally:
-        for cached in (_cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream):
-            cached.cache_clear()
+    cached = (_cupy._arch, _cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream)
+    for fn in cached:
+        fn.cache_clear()
+    yield types.SimpleNamespace(launches=launches, modules=modules)
+    for fn in cached:
+        fn.cache_clear()
+
+
+class _FakeDevice:
+    compute_capability = "90"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _launch_args(args) -> dict:
+    ints = [int(a) for a in args]
+    return {"dst": ints[0], "out": ints[1], "sources": ints[2:10], "nsrc": ints[10],
+            "n": ints[11], "head": ints[12]}
+
+
+def test_cupy_dispatch_launches_the_right_kernels(fake_cupy):
+    """Kernel names, pack width from alignment, pointer order, passes of at most 8 sources, out
+    on the last pass only, the grid; the module of each kind is loaded from our own binary."""
+    from ringcoll.kernels import _cupy
+    launches = fake_cupy.launches
+    buffers = torch.zeros(12, 4100)  # rows start 16-byte aligned
+    dst, out, sources = buffers[0, :4096], buffers[1, :4096], list(buffers[2:, :4096])
+    _cupy.reduce_into(dst, sources, "sum", out)
+    (name1, grid1, block1, args1), (name2, _, _, args2) = launches
+    assert name1 == name2 == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4>"
+    assert block1 == (256,) and grid1 == (4,)  # 1024 packs of 4 floats, 256 threads
+    first, second = _launch_args(args1), _launch_args(args2)
+    assert (first["dst"], first["out"]) == (dst.data_ptr(), 0)
+    assert first["sources"] == [t.data_ptr() for t in sources[:8]]
+    assert (first["nsrc"], first["n"], first["head"]) == (8, 4096, 0)
+    assert (second["out"], second["nsrc"]) == (out.data_ptr(), 2)
+    assert second["sources"][:3] == [sources[8].data_ptr(), sources[9].data_ptr(), 0]
+    launches.clear()
+    _cupy.reduce_into(buffers[0, 1:4097], [buffers[2, :4096]], "max", None)  # offsets differ
+    assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::f32, 3, 1>"
+    assert launches[0][1] == (16,) and _launch_args(launches[0][3])["head"] == 0
+    big = torch.zeros(2, 100000)  # 25000 packs: 98 blocks wanted
+    _cupy.reduce_into(big[0], [big[1]], "max", None)
+    assert launches[1][1] == (2 * _cupy.BLOCKS_PER_SM,)  # capped: 2 SMs x 16 blocks
+    launches.clear()
+    flags = torch.zeros(2, 24, dtype=torch.bool)  # row 1 is 8-byte aligned, not 16
+    _cupy.reduce_into(flags[0], [flags[1]], "min", None)  # bool min = and on 8-byte words
+    assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::u64, 4, 1>"
+    assert launches[0][1] == (1,) and _launch_args(launches[0][3])["n"] == 3
+    assert fake_cupy.modules == [b"binary f32", b"binary u64"]
+
+
+def test_cupy_dispatch_keeps_packs_for_a_shared_misalignment(fake_cupy):
+    """A world-3 ring chunk of 1003 floats starts 335 elements in (1340 bytes: 12 past a
+    boundary) in every buffer: one scalar head element, then packs; out in a buffer of its own
+    (aligned) makes the offsets differ and everything scalar."""
+    from ringcoll.kernels import _cupy
+    launches = fake_cupy.launches
+    a, b, c = torch.zeros(1003), torch.zeros(1003), torch.zeros(1003)
+    assert {t.data_ptr() % 16 for t in (a, b, c)} == {0}
+    dst, src = a[335:669], b[335:669]
+    _cupy.reduce_into(dst, [src], "sum", None)
+    name, grid, _, args = launches[-1]
+    assert name == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4>"
+    assert _launch_args(args)["head"] == 1 and _launch_args(args)["n"] == 334
+    assert grid == (1,)  # 83 packs, a head of 1 and a tail of 1: one block
+    _cupy.reduce_into(dst, [src], "sum", c[:334])
+    assert launches[-1][0] == "ringcoll::reduce_kernel<ringcoll::f32, 0, 1>"
+    assert _launch_args(launches[-1][3])["head"] == 0
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_pack_split_aligns_every_pointer(itemsize):
+    """The head brings every pointer to a 16-byte boundary, is shorter than a pack and never
+    longer than the data; differing misalignments (or none shared) give the scalar path."""
+    vec = 16 // itemsize
+    for offset in range(0, 16, itemsize):
+        for n in (0, 1, vec - 1, vec, 3 * vec + 1, 1000):
+            pointers = [4096 + offset, 8192 + offset, 65536 + offset]
+            got_vec, head = _lowering.pack_split(pointers, itemsize, n)
+            assert got_vec == vec and 0 <= head < vec and head <= n
+            if head < n:
+                assert all((p + head * itemsize) % 16 == 0 for p in pointers), (offset, n)
+            # every element is in exactly one of head, whole packs, tail
+            packs, tail = divmod(n - head, vec)
+            assert head + packs * vec + tail == n and tail < vec
+    assert _lowering.pack_split([0, itemsize], itemsize, 100) == (1, 0)
+    assert _lowering.pack_split([2, 18], 4, 100) == (1, 0)  # not element-aligned
 
 
 # ---- results of the background checks (last, so the CPU tests above overlap with them) ----
@@ -410,7 +488,27 @@ def test_cupy_dispatch_launches_the_right_kernels(monkeypatch):
 def test_numba_cuda_kernels_under_simulator(background):
     report = _report(background["cudasim"])
     assert report["failures"] == [], "\n".join(report["failures"][:20])
-    assert report["checked"] == len(PAIRS) * (len(CASES) + 1)
+    assert report["checked"] == sum(len(_exact_cases(d, op)) + 1 for d, op in PAIRS)
+    assert report["subnormal_checked"] == 2 * 4 * len(FLOATS)
+
+
+def test_cupy_kernels_compile_under_nvrtc_without_ftz(background):
+    """reduce.cu through the NVRTC of the nvidia-cuda-nvrtc wheel with _cupy's own options:
+    no float instruction of the f16, bf16 or f32 kernels flushes subnormals. The same source
+    with CuPy's RawModule ordering (its -ftz=true after ours) does: the check can fail."""
+    from ringcoll.kernels import _cupy, _nvrtc
+    report = _report(background["nvrtc"])
+    if report.get("skip"):  # only when the wheel's library cannot be loaded at all
+        pytest.skip(report["skip"])
+    assert report["arch"] == "-arch=sm_90"
+    for kind, got in report["kinds"].items():
+        assert got["options"] == list(_nvrtc.OPTIONS) + ["-arch=sm_90"], kind
+        assert "-ftz=false" in got["options"] and "-ftz=true" not in got["options"]
+        assert got["entries"] == got["lowered"] == len(_cupy.kernel_names(kind)), kind
+        assert got["ftz"] == [], f"{kind}: {got['ftz']}"
+        assert all(count > 0 for count in got["float_ops"].values()), (kind, got["float_ops"])
+        assert got["cubin"] and got["cached"], kind
+    assert {"add.rn.ftz", "mul.rn.ftz", "setp.lt.ftz"} <= set(report["cupy_order_ftz"])
 
 
 def test_numba_cuda_kernels_compile_to_ptx(background):
@@ -440,9 +538,9 @@ def _cudasim_main() -> dict:
     from ringcoll.kernels import _numba
     assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
     warnings.simplefilter("ignore")  # numpy scalar overflow warnings: wrap-around is the point
-    failures, checked = [], 0
+    failures, checked, subnormal = [], 0, 0
     for dtype, op in PAIRS:
-        cases = [(exact_case, nsrc, numel, fused) for nsrc, numel, fused in CASES]
+        cases = _exact_cases(dtype, op)
         cases.append((random_float_case if dtype in FLOATS else exact_case, 3, 37, True))
         for maker, nsrc, numel, fused in cases:
             dst, sources, expected = maker(dtype, op, nsrc, numel, seed=1)
@@ -456,12 +554,14 @@ def _cudasim_main() -> dict:
             back = lambda d: torch.from_numpy(d.copy_to_host().view(np.uint8)).view(dtype)  # noqa
             what = f"cudasim {dtype} {op} ({kind} {lowered_op}) nsrc={nsrc} numel={numel}"
             checked += 1
+            subnormal += maker is subnormal_case
             for name, got in (("dst", back(d_dst)),) + ((("out", back(d_out)),) if fused else ()):
                 try:
                     assert_same(got, expected, f"{what} {name}")
                 except AssertionError as exc:
                     failures.append(str(exc))
-    return {"checked": checked, "failures": failures + _cudasim_dispatch_failures()}
+    return {"checked": checked, "subnormal_checked": subnormal,
+            "failures": failures + _cudasim_dispatch_failures()}
 
 
 def _cudasim_dispatch_failures() -> list:
@@ -521,12 +621,47 @@ def _numba_ptx_main() -> dict:
     return {"compiled": compiled, "failures": failures}
 
 
+# PTX float instructions that honour -ftz: arithmetic, min/max, comparisons, conversions.
+_FTZ = r"\b(?:add|sub|mul|fma|div|min|max|setp|set|cvt|abs|neg|rcp|sqrt)(?:\.[a-z0-9]+)*\.ftz\b"
+
+
+def _nvrtc_main() -> dict:
+    """reduce.cu through NVRTC for sm_90 with exactly the options _cupy uses (the float kinds'
+    every kernel), and once more with CuPy's RawModule ordering (its -ftz=true last)."""
+    import re
+    import time
+    from ringcoll.kernels import _cupy, _nvrtc
+    try:
+        _nvrtc.library()
+    except _nvrtc.NVRTCError as exc:
+        return {"skip": str(exc)}
+    arch = _nvrtc.arch_option(90)
+    report = {"version": _nvrtc.version(), "arch": arch, "kinds": {}}
+    for kind in ("f16", "bf16", "f32"):  # f64 has no flush-to-zero mode
+        start = time.monotonic()
+        compiled = _cupy.compile_kind(kind, arch)
+        ptx = compiled.ptx
+        report["kinds"][kind] = {
+            "seconds": round(time.monotonic() - start, 1), "options": list(compiled.options),
+            "entries": ptx.count(".entry"), "lowered": len(compiled.lowered),
+            "ftz": sorted(set(re.findall(_FTZ, ptx))),
+            "float_ops": {op: len(re.findall(rf"\b{op}(?:\.[a-z]+)*\.f(?:32|64)\b", ptx))
+                          for op in ("add", "mul", "setp")},
+            "cubin": compiled.binary[:4] == b"\x7fELF"}
+        again = _cupy.compile_kind(kind, arch)  # the disk cache gives the same binary
+        report["kinds"][kind]["cached"] = again == compiled
+    cupy_order = _nvrtc._compile(_cupy.source(), _cupy.kernel_names("f32"),
+                                 _nvrtc.OPTIONS + (arch, "-ftz=true"), "reduce.cu")
+    report["cupy_order_ftz"] = sorted(set(re.findall(_FTZ, cupy_order.ptx)))
+    return report
+
+
 def _import_check_main() -> dict:
     return {"numba": "numba" in sys.modules, "cupy": "cupy" in sys.modules}
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    main = {"cudasim": _cudasim_main, "numba-ptx": _numba_ptx_main,
+    main = {"cudasim": _cudasim_main, "numba-ptx": _numba_ptx_main, "nvrtc": _nvrtc_main,
             "import-check": _import_check_main}[mode]
     print(json.dumps(main()))
