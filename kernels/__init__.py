@@ -110,7 +110,14 @@ def _check_name(name, where: str) -> str:
 
 @lru_cache(maxsize=None)
 def _cuda_unavailable(backend: str) -> str | None:
-    """Why ``backend`` cannot run CUDA kernels here, or None when it can."""
+    """Why ``backend`` cannot run CUDA kernels here, or None when it can.
+
+    Importing the package and seeing a device is not enough: NVRTC (CuPy) or NVVM/libdevice
+    (Numba) may be missing or too old for the driver. So the probe compiles the backend's real
+    f32 sum kernels and runs one on four elements of the current device, once per process
+    (CuPy's binary is then in the disk cache); a failure is logged once as a warning and auto
+    falls back to the next backend.
+    """
     if not _installed(backend):
         return f"the {backend} package is not installed"
     try:
@@ -124,6 +131,20 @@ def _cuda_unavailable(backend: str) -> str | None:
                 return "numba.cuda.is_available() is False"
     except Exception as exc:  # a driver/runtime mismatch raises from deep inside either package
         return f"{backend} cannot use the GPU: {type(exc).__name__}: {exc}"
+    device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    try:
+        if backend == "cupy":
+            from . import _cupy
+            _cupy.probe(device)
+        else:
+            from . import _numba
+            _numba.probe(device)
+    except Exception as exc:  # noqa: BLE001 - whatever fails, the kernels cannot be used
+        first = (str(exc).strip().splitlines() or [""])[0]
+        reason = (f"{backend} cannot compile and run its kernels on cuda:{device}: "
+                  f"{type(exc).__name__}: {first}")
+        logger.warning("ringcoll.kernels: %s", reason)
+        return reason
     return None
 
 

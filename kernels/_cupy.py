@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from . import _nvrtc
-from ._lowering import (ITEMSIZE, KIND_OPS, MAX_SOURCES, OP_CODE, PACK_BYTES, pack_split,
-                        passes, plan)
+from ._lowering import (ITEMSIZE, KIND_OPS, MAX_SOURCES, OP_CODE, PACK_BYTES, check_probe,
+                        pack_split, passes, plan, probe_data)
 
 THREADS = 256
 # Blocks per SM at most: enough resident warps to cover memory latency; the grid-stride loop
@@ -86,6 +86,20 @@ def _stream(device: int, handle: int):
         # CuPy 14 deprecates ExternalStream for Stream.from_external, which older CuPy lacks.
         warnings.simplefilter("ignore", DeprecationWarning)
         return cupy.cuda.ExternalStream(handle, device)
+
+
+def probe(device: int) -> None:
+    """Compile this kind's module (f32) and run its sum kernel on four elements; raise if either
+    fails or the result is wrong (kernels.auto's availability check)."""
+    import cupy
+    host_dst, host_src, expected = probe_data()
+    with cupy.cuda.Device(device):
+        kernel = _kernel("f32", "sum", 1, device)
+        dst, src = cupy.asarray(host_dst), cupy.asarray(host_src)
+        null = np.uint64(0)
+        kernel((1,), (32,), (np.uint64(dst.data.ptr), null, np.uint64(src.data.ptr),
+                             *[null] * (MAX_SOURCES - 1), np.int32(1), np.uint64(dst.size), null))
+        check_probe(cupy.asnumpy(dst), expected)
 
 
 def precompile(device: int = 0, workers: int = 8) -> None:

@@ -101,3 +101,17 @@ def pack_split(pointers: Sequence[int], itemsize: int, n: int) -> tuple[int, int
     if offset % itemsize:  # not element-aligned (never for a tensor's own dtype)
         return 1, 0
     return vec, min(n, (PACK_BYTES - offset) % PACK_BYTES // itemsize)
+
+
+def probe_data():
+    """(dst, src, expected) float32 arrays for the availability probe's one f32 sum."""
+    import numpy as np
+    dst = np.arange(1, 6, dtype=np.float32)
+    src = np.full(5, 0.5, dtype=np.float32)
+    return dst, src, dst + src
+
+
+def check_probe(got, expected) -> None:
+    import numpy as np
+    if not np.array_equal(got, expected):
+        raise RuntimeError(f"the probe kernel computed {list(got)}, expected {list(expected)}")

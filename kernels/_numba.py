@@ -24,7 +24,7 @@ import functools
 import numpy as np
 import torch
 
-from ._lowering import MAX_SOURCES, passes, plan
+from ._lowering import MAX_SOURCES, check_probe, passes, plan, probe_data
 
 # The expression combining accumulator ``a`` with source element ``x``. min/max propagate NaN
 # like torch.minimum/maximum; for integers ``a != a`` is always false.
@@ -193,6 +193,18 @@ def _max_blocks(device: int) -> int:
     from numba import cuda
     with cuda.gpus[device]:
         return cuda.get_current_device().MULTIPROCESSOR_COUNT * BLOCKS_PER_SM
+
+
+def probe(device: int) -> None:
+    """Compile the f32 sum kernel through NVVM and run it on four elements; raise if either
+    fails or the result is wrong (kernels.auto's availability check)."""
+    from numba import cuda
+    kernel = cuda_kernel("f32", "sum")  # NVVM compiles it at the first launch
+    dst, src, expected = probe_data()
+    with cuda.gpus[device]:
+        on_device = cuda.to_device(dst)
+        launch(kernel[1, 32], on_device, [cuda.to_device(src)], None)
+        check_probe(on_device.copy_to_host(), expected)
 
 
 def reduce_into_cuda(dst: torch.Tensor, sources: list[torch.Tensor], op: str,

@@ -350,6 +350,70 @@ def test_cuda_unavailable_reports_a_reason():
         assert kernels._cuda_unavailable(name) or torch.cuda.is_available()
 
 
+@pytest.fixture
+def probe_env(monkeypatch, caplog):
+    """Both packages import and see a device (fakes where there is none), the probes' caches
+    are clean before and after."""
+    import types
+    from numba import cuda
+    from ringcoll.kernels import _cupy, _nvrtc
+    caches = (kernels._cuda_unavailable, _nvrtc.library, _cupy._arch, _cupy._module,
+              _cupy._kernel)
+    for cache in caches:
+        cache.cache_clear()
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime,
+                                                            Device=lambda i: _FakeDevice()))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(kernels, "_installed", lambda package: True)
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernels, "_logged", set())
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    kernels.set_backend(None)
+    caplog.set_level(logging.DEBUG, logger="ringcoll.kernels")
+    yield caplog
+    for cache in caches:
+        cache.cache_clear()
+
+
+def test_probe_falls_back_when_the_kernels_do_not_compile(probe_env, monkeypatch):
+    """CuPy imports and sees a GPU but NVRTC cannot be loaded; numba.cuda is available but
+    NVVM is missing: auto must not pick either (every reduction would raise), it falls back to
+    torch and says why, once, as a warning; an explicit choice raises with the reason."""
+    from numba.cuda.cudadrv.error import NvvmSupportError
+    from ringcoll.kernels import _numba, _nvrtc
+    monkeypatch.setattr(_nvrtc, "_candidates", lambda: ["/nonexistent/libnvrtc.so.13"])
+
+    def no_nvvm(kind, op):
+        raise NvvmSupportError("libNVVM cannot be found. Do `conda install cudatoolkit`")
+
+    monkeypatch.setattr(_numba, "cuda_kernel", no_nvvm)
+    assert kernels.backend_for("cuda") == "torch"
+    cupy_reason = kernels._cuda_unavailable("cupy")
+    assert "NVRTCError" in cupy_reason and "libnvrtc" in cupy_reason
+    assert "NvvmSupportError" in kernels._cuda_unavailable("numba")
+    assert kernels.available_backends("cuda") == ("torch",)
+    warnings = [r.getMessage() for r in probe_env.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "cupy cannot compile" in warnings[0]
+    assert "numba cannot compile" in warnings[1]
+    with pytest.raises(RuntimeError, match="cupy kernels were requested.*NVRTC"):
+        kernels.backend_for("cuda", backend="cupy")
+
+
+def test_probe_falls_back_on_a_wrong_result(probe_env, monkeypatch):
+    """A kernel that compiles and runs but computes garbage (e.g. a stale binary for another
+    architecture) is not used either; the next backend that passes is."""
+    from ringcoll.kernels import _cupy, _numba
+
+    def garbage(device):
+        _numba.check_probe([0.0] * 5, [1.5, 2.5, 3.5, 4.5, 5.5])
+
+    monkeypatch.setattr(_cupy, "probe", garbage)
+    monkeypatch.setattr(_numba, "probe", lambda device: None)
+    assert kernels.backend_for("cuda") == "numba"
+    assert "probe kernel computed" in kernels._cuda_unavailable("cupy")
+
+
 def test_import_is_cheap():
     code, stdout, stderr = _spawn("import-check").finish()
     assert code == 0, stderr
@@ -490,6 +554,7 @@ def test_numba_cuda_kernels_under_simulator(background):
     assert report["failures"] == [], "\n".join(report["failures"][:20])
     assert report["checked"] == sum(len(_exact_cases(d, op)) + 1 for d, op in PAIRS)
     assert report["subnormal_checked"] == 2 * 4 * len(FLOATS)
+    assert report["probe"] is None  # the real probe compiled and ran its kernel
 
 
 def test_cupy_kernels_compile_under_nvrtc_without_ftz(background):
@@ -560,7 +625,9 @@ def _cudasim_main() -> dict:
                     assert_same(got, expected, f"{what} {name}")
                 except AssertionError as exc:
                     failures.append(str(exc))
+    import ringcoll.kernels
     return {"checked": checked, "subnormal_checked": subnormal,
+            "probe": ringcoll.kernels._cuda_unavailable("numba"),
             "failures": failures + _cudasim_dispatch_failures()}
 
 
