@@ -239,7 +239,9 @@ def failed_rows(job: Job, world: int, error: BaseException) -> List[Row]:
     """Rows for a job that did not finish (a rank died or hung): every contestant, the error."""
     spec = job.spec
     numel = spec.numel(job.size, torch_dtype(job.dtype).itemsize, world)
-    text = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    # every line of the message, joined: the cause (e.g. NCCL's) is rarely on the first
+    text = f"{type(error).__name__}: " + " | ".join(
+        line.strip() for line in str(error).splitlines() if line.strip())
     return [Row(spec.name, variant, name, numel * torch_dtype(job.dtype).itemsize, numel, job.dtype,
                 job.op if spec.reduces else "none", job.root if spec.rooted else -1,
                 None, None, None, None, error=text)

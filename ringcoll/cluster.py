@@ -11,6 +11,12 @@ cluster: children are killed on close, on error and when the parent dies.
 Under torchrun (the env:// variables RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set), no
 process is spawned: the existing group is used (initialised from env:// if needed), ``run``
 calls ``fn`` on this rank and gathers every rank's result.
+
+NCCL needs one GPU per rank on each host (it refuses two ranks on one device: "Duplicate GPU
+detected"). ``launch(n, "nccl")`` checks that before it spawns anything, and each torchrun rank
+checks its LOCAL_RANK and LOCAL_WORLD_SIZE before it initialises NCCL, so a missing GPU is one
+clear error on every rank instead of a hang on some and an opaque NCCL error on others. Many ranks
+can share one GPU over gloo (CUDA tensors are staged through host memory).
 """
 from __future__ import annotations
 
@@ -46,6 +52,35 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def check_gpus(ranks_here: Optional[int], local_rank: Optional[int] = None) -> None:
+    """Raise RuntimeError, naming the fix, unless this host has a GPU for each of ``ranks_here``
+    NCCL ranks and for ``local_rank`` (each when given). Rank r of a host uses GPU r."""
+    import torch
+
+    count = torch.cuda.device_count()
+    gloo = ("Use backend='gloo' (ringcoll-bench --backend gloo): it stages CUDA tensors through "
+            "host memory, so any number of ranks can share a GPU")
+    if count == 0:
+        raise RuntimeError(f"backend='nccl' needs a CUDA device per rank, but torch sees none "
+                           f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}, "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). "
+                           f"{gloo}, with CUDA or CPU tensors.")
+    fewer = f"{gloo}; or start at most {count} rank(s) per host."
+    if ranks_here is not None and ranks_here > count:
+        raise RuntimeError(f"backend='nccl' needs one GPU per rank: {ranks_here} ranks on this "
+                           f"host, {count} CUDA device(s) visible; NCCL refuses two ranks on one "
+                           f"GPU ('Duplicate GPU detected'). {fewer}")
+    if local_rank is not None and not 0 <= local_rank < count:
+        raise RuntimeError(f"backend='nccl': LOCAL_RANK={local_rank} has no GPU, this host has "
+                           f"{count} CUDA device(s) (0..{count - 1}). {fewer}")
+
+
+def _torchrun_local() -> tuple:
+    """(LOCAL_RANK, ranks on this host or None) from torchrun's variables."""
+    here = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(os.environ.get("LOCAL_RANK", 0)), (int(here) if here else None)
+
+
 def _die_with_parent() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
@@ -62,7 +97,7 @@ def _rank_main(rank: int, world: int, backend: str, port: int, conn, threads: in
     torch.set_num_threads(threads)
     try:
         if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            torch.cuda.set_device(rank)     # the parent checked there is one GPU per rank
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
@@ -142,7 +177,9 @@ class Cluster:
                 if backend == "nccl":           # one GPU per local rank, before NCCL starts
                     import torch
 
-                    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+                    local_rank, ranks_here = _torchrun_local()
+                    check_gpus(ranks_here, local_rank)
+                    torch.cuda.set_device(local_rank)
                 dist.init_process_group(backend, init_method="env://")
             actual = dist.get_world_size()
             if world_size is not None and world_size != actual:
@@ -152,6 +189,8 @@ class Cluster:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
+        if backend == "nccl":
+            check_gpus(world_size)          # before any process or NCCL communicator exists
         import torch.distributed as dist
 
         self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
