@@ -1,30 +1,38 @@
 #!/usr/bin/env python
 """GPU check: ringcoll's local-reduction kernels and collectives on CUDA tensors, in one run.
 
-    python bench/gpu_check.py [--out bench/results] [--budget 270] [--worlds 2,4] [--dry-run]
+    python bench/gpu_check.py [--out bench/results] [--budget 240] [--worlds 2,4]
+                              [--backends cupy,numba,torch] [--dry-run]
+
+The first thing to run when a GPU is lent: it fits a 5-minute window (``--budget`` seconds for
+the sections, about 20 s of start-up on top), prints its plan before it starts, and writes JSON
+and text to ``--out`` after every section (a killed run still leaves what it had).
 
 Works from a plain checkout (no install needed: ``kernels/`` is loaded as ``ringcoll.kernels``
 when the package mapping of pyproject.toml is not installed) or after ``pip install -e .``.
 
-Sections, each wrapped so that a failure is reported and the next one still runs, all inside one
-time budget (a section that would overrun is cut short and says so):
-1. environment: versions, GPU, which kernel backends can run here;
+Sections, each inside its own share of the budget (a section that would overrun is cut short and
+says so). Every section and every backend in it is independent: an error in one backend is
+recorded, that backend stops for the section, the others go on; an error in one section does not
+stop the next.
+1. environment: versions, GPU, NVRTC, which kernel backends pass the availability probe;
 2. correctness: every backend (cupy, numba, torch) on CUDA tensors, every op x dtype, one/several/
-   more-than-eight sources, fused out, misaligned pointers, numel 0; exact data against closed
+   more-than-eight sources, fused out, pointers misaligned alike (scalar head, then packs) and
+   differently (scalar path), numel 0; exact data (integers, halves, subnormals) against closed
    form results and random data against torch's rounding, bit for bit;
 3. streams: a kernel must run on torch's current stream (a busy side stream then our reduction:
    the result must include the stream's earlier work) and must not block the host;
 4. bandwidth: each backend and torch's in-place op at 1 MiB ... 1 GiB, CUDA events, warm-up,
    median, against a device-to-device copy of the same size; bytes counted as the copy's are,
-   read + write (x = x + y moves 3x the size, the copy 2x); target >= 90 % of the copy;
+   read + write (x = x + y moves 3x the size, the copy 2x); the CuPy kernels' target is >= 90 %
+   of the copy at >= 256 MiB; the Numba kernels (one scalar load per element and source) and
+   torch are reported against the copy without a target;
 5. collectives: ``ringcoll.all_reduce`` with every algorithm on CUDA tensors, 2-4 ranks sharing
    the GPU over gloo, against ``torch.distributed.all_reduce`` on CPU copies, per kernel backend;
    plus async_op=True followed at once by kernels on the current stream (ordering).
 
-It prints a readable report as it goes and writes JSON and text to ``--out``, named with the
-date and the GPU, after every section (a killed run still leaves what it had). Without CUDA, or
-with ``--dry-run``, every section runs on CPU tensors at small sizes with the CPU backends, to
-exercise the script itself; the report says so.
+Without CUDA, or with ``--dry-run``, every section runs on CPU tensors at small sizes with the CPU
+backends, to exercise the script itself; the report says so.
 """
 from __future__ import annotations
 
@@ -75,10 +83,11 @@ kernels = import_ringcoll_kernels()
 
 import torch  # noqa: E402
 from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,  # noqa: E402
-                                      random_float_case)
+                                      random_float_case, subnormal_case)
 
 MiB = 1 << 20
 TARGET = 0.90
+TARGET_BACKENDS = ("cupy",)  # the fast path; see the module docstring for the others
 
 
 # ---- report and budget ----
@@ -114,10 +123,6 @@ class Budget:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def until(self, share: float, keep: float = 0.0) -> float:
-        """A deadline for a section: ``share`` of what is left, keeping ``keep`` s for later."""
-        return time.monotonic() + max(0.0, min(self.left() * share, self.left() - keep))
-
 
 class OutOfTime(Exception):
     pass
@@ -126,6 +131,28 @@ class OutOfTime(Exception):
 def check_time(deadline: float, what: str) -> None:
     if time.monotonic() > deadline:
         raise OutOfTime(f"time budget spent before {what}")
+
+
+class Backends:
+    """The backends still running in one section: the first error of a backend is recorded
+    (and reported), that backend is dropped for the rest of the section, the others go on."""
+
+    def __init__(self, report: Report, names):
+        self.report, self.live, self.errors = report, list(names), {}
+
+    def __iter__(self):
+        return iter(list(self.live))
+
+    def fail(self, backend: str, exc: BaseException, what: str) -> None:
+        text = f"{type(exc).__name__}: {exc}".strip()
+        self.errors[backend] = f"{what}: {text}"[:4000]
+        self.report.say(f"  ERROR {backend} at {what}: {text[:1500]}")
+        self.report.say(f"  ({backend} stops for this section; the other backends go on)")
+        if backend in self.live:
+            self.live.remove(backend)
+
+    def failures(self) -> list:
+        return [f"{b}: {e}" for b, e in self.errors.items()]
 
 
 def run_section(report: Report, name: str, fn, *args) -> None:
@@ -173,6 +200,12 @@ def section_environment(report: Report, ctx: dict) -> dict:
                     capability=f"{props.major}.{props.minor}")
         info["cuda_backends"] = {b: (kernels._cuda_unavailable(b) or "available")
                                  for b in ("cupy", "numba")}
+    try:
+        from ringcoll.kernels import _nvrtc
+        info["nvrtc"] = {"version": _nvrtc.version(), "library": _nvrtc.library()._name,
+                         "options": list(_nvrtc.OPTIONS), "cache": str(_nvrtc.cache_dir())}
+    except Exception as exc:  # noqa: BLE001 - the cupy backend's error will say the same
+        info["nvrtc"] = f"unavailable ({type(exc).__name__}: {exc})"
     info["backends_checked"] = ctx["backends"]
     info["auto_picks"] = kernels.backend_for(ctx["device"])
     for key, value in info.items():
@@ -183,64 +216,96 @@ def section_environment(report: Report, ctx: dict) -> dict:
 # ---- 2. correctness ----
 
 # (sources, numel, fused, offset in elements, data): one source, several, eight (one pass),
-# nine (two passes); misaligned pointers; big enough for many blocks, packs and a tail.
+# nine (two passes); every pointer misaligned alike (an int: head + packs) or differently
+# ("mixed": tensor i starts i % 3 elements in, the scalar path); subnormals; big enough for
+# many blocks, packs and a tail.
 CASES = ((1, 1, False, 0, "exact"), (1, 37, True, 0, "exact"), (3, 1000, False, 1, "exact"),
-         (8, 4099, True, 0, "exact"), (9, 37, True, 3, "exact"),
-         (3, (1 << 20) + 3, True, 0, "random"), (2, 777, False, 1, "random"))
+         (8, 4099, True, 0, "exact"), (9, 37, True, 3, "exact"), (3, 1001, True, "mixed", "exact"),
+         (3, 37, True, 1, "subnormal"), (9, 1003, False, 0, "subnormal"),
+         (3, (1 << 20) + 3, True, 0, "random"), (2, 777, False, 1, "random"),
+         (2, 4099, True, "mixed", "random"))
+MAKERS = {"exact": exact_case, "subnormal": subnormal_case, "random": random_float_case}
+
+
+def correctness_cases(small: bool) -> list:
+    """CASES; on the CPU (a dry run) only those below 2000 elements."""
+    return list(CASES) if not small else [c for c in CASES if c[1] < 2000]
+
+
+def offsets(offset, count: int) -> list:
+    return [i % 3 if offset == "mixed" else offset for i in range(count)]
 
 
 def section_correctness(report: Report, ctx: dict) -> dict:
-    deadline, device, backends = ctx["deadline"], ctx["device"], ctx["backends"]
-    cases = CASES if not ctx["small"] else CASES[:5] + ((3, 4099, True, 0, "random"),)
+    deadline, device = ctx["deadline"], ctx["device"]
+    backends = Backends(report, ctx["backends"])
+    cases = correctness_cases(ctx["small"])
     failures, checks, cut = [], 0, False
-    seconds, wrong = dict.fromkeys(backends, 0.0), dict.fromkeys(backends, 0)
-    if "cupy" in backends:
-        from ringcoll.kernels import _cupy
+    seconds, wrong = dict.fromkeys(backends.live, 0.0), dict.fromkeys(backends.live, 0)
+    if "cupy" in backends.live:
         start = time.monotonic()
-        _cupy.precompile(workers=min(12, os.cpu_count() or 1))
+        try:
+            from ringcoll.kernels import _cupy
+            _cupy.precompile(workers=min(12, os.cpu_count() or 1))
+            report.say(f"  cupy: NVRTC compiled every kernel in {time.monotonic() - start:.1f} s")
+        except Exception as exc:  # noqa: BLE001 - cupy's problem, not numba's or torch's
+            backends.fail("cupy", exc, "precompile")
         seconds["cupy"] += time.monotonic() - start
-        report.say(f"  cupy: NVRTC compiled every kernel in {time.monotonic() - start:.1f} s")
-    try:
-        for backend in backends:  # numel 0, and no sources with out (a plain copy)
+    for backend in backends:  # numel 0, and no sources with out (a plain copy)
+        try:
             for numel in (0, 5):
                 dst, out = torch.ones(numel, device=device), torch.zeros(numel, device=device)
                 kernels.reduce_into(dst, [] if numel else [dst.clone()], "sum", out=out,
                                     backend=backend)
                 if not torch.equal(out.cpu(), torch.ones(numel)):
                     failures.append(f"{backend}: numel={numel} edge case wrong")
+        except Exception as exc:  # noqa: BLE001
+            backends.fail(backend, exc, "numel 0 / no sources")
+    try:
         for dtype, op in PAIRS:
             for nsrc, numel, fused, offset, data in cases:
-                if data == "random" and dtype not in FLOATS:
+                if data != "exact" and (dtype not in FLOATS or op not in
+                                        ("sum", "product", "min", "max")):
                     continue
                 check_time(deadline, f"{dtype} {op} nsrc={nsrc}")
-                make = exact_case if data == "exact" else random_float_case
-                host_dst, host_sources, expected = make(dtype, op, nsrc, numel)
+                host_dst, host_sources, expected = MAKERS[data](dtype, op, nsrc, numel)
+                places = offsets(offset, nsrc + 2)
                 for backend in backends:
                     start = time.monotonic()
-                    dst = on_device(host_dst, device, offset)
-                    sources = [on_device(h, device, offset) for h in host_sources]
-                    out = on_device(torch.zeros_like(host_dst), device, offset) if fused else None
-                    kernels.reduce_into(dst, sources, op, out=out, backend=backend)
+                    what = (f"{backend} {dtype} {op} nsrc={nsrc} numel={numel} "
+                            f"offset={offset} {data}")
+                    try:
+                        dst = on_device(host_dst, device, places[0])
+                        sources = [on_device(h, device, places[2 + i])
+                                   for i, h in enumerate(host_sources)]
+                        out = (on_device(torch.zeros_like(host_dst), device, places[1])
+                               if fused else None)
+                        kernels.reduce_into(dst, sources, op, out=out, backend=backend)
+                        got = [("dst", dst.cpu())] + ([("out", out.cpu())] if fused else [])
+                    except Exception as exc:  # noqa: BLE001
+                        backends.fail(backend, exc, what)
+                        continue
+                    finally:
+                        seconds[backend] += time.monotonic() - start
                     checks += 1
-                    for name, got in (("dst", dst), ("out", out)):
-                        problem = None if got is None else first_difference(
-                            got.cpu(), expected, bits=data == "random")
+                    for name, tensor in got:
+                        problem = first_difference(tensor, expected, bits=data == "random")
                         if problem:
                             wrong[backend] += 1
-                            failures.append(f"{backend} {dtype} {op} nsrc={nsrc} numel={numel} "
-                                            f"offset={offset} {data} {name}: {problem}")
-                    seconds[backend] += time.monotonic() - start
+                            failures.append(f"{what} {name}: {problem}")
     except OutOfTime as exc:
         cut = True
         report.say(f"  cut short: {exc}")
-    for backend in backends:
-        report.say(f"  {backend}: {wrong[backend]} wrong; {seconds[backend]:.1f} s "
+    for backend in seconds:
+        state = f"ERROR ({backends.errors[backend][:200]})" if backend in backends.errors else "ran"
+        report.say(f"  {backend}: {state}; {wrong[backend]} wrong; {seconds[backend]:.1f} s "
                    f"(includes compiling every kernel)")
     for line in failures[:30]:
         report.say(f"  FAIL {line}")
+    failures = backends.failures() + failures
     return {"checks": checks, "failures": failures[:200], "cut_short": cut,
-            "per_backend": {b: {"wrong": wrong[b], "seconds": round(seconds[b], 1)}
-                            for b in backends}}
+            "per_backend": {b: {"wrong": wrong[b], "seconds": round(seconds[b], 1),
+                                "error": backends.errors.get(b)} for b in seconds}}
 
 
 # ---- 3. streams ----
@@ -250,32 +315,42 @@ def section_streams(report: Report, ctx: dict) -> dict:
         report.say("  skipped: needs CUDA (no CUDA device or --dry-run)")
         return {"skipped": "no CUDA"}
     failures, results = [], {}
+    backends = Backends(report, ctx["backends"])
     n = 1 << 22
-    for backend in ctx["backends"]:
+    for backend in backends:
         check_time(ctx["deadline"], f"streams {backend}")
-        dst, src = torch.empty(n, device="cuda"), torch.full((n,), 2.0, device="cuda")
-        kernels.reduce_into(dst, src, "sum", backend=backend)  # compile outside the timing
-        side = torch.cuda.Stream()
-        torch.cuda.synchronize()
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time ahead of everything below
-            dst.fill_(1.0)
-            start = time.perf_counter()
-            kernels.reduce_into(dst, src, "sum", backend=backend)
-            host_seconds = time.perf_counter() - start
-            after = dst * 10  # a torch kernel right after ours on the same stream
-        busy = not side.query()
-        torch.cuda.synchronize()
-        ordered = bool(torch.all(after == 30.0))
-        results[backend] = {"ordered": ordered, "host_returned_while_stream_busy": busy,
-                            "host_call_ms": round(host_seconds * 1e3, 3)}
+        try:
+            results[backend] = stream_order(backend, n)
+        except Exception as exc:  # noqa: BLE001 - the next backend still runs
+            backends.fail(backend, exc, "streams")
+            continue
+        ordered, busy = results[backend]["ordered"], results[backend]["host_returned_while_stream_busy"]
         report.say(f"  {backend}: ordered on current stream: {ordered}; returned while the stream "
-                   f"was busy: {busy} (host call {host_seconds * 1e3:.3f} ms)")
+                   f"was busy: {busy} (host call {results[backend]['host_call_ms']:.3f} ms)")
         if not ordered:
             failures.append(f"{backend}: result does not follow the current stream's earlier work")
         if not busy:
             failures.append(f"{backend}: the host call waited for the GPU (synchronised)")
-    return {"backends": results, "failures": failures}
+    return {"backends": results, "failures": backends.failures() + failures}
+
+
+def stream_order(backend: str, n: int) -> dict:
+    """Our reduction queued behind 0.1 s of GPU work on a side stream, a torch kernel after it."""
+    dst, src = torch.empty(n, device="cuda"), torch.full((n,), 2.0, device="cuda")
+    kernels.reduce_into(dst, src, "sum", backend=backend)  # compile outside the timing
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time ahead of everything below
+        dst.fill_(1.0)
+        start = time.perf_counter()
+        kernels.reduce_into(dst, src, "sum", backend=backend)
+        host_seconds = time.perf_counter() - start
+        after = dst * 10  # a torch kernel right after ours on the same stream
+    busy = not side.query()
+    torch.cuda.synchronize()
+    return {"ordered": bool(torch.all(after == 30.0)), "host_returned_while_stream_busy": busy,
+            "host_call_ms": round(host_seconds * 1e3, 3)}
 
 
 # ---- 4. bandwidth ----
@@ -302,13 +377,16 @@ def median_ms(fn, reps: int, device: str) -> float:
 
 def section_bandwidth(report: Report, ctx: dict) -> dict:
     device, deadline = ctx["device"], ctx["deadline"]
-    sizes = [1, 4, 16, 64, 256, 1024] if not ctx["small"] else [1, 4]
     contenders = ctx["backends"]
     rows, failures, cut = [], [], False
     report.say("  GB/s count the bytes a one-pass kernel moves (sources and dst read, dst and "
                "out written); torch's n-ary row is n separate in-place ops")
+    report.say(f"  target: {', '.join(TARGET_BACKENDS)} >= {100 * TARGET:.0f}% of the copy at "
+               f">= 256 MiB; the others are reported without a target")
     report.say(f"  {'case':<28}{'size':>9}{'copy GB/s':>11}" + "".join(
         f"{b + ' GB/s':>13}{'%copy':>7}" for b in contenders))
+
+    backends = Backends(report, contenders)
 
     def measure(label, dtype, nsrc, fused, size_mib, op="sum"):
         numel = size_mib * MiB // torch.tensor([], dtype=dtype).element_size()
@@ -324,8 +402,16 @@ def section_bandwidth(report: Report, ctx: dict) -> dict:
                "size_mib": size_mib, "copy_gbs": round(copy_gbs, 1)}
         cells = []
         for backend in contenders:
-            ms = median_ms(lambda: kernels.reduce_into(dst, sources, op, out=out, backend=backend),
-                           reps, device)
+            if backend not in backends.live:
+                cells.append(f"{'error':>13}{'':>7}")
+                continue
+            try:
+                ms = median_ms(lambda: kernels.reduce_into(dst, sources, op, out=out,
+                                                           backend=backend), reps, device)
+            except Exception as exc:  # noqa: BLE001 - the other backends are still measured
+                backends.fail(backend, exc, f"{label} {size_mib} MiB")
+                cells.append(f"{'error':>13}{'':>7}")
+                continue
             gbs = moved / ms / 1e6
             row[backend] = {"ms": round(ms, 4), "gbs": round(gbs, 1),
                             "of_copy": round(gbs / copy_gbs, 3)}
@@ -334,37 +420,52 @@ def section_bandwidth(report: Report, ctx: dict) -> dict:
         rows.append(row)
         del dst, sources, out
 
-    plan = [("f32 x+=y", torch.float32, 1, False, size) for size in sizes]
-    big = 256 if not ctx["small"] else 4
-    plan += [("bf16 x+=y", torch.bfloat16, 1, False, big),
-             ("f16 x+=y", torch.float16, 1, False, big),
-             ("f64 x+=y", torch.float64, 1, False, big),
-             ("int8 x+=y", torch.int8, 1, False, big),
-             ("f32 fused x+=y; out=x", torch.float32, 1, True, big),
-             ("f32 3-ary", torch.float32, 3, False, big),
-             ("f32 8-ary", torch.float32, 8, False, big)]
+    plan = bandwidth_plan(ctx["small"])
     for label, dtype, nsrc, fused, size in plan:
         if time.monotonic() > deadline:
             cut = True
             report.say("  (time budget spent: remaining sizes skipped)")
             break
-        measure(label, dtype, nsrc, fused, size)
+        try:
+            measure(label, dtype, nsrc, fused, size)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the copy baseline
+            failures.append(f"{label} {size} MiB: {type(exc).__name__}: {exc}"[:2000])
+            report.say(f"  {label} {size} MiB: {type(exc).__name__}: {exc}"[:2000])
     if device == "cuda":
         for row in rows:
             if row["size_mib"] >= 256:
-                for backend in contenders:
-                    if backend != "torch" and row[backend]["of_copy"] < TARGET:
+                for backend in TARGET_BACKENDS:
+                    if backend in row and row[backend]["of_copy"] < TARGET:
                         failures.append(f"{backend} {row['case']} {row['size_mib']} MiB: "
                                         f"{100 * row[backend]['of_copy']:.0f}% of the copy's "
                                         f"bandwidth, target {100 * TARGET:.0f}%")
         torch.cuda.empty_cache()
     for line in failures:
-        report.say(f"  BELOW TARGET {line}")
-    return {"rows": rows, "failures": failures, "cut_short": cut,
+        report.say(f"  BELOW TARGET / FAILED {line}")
+    return {"rows": rows, "failures": backends.failures() + failures, "cut_short": cut,
+            "target": {"of_copy": TARGET, "backends": list(TARGET_BACKENDS), "min_mib": 256},
             "bytes": "read + write, as the copy: x+=y moves 3x size, the copy 2x"}
 
 
+def bandwidth_plan(small: bool) -> list:
+    """(label, dtype, sources, fused, MiB) rows of the bandwidth section."""
+    sizes = [1, 4, 16, 64, 256, 1024] if not small else [1]
+    plan = [("f32 x+=y", torch.float32, 1, False, size) for size in sizes]
+    big = 256 if not small else 1
+    return plan + [("bf16 x+=y", torch.bfloat16, 1, False, big),
+                   ("f16 x+=y", torch.float16, 1, False, big),
+                   ("f64 x+=y", torch.float64, 1, False, big),
+                   ("int8 x+=y", torch.int8, 1, False, big),
+                   ("f32 fused x+=y; out=x", torch.float32, 1, True, big),
+                   ("f32 3-ary", torch.float32, 3, False, big),
+                   ("f32 8-ary", torch.float32, 8, False, big)]
+
+
 # ---- 5. collectives ----
+
+COLLECTIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8,
+                     torch.bool)
+
 
 def _reference_all_reduce(host: torch.Tensor, op_name: str, world: int, factor: float):
     import torch.distributed as dist
@@ -376,7 +477,8 @@ def _reference_all_reduce(host: torch.Tensor, op_name: str, world: int, factor: 
     return ref
 
 
-def rank_all_reduce_check(kernel_backend: str, device: str, numel: int, deadline: float) -> dict:
+def rank_all_reduce_check(kernel_backend: str, device: str, numel: int, deadline: float,
+                          dtypes: tuple = COLLECTIVE_DTYPES) -> dict:
     """On every rank: each all_reduce algorithm, op and dtype, against gloo on CPU copies."""
     import torch.distributed as dist
     import ringcoll
@@ -389,7 +491,6 @@ def rank_all_reduce_check(kernel_backend: str, device: str, numel: int, deadline
     ops = {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
            "MAX": dist.ReduceOp.MAX, "BXOR": dist.ReduceOp.BXOR, "AVG": dist.ReduceOp.AVG,
            "PREMUL_SUM": dist._make_nccl_premul_sum(factor)}
-    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8, torch.bool)
     failures, skipped, checks = [], [], 0
     for algorithm in ringcoll.algorithms("all_reduce"):
         for op_name, op in ops.items():
@@ -449,46 +550,110 @@ def section_collectives(report: Report, ctx: dict) -> dict:
     numel = 1003  # not a multiple of any world size or pack width
     # Without a GPU the CPU Numba kernels would compile in every rank (minutes on 2 cores): the
     # dry run checks the collectives with torch's kernels only.
-    backends = ctx["backends"] if device == "cuda" else ["torch"]
+    backends = collective_backends(ctx)
     for world in ctx["worlds"]:
-        if time.monotonic() > ctx["deadline"] - 10:
-            cut = True
-            break
-        # a rank that hangs must not eat the whole budget: bounded per run
-        timeout = max(30.0, min(120.0, ctx["deadline"] - time.monotonic()))
-        try:
-            with launch(world, backend="gloo", timeout=timeout) as cluster:
-                for backend in backends:
-                    wall_deadline = time.time() + (ctx["deadline"] - time.monotonic())
-                    start = time.monotonic()
-                    results = cluster.run(rank_all_reduce_check, backend, device, numel,
-                                          wall_deadline)
-                    checks = sum(r["checks"] for r in results)
-                    wrong = [f for r in results for f in r["failures"]]
-                    cut = cut or any(r.get("cut_short") for r in results)
-                    runs.append({"world": world, "kernel_backend": backend, "checks": checks,
-                                 "wrong": len(wrong), "seconds": round(time.monotonic() - start, 1),
-                                 "reference_skipped": results[0].get("skipped", [])})
-                    failures += [f"world={world} kernels={backend} {f}" for f in wrong]
-                    report.say(f"  world {world}, kernels {backend}: {checks} checks over "
-                               f"{results[0].get('algorithms', '?')}, {len(wrong)} wrong "
-                               f"({time.monotonic() - start:.1f} s)")
-        except Exception as exc:  # noqa: BLE001 - a lost cluster: report it, try the next world
-            failures.append(f"world={world}: {type(exc).__name__}: {exc}"[:2000])
-            report.say(f"  world {world}: {type(exc).__name__}: {exc}"[:2000])
+        cluster = None
+        for backend in backends:  # one cluster per world, a fresh one after a lost rank
+            if time.monotonic() > ctx["deadline"] - 10:
+                cut = True
+                break
+            # a rank that hangs must not eat the whole budget: bounded per run
+            timeout = max(30.0, min(120.0, ctx["deadline"] - time.monotonic()))
+            start = time.monotonic()
+            try:
+                if cluster is None or not cluster.alive:
+                    cluster = launch(world, backend="gloo", timeout=timeout)
+                wall_deadline = time.time() + (ctx["deadline"] - time.monotonic())
+                # the dry run exercises the script: two dtypes are enough there
+                dtypes = COLLECTIVE_DTYPES if not ctx["small"] else COLLECTIVE_DTYPES[::3]
+                results = cluster.run(rank_all_reduce_check, backend, device, numel,
+                                      wall_deadline, dtypes, timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - this backend's run is lost, not the next
+                failures.append(f"world={world} kernels={backend}: {type(exc).__name__}: "
+                                f"{exc}"[:2000])
+                report.say(f"  world {world}, kernels {backend}: {type(exc).__name__}: {exc}"[:2000])
+                continue
+            checks = sum(r["checks"] for r in results)
+            wrong = [f for r in results for f in r["failures"]]
+            cut = cut or any(r.get("cut_short") for r in results)
+            runs.append({"world": world, "kernel_backend": backend, "checks": checks,
+                         "wrong": len(wrong), "seconds": round(time.monotonic() - start, 1),
+                         "reference_skipped": results[0].get("skipped", [])})
+            failures += [f"world={world} kernels={backend} {f}" for f in wrong]
+            report.say(f"  world {world}, kernels {backend}: {checks} checks over "
+                       f"{results[0].get('algorithms', '?')}, {len(wrong)} wrong "
+                       f"({time.monotonic() - start:.1f} s)")
+        if cluster is not None:
+            cluster.close()
     for line in failures[:30]:
         report.say(f"  FAIL {line}")
     return {"runs": runs, "failures": failures[:200], "cut_short": cut}
 
 
+def collective_backends(ctx: dict) -> list:
+    # Without a GPU the CPU Numba kernels would compile in every rank (minutes on 2 cores): the
+    # dry run checks the collectives with torch's kernels only.
+    return ctx["backends"] if ctx["device"] == "cuda" else ["torch"]
+
+
 # ---- main ----
+
+# Each section's share of the budget; its deadline is the start plus the running total of the
+# shares, so time a section leaves unused goes to the next.
+SHARES = (("correctness", section_correctness, 0.40), ("streams", section_streams, 0.07),
+          ("bandwidth", section_bandwidth, 0.25), ("collectives", section_collectives, 0.28))
+
+
+def default_backends(device: str) -> list:
+    """Every installed backend for ``device``, whether or not it passes the availability probe:
+    a backend that cannot run is tried and its error reported (the probe's reason is in the
+    environment section)."""
+    if device == "cuda":
+        return [b for b in ("cupy", "numba") if kernels._installed(b)] + ["torch"]
+    return list(kernels.available_backends(device))
+
+
+def plan_lines(ctx: dict, budget_s: float) -> list:
+    """What the run will measure, said before it starts."""
+    cases = correctness_cases(ctx["small"])
+    bandwidth = bandwidth_plan(ctx["small"])
+    lines = [f"plan ({budget_s:.0f} s for the sections; device {ctx['device']}; kernel backends "
+             f"{', '.join(ctx['backends'])}):",
+             "  1. environment: versions, GPU, NVRTC, the availability probe of each backend"]
+    total = 0.0
+    for index, (name, _, share) in enumerate(SHARES, start=2):
+        total += share
+        until = f"until {total * budget_s:.0f} s"
+        if name == "correctness":
+            what = (f"{len(PAIRS)} (dtype, op) pairs x {len(cases)} cases (exact, subnormal, "
+                    f"random floats bit for bit; aligned, misaligned alike, mixed offsets) per "
+                    f"backend")
+        elif name == "streams":
+            what = ("our kernel behind 0.1 s of work on a side stream: ordered, host not blocked"
+                    if ctx["device"] == "cuda" else "skipped (needs CUDA)")
+        elif name == "bandwidth":
+            sizes = sorted({row[4] for row in bandwidth})
+            what = (f"{len(bandwidth)} rows at {', '.join(map(str, sizes))} MiB against a copy; "
+                    f"target {', '.join(TARGET_BACKENDS)} >= {100 * TARGET:.0f}% at >= 256 MiB")
+        else:
+            what = (f"all_reduce, every algorithm, op and "
+                    f"{len(COLLECTIVE_DTYPES) if not ctx['small'] else 2} dtypes, worlds "
+                    f"{', '.join(map(str, ctx['worlds']))} over gloo, kernels "
+                    f"{', '.join(collective_backends(ctx))}, against torch.distributed")
+        lines.append(f"  {index}. {name} ({until}): {what}")
+    return lines
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results")
-    parser.add_argument("--budget", type=float, default=250.0,
-                        help="seconds for all sections (start-up and imports come on top)")
+    parser.add_argument("--budget", type=float, default=240.0,
+                        help="seconds for all sections (start-up and imports, ~20 s, come on "
+                             "top): the default fits a 5-minute window")
     parser.add_argument("--worlds", default="2,4", help="world sizes for the collectives")
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated kernel backends to check (default: every installed "
+                             "one for the device)")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU tensors and small sizes, to exercise the script without a GPU")
     args = parser.parse_args(argv)
@@ -503,18 +668,22 @@ def main(argv=None) -> int:
         why = "--dry-run" if args.dry_run else "no CUDA device"
         report.say(f"({why}: every section runs on CPU tensors at small sizes with the CPU "
                    f"backends; CUDA-only checks are skipped)")
+    backends = (args.backends.split(",") if args.backends else default_backends(device))
+    for backend in backends:
+        kernels._check_name(backend, "--backends")
     ctx = {"device": device, "small": not cuda, "worlds": [int(w) for w in args.worlds.split(",")],
-           "backends": list(kernels.available_backends(device))}
+           "backends": backends}
+    plan = plan_lines(ctx, args.budget)
+    for line in plan:
+        report.say(line)
+    report.data["plan"] = plan
 
     run_section(report, "environment", section_environment, ctx)
-    ctx["deadline"] = budget.until(0.45, keep=90)
-    run_section(report, "correctness", section_correctness, ctx)
-    ctx["deadline"] = budget.until(0.2, keep=80)
-    run_section(report, "streams", section_streams, ctx)
-    ctx["deadline"] = budget.until(0.4, keep=60)
-    run_section(report, "bandwidth", section_bandwidth, ctx)
-    ctx["deadline"] = budget.until(1.0)
-    run_section(report, "collectives", section_collectives, ctx)
+    start, total = time.monotonic(), 0.0
+    for section, fn, share in SHARES:
+        total += share
+        ctx["deadline"] = min(budget.deadline, start + total * args.budget)
+        run_section(report, section, fn, ctx)
 
     statuses = {k: v["status"] for k, v in report.data["sections"].items()}
     report.say("\nsummary: " + ", ".join(f"{k} {v}" for k, v in statuses.items()))

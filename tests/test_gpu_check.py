@@ -1,0 +1,111 @@
+"""bench/gpu_check.py, the script to run first when a GPU is lent: its dry run on this CPU-only
+machine (plan first, every section, JSON + text), and the independence of its backends (one
+backend's error is recorded and the others still run)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run",
+                           "--budget", "90", "--worlds", "2", "--backends", "torch",
+                           "--out", str(out)], capture_output=True, text=True, timeout=240,
+                          cwd=ROOT)
+    return proc, out
+
+
+def test_dry_run_states_its_plan_then_runs_every_section(dry_run):
+    proc, out = dry_run
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = proc.stdout.splitlines()
+    plan = next(i for i, line in enumerate(lines) if line.startswith("plan ("))
+    assert plan < lines.index("== environment")
+    assert [line.split(" ", 3)[3].split(" (")[0] for line in lines[plan + 2:plan + 6]] == \
+        ["correctness", "streams", "bandwidth", "collectives"]
+    (json_path,) = out.glob("gpu_check_*.json")
+    assert json_path.with_suffix(".txt").read_text().splitlines()[0] == lines[0]
+    data = json.loads(json_path.read_text())
+    assert data["dry_run"] and data["plan"][0].startswith("plan (90 s")
+    sections = data["sections"]
+    assert list(sections) == ["environment", "correctness", "streams", "bandwidth",
+                              "collectives"]
+    assert {name: s["status"] for name, s in sections.items()} == {
+        "environment": "ok", "correctness": "ok", "streams": "skipped", "bandwidth": "ok",
+        "collectives": "ok"}
+    assert sections["correctness"]["checks"] > 100
+    assert sections["bandwidth"]["rows"] and sections["bandwidth"]["target"]["backends"] == ["cupy"]
+    (run,) = sections["collectives"]["runs"]
+    assert run["world"] == 2 and run["checks"] > 0 and run["wrong"] == 0
+
+
+@pytest.fixture
+def gpu_check():
+    from ringcoll.bench import gpu_check
+    return gpu_check
+
+
+class Quiet:
+    """A Report that keeps its lines in memory."""
+
+    def __init__(self):
+        self.lines = []
+
+    def say(self, line=""):
+        self.lines.append(line)
+
+
+def _broken(real, backend):
+    def reduce_into(dst, src, op, *, out=None, backend=None):
+        if backend == broken_name:
+            raise RuntimeError(f"{broken_name} kernels were requested but NVRTC is missing")
+        return real(dst, src, op, out=out, backend=backend)
+    broken_name = backend
+    return reduce_into
+
+
+def test_a_failing_backend_does_not_stop_the_others(gpu_check, monkeypatch):
+    """numba raises at its first call: its error is recorded once, torch runs every check."""
+    monkeypatch.setattr(gpu_check.kernels, "reduce_into",
+                        _broken(gpu_check.kernels.reduce_into, "numba"))
+    cases = [(3, 37, True, 1, "exact"), (2, 9, False, "mixed", "subnormal")]
+    monkeypatch.setattr(gpu_check, "correctness_cases", lambda small: cases)
+    ctx = {"device": "cpu", "small": True, "backends": ["numba", "torch"],
+           "deadline": time.monotonic() + 120}
+    report = Quiet()
+    result = gpu_check.section_correctness(report, ctx)
+    per = result["per_backend"]
+    assert "NVRTC is missing" in per["numba"]["error"] and per["torch"]["error"] is None
+    assert per["torch"]["wrong"] == 0
+    assert result["checks"] == len(gpu_check.PAIRS) + 4 * len(gpu_check.FLOATS)
+    assert result["failures"][0].startswith("numba: numel 0")
+    assert sum("ERROR numba" in line for line in report.lines) == 1
+
+    ctx["deadline"] = time.monotonic() + 60
+    result = gpu_check.section_bandwidth(report, ctx)
+    assert all("torch" in row and "numba" not in row for row in result["rows"])
+    assert len(result["rows"]) == len(gpu_check.bandwidth_plan(True))
+    assert [f.split(":")[0] for f in result["failures"]] == ["numba"]
+
+
+def test_shares_of_the_budget_add_up(gpu_check):
+    assert abs(sum(share for _, _, share in gpu_check.SHARES) - 1.0) < 1e-9
+    assert [name for name, _, _ in gpu_check.SHARES] == ["correctness", "streams", "bandwidth",
+                                                         "collectives"]
+
+
+def test_cuda_run_tries_every_installed_backend(gpu_check, monkeypatch):
+    """On CUDA the check tries cupy and numba even when the probe rejects them, so their
+    errors are shown rather than silently skipped."""
+    monkeypatch.setattr(gpu_check.kernels, "_installed", lambda name: True)
+    assert gpu_check.default_backends("cuda") == ["cupy", "numba", "torch"]
+    assert gpu_check.default_backends("cpu")[0] == "torch"
