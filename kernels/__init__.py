@@ -12,8 +12,11 @@ Choosing the backend, first match wins:
 3. the environment variable ``RINGCOLL_KERNELS`` (read at every call);
 4. ``"auto"``.
 A global choice (2, 3) of ``cupy`` names the backend for CUDA tensors only; CPU tensors then use
-auto's choice. When auto finds no CuPy or no GPU it falls back (cupy, then numba, then torch)
-and says so once at debug level on the ``ringcoll.kernels`` logger; an explicit backend that is
+auto's choice. A CUDA backend is available when its package imports, sees a device, and its
+real f32 sum kernel compiles and computes the right result on five elements (the probe, once per
+process). When auto finds no CuPy or no GPU it falls back (cupy, then numba, then torch) and says
+so once at debug level on the ``ringcoll.kernels`` logger (at warning level when a probe kernel
+failed to compile or run, with the reason); an explicit backend that is
 missing raises RuntimeError. auto on CPU tensors is torch: measured on a 2-core machine, torch is
 as fast as the Numba kernels for one source, and Numba's one-pass n-ary/fused kernel (1.1x
 faster at 16 Mi elements, up to 1.8x on a busy machine) does not repay its compile time
@@ -114,7 +117,7 @@ def _cuda_unavailable(backend: str) -> str | None:
 
     Importing the package and seeing a device is not enough: NVRTC (CuPy) or NVVM/libdevice
     (Numba) may be missing or too old for the driver. So the probe compiles the backend's real
-    f32 sum kernels and runs one on four elements of the current device, once per process
+    f32 sum kernels and runs one on five elements of the current device, once per process
     (CuPy's binary is then in the disk cache); a failure is logged once as a warning and auto
     falls back to the next backend.
     """

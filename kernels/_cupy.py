@@ -89,7 +89,7 @@ def _stream(device: int, handle: int):
 
 
 def probe(device: int) -> None:
-    """Compile this kind's module (f32) and run its sum kernel on four elements; raise if either
+    """Compile this kind's module (f32) and run its sum kernel on five elements; raise if either
     fails or the result is wrong (kernels.auto's availability check)."""
     import cupy
     host_dst, host_src, expected = probe_data()

@@ -196,7 +196,7 @@ def _max_blocks(device: int) -> int:
 
 
 def probe(device: int) -> None:
-    """Compile the f32 sum kernel through NVVM and run it on four elements; raise if either
+    """Compile the f32 sum kernel through NVVM and run it on five elements; raise if either
     fails or the result is wrong (kernels.auto's availability check)."""
     from numba import cuda
     kernel = cuda_kernel("f32", "sum")  # NVVM compiles it at the first launch
