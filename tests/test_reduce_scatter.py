@@ -1,4 +1,4 @@
-"""reduce_scatter and reduce_scatter_tensor: every algorithm in the simulator, then against
+"""reduce_scatter and reduce_scatter_single: every algorithm in the simulator, then against
 torch.distributed's built-ins on real gloo processes."""
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_simulated_sum_every_world_and_size_inputs_untouched(algorithm):
         for numel in block_numels(world):
             want = summed(world, numel)
             args, results = run_world(
-                "reduce_scatter_tensor", algorithm, world,
+                "reduce_scatter_single", algorithm, world,
                 lambda rank: ((torch.zeros(numel, dtype=torch.int64), rank_input(rank, world, numel)), {}))
             for rank, ((output, tensor), result) in enumerate(zip(args, results)):
                 mine = want[rank * numel:(rank + 1) * numel]
@@ -108,7 +108,7 @@ def test_simulated_every_op(algorithm):
                 inputs = [(rank_input(r, world, numel) % 11 - 5 + (r == 0)).to(dtype) for r in range(world)]
                 inputs = [torch.where(x == 0, torch.ones_like(x), x) for x in inputs]
                 want = reference(inputs, op, world)
-                sim = ringcoll.simulate("reduce_scatter_tensor", algorithm, world, inputs=[
+                sim = ringcoll.simulate("reduce_scatter_single", algorithm, world, inputs=[
                     (torch.zeros(numel, dtype=dtype), inputs[r]) for r in range(world)], op=op)
                 for rank, (output,) in enumerate(sim.outputs):
                     assert torch.allclose(output, want[rank * numel:(rank + 1) * numel], rtol=1e-12, atol=0), \
@@ -134,7 +134,7 @@ def test_simulated_lists_and_in_place(algorithm):
                 return (tensor[rank * numel:(rank + 1) * numel], tensor), {}
 
             for collective, make in (("reduce_scatter", separate), ("reduce_scatter", staged),
-                                     ("reduce_scatter_tensor", in_place)):
+                                     ("reduce_scatter_single", in_place)):
                 args, _ = run_world(collective, algorithm, world, make)
                 for rank, (output, inputs) in enumerate(args):
                     assert torch.equal(output, want[rank * numel:(rank + 1) * numel]), \
@@ -151,7 +151,7 @@ def test_cost_models_match_the_simulated_messages():
     for world in (2, 4, 8, 16):
         for algorithm, messages in (("ring", world - 1), ("pairwise", world - 1),
                                     ("recursive_halving", world.bit_length() - 1)):
-            sim = ringcoll.simulate("reduce_scatter_tensor", algorithm, world,
+            sim = ringcoll.simulate("reduce_scatter_single", algorithm, world,
                                     call=lambda rank: ((torch.zeros(64), torch.ones(world * 64)), {}))
             assert sim.cost.alpha == messages, algorithm
             assert sim.stats.messages == world * messages, algorithm
@@ -205,7 +205,7 @@ def compare_with_builtin():
             before = tensor.clone()
             want = references[dtype, op_name(op), numel]
             output = torch.zeros(numel, dtype=dtype)
-            ringcoll.reduce_scatter_tensor(output, tensor, op=op, algorithm=algorithm)
+            ringcoll.reduce_scatter_single(output, tensor, op=op, algorithm=algorithm)
             outputs = [output]
             if dtype in (torch.bfloat16, torch.uint8) or numel != world + 1:
                 listed = torch.zeros(numel, dtype=dtype)
@@ -242,19 +242,19 @@ def shapes_and_aliasing():
         for shape in ((world * 6,), (world, 2, 3), (2 * world, 3)):        # flat, stacked, concatenated
             output = torch.zeros(2, 3)
             tensor = source.clone().view(shape)
-            ringcoll.reduce_scatter_tensor(output, tensor, algorithm=algorithm)
+            ringcoll.reduce_scatter_single(output, tensor, algorithm=algorithm)
             out[f"{algorithm} input {shape}"] = torch.equal(output.flatten(), want) and \
                 torch.equal(tensor.flatten(), source)
         tensor = source.clone()                                              # in place
-        ringcoll.reduce_scatter_tensor(tensor[6 * rank:6 * rank + 6], tensor, algorithm=algorithm)
+        ringcoll.reduce_scatter_single(tensor[6 * rank:6 * rank + 6], tensor, algorithm=algorithm)
         out[f"{algorithm} in place"] = torch.equal(tensor[6 * rank:6 * rank + 6], want)
         strided = torch.zeros(3, 2).t()                                      # non-contiguous output
-        ringcoll.reduce_scatter_tensor(strided, source.clone(), algorithm=algorithm)
+        ringcoll.reduce_scatter_single(strided, source.clone(), algorithm=algorithm)
         out[f"{algorithm} non-contiguous output"] = torch.equal(strided.reshape(-1), want) and \
             not strided.is_contiguous()
         noncontig = source.view(world, 6).t().contiguous().t()              # non-contiguous input, same values
         output = torch.zeros(6)
-        ringcoll.reduce_scatter_tensor(output, noncontig, algorithm=algorithm)
+        ringcoll.reduce_scatter_single(output, noncontig, algorithm=algorithm)
         out[f"{algorithm} non-contiguous input"] = torch.equal(output, want) and not noncontig.is_contiguous()
         listed = [torch.zeros(3, 2).t() for _ in range(world)]             # non-contiguous list
         for index, item in enumerate(listed):
@@ -263,7 +263,7 @@ def shapes_and_aliasing():
         ringcoll.reduce_scatter(output, listed, algorithm=algorithm)
         out[f"{algorithm} non-contiguous list"] = torch.equal(output, want)
         empty = torch.zeros(0)
-        ringcoll.reduce_scatter_tensor(empty, torch.zeros(0), algorithm=algorithm)
+        ringcoll.reduce_scatter_single(empty, torch.zeros(0), algorithm=algorithm)
         out[f"{algorithm} empty"] = empty.numel() == 0
     return out
 
@@ -282,7 +282,7 @@ def in_sub_group(members):
         output = torch.zeros(4, dtype=torch.int64)
         listed = torch.zeros(4, dtype=torch.int64)
         want = torch.zeros(4, dtype=torch.int64)
-        results = (ringcoll.reduce_scatter_tensor(output, tensor, op=R.MAX, group=group, algorithm=algorithm),
+        results = (ringcoll.reduce_scatter_single(output, tensor, op=R.MAX, group=group, algorithm=algorithm),
                    ringcoll.reduce_scatter(listed, list(tensor.chunk(len(members))), group=group,
                                            algorithm=algorithm))
         if rank in members:
@@ -313,7 +313,7 @@ def asynchronous():
         tensor = torch.arange(world * 5, dtype=torch.float64) + rank
         output, listed, want = torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64), \
             torch.zeros(5, dtype=torch.float64)
-        works = [ringcoll.reduce_scatter_tensor(output, tensor, op=R.AVG, async_op=True, algorithm=algorithm),
+        works = [ringcoll.reduce_scatter_single(output, tensor, op=R.AVG, async_op=True, algorithm=algorithm),
                  ringcoll.reduce_scatter(listed, list(tensor.chunk(world)), op=R.AVG, async_op=True,
                                          algorithm=algorithm)]
         dist.reduce_scatter_single(want, tensor, op=R.AVG)
@@ -336,10 +336,10 @@ def bad_inputs():
     output = torch.full((4,), 7.0)
     ints = torch.ones(4 * world, dtype=torch.int32)
     cases = {
-        "input not divisible": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output, tensor[:-1])),
-        "input too large": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output[:3], tensor)),
-        "mixed dtypes": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output.double(), tensor)),
-        "mixed devices": (ValueError, lambda: ringcoll.reduce_scatter_tensor(torch.zeros(4, device="meta"), tensor)),
+        "input not divisible": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor[:-1])),
+        "input too large": (ValueError, lambda: ringcoll.reduce_scatter_single(output[:3], tensor)),
+        "mixed dtypes": (ValueError, lambda: ringcoll.reduce_scatter_single(output.double(), tensor)),
+        "mixed devices": (ValueError, lambda: ringcoll.reduce_scatter_single(torch.zeros(4, device="meta"), tensor)),
         "list too long": (ValueError, lambda: ringcoll.reduce_scatter(output, inputs + [inputs[0]])),
         "list too short": (ValueError, lambda: ringcoll.reduce_scatter(output, inputs[:-1])),
         "uneven list": (ValueError, lambda: ringcoll.reduce_scatter(output, inputs[:-1] + [torch.ones(5)])),
@@ -348,12 +348,12 @@ def bad_inputs():
             output, inputs[:-1] + [torch.ones(4, dtype=torch.float64)])),
         "mixed devices in list": (ValueError, lambda: ringcoll.reduce_scatter(
             output, inputs[:-1] + [torch.ones(4, device="meta")])),
-        "BAND on float": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output, tensor, op=R.BAND)),
-        "AVG on int": (ValueError, lambda: ringcoll.reduce_scatter_tensor(ints[:4], ints, op=R.AVG)),
+        "BAND on float": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor, op=R.BAND)),
+        "AVG on int": (ValueError, lambda: ringcoll.reduce_scatter_single(ints[:4], ints, op=R.AVG)),
         "PREMUL on int": (ValueError, lambda: ringcoll.reduce_scatter(
             ints[:4], list(ints.chunk(world)), op=dist._make_nccl_premul_sum(2.0))),
-        "op not a ReduceOp": (TypeError, lambda: ringcoll.reduce_scatter_tensor(output, tensor, op="sum")),
-        "unknown algorithm": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output, tensor, algorithm="bruck")),
+        "op not a ReduceOp": (TypeError, lambda: ringcoll.reduce_scatter_single(output, tensor, op="sum")),
+        "unknown algorithm": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor, algorithm="bruck")),
         "async_op not a bool": (TypeError, lambda: ringcoll.reduce_scatter(output, inputs, async_op=1)),
     }
     wrong = []
