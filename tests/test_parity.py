@@ -145,7 +145,7 @@ def test_parity_fails_without_a_twin_or_a_parameter():
     assert "barrier: parameter 'device_ids' is not at position 2" in problems
 
     def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, extra=None,
-                needed=0, must=inspect.Parameter.empty):
+                *, algorithm):    # extra parameters: with a default, or keyword-only
         pass
 
     def scatter_required(tensor, must, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
