@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import re
 import sys
@@ -27,7 +28,51 @@ class OptionError(ValueError):
     """A flag's value that cannot be run (reported without a traceback)."""
 
 
+#: in the project checkout its results tree; anywhere else a folder of the current directory
 DEFAULT_OUT = os.path.join("bench", "results")
+OUTSIDE_OUT = "ringcoll-bench-results"
+
+
+def default_out(cwd: Optional[str] = None) -> str:
+    """``bench/results`` when run from the root of the project checkout (an editable install),
+    else ``./ringcoll-bench-results``: a plain install has no bench/results to fill."""
+    here = os.path.abspath(cwd or os.getcwd())
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = here == checkout and os.path.isfile(os.path.join(here, "bench", "cli.py"))
+    return DEFAULT_OUT if inside else OUTSIDE_OUT
+
+
+def optional(module: str):
+    """The module, or None when it is not installed: the progress bar (tqdm) and the plots
+    (matplotlib) are the ``[bench]`` extra, and a plain install still writes tables, JSON and
+    CSV without them."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+class _NoBar:
+    """What the loop needs of a tqdm bar, without tqdm: lines are printed, nothing is drawn."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_description(self, text):
+        pass
+
+    def update(self, n=1):
+        pass
+
+    @staticmethod
+    def write(line, file=None):
+        print(line, file=file or sys.stdout)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -99,7 +144,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one size may take; a collective that exceeds it (or crashes a "
                         "rank) is reported as failed and the sweep goes on with the next one")
-    p.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--out", default=None, help="results directory (default: bench/results in the project "
+                                             "checkout, else ./ringcoll-bench-results)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
     return p
@@ -184,8 +230,12 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
 def run(options, cluster=None):
     """Benchmark as ``options`` say, on ``cluster`` (else a new one); (meta, rows, files)."""
     import ringcoll
-    from tqdm import tqdm
 
+    tqdm_module = optional("tqdm")
+    skipped = [] if tqdm_module else ["the progress bar (no tqdm)"]
+    if not options.no_plot and optional("matplotlib") is None:
+        skipped.append("the PNG plots (no matplotlib)")
+        options.no_plot = True
     catalogue = benchmarkable()
     if cluster is not None:
         world = cluster.world_size
@@ -245,12 +295,15 @@ def run(options, cluster=None):
                     f"{meta['machine']['cpu_count']} cores, load average {load[0] if load else '?'}",
                     f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
                     f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time"]
+        if skipped:
+            printed.append(f"# skipped {' and '.join(skipped)}: pip install 'ringcoll[bench]' for them")
         for line in printed:
             say(line)
         rows: List[Row] = []
         current = None
         # a bar only on a terminal: in a log its redraws bury the table
-        with tqdm(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
+        bar_type = tqdm_module.tqdm if tqdm_module else _NoBar
+        with bar_type(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
                   dynamic_ncols=True) as bar:
             broken = set()
             for index, job in enumerate(jobs):
@@ -298,8 +351,9 @@ def _torch_version() -> str:
 
 
 def _write(options, meta: dict, rows: List[Row], world: int, date, printed: List[str]) -> List[str]:
-    os.makedirs(options.out, exist_ok=True)
-    stem = os.path.join(options.out, f"{date:%Y%m%dT%H%M%SZ}_np{world}_{options.backend}")
+    out = options.out or default_out()
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, f"{date:%Y%m%dT%H%M%SZ}_np{world}_{options.backend}")
     files = [stem + ".json", stem + ".csv", stem + ".txt"]
     write_json(files[0], meta, rows)
     write_csv(files[1], meta, rows)

@@ -368,3 +368,58 @@ def test_cli_smoke(clusters, tmp_path, capsys):
     assert (out / f"{json_name[:-5]}.txt").read_text().strip() in printed     # the tables, as printed
     table = summary.markdown([str(out / json_name)])
     assert "| all_reduce | ring |" in table and "| all_reduce | built-in |" in table
+
+
+# -- a plain install: no tqdm, no matplotlib ---------------------------------------------------
+
+_HIDE = '''
+import sys
+
+
+class _Hide:
+    """Makes tqdm and matplotlib look absent, as in a plain ``pip install ringcoll``."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tqdm", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden by the test)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Hide())
+'''
+
+
+def test_console_script_without_the_bench_extra(tmp_path):
+    """``ringcoll-bench --np 2 -b 1K -e 4K -n 2`` outside the checkout with tqdm and matplotlib
+    hidden (a sitecustomize on PYTHONPATH, so the spawned ranks see the same): it runs, writes
+    the tables, JSON and CSV to ./ringcoll-bench-results, and says in one line what it skipped."""
+    import subprocess
+    import sys
+
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(_HIDE)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")]))}
+    probe = subprocess.run([sys.executable, "-c", "import tqdm"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "hidden by the test" in probe.stderr      # the blocker works
+    script = os.path.join(os.path.dirname(sys.executable), "ringcoll-bench")
+    command = [script] if os.path.exists(script) else [sys.executable, "-m", "ringcoll.bench.cli"]
+    done = subprocess.run(command + ["--np", "2", "-b", "1K", "-e", "4K", "-n", "2"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    skipped = [line for line in done.stdout.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and "tqdm" in skipped[0] and "matplotlib" in skipped[0], done.stdout
+    out = work / cli.OUTSIDE_OUT
+    files = sorted(os.listdir(out))
+    assert [f.rsplit(".", 1)[1] for f in files] == ["csv", "json", "txt"], files
+    rows = json.loads((out / files[1]).read_text())["rows"]
+    assert rows and all(r["wrong"] == 0 and r["error"] is None for r in rows)
+    assert "# all_reduce" in (out / files[2]).read_text()
+
+
+def test_default_out_is_the_checkouts_results_only_inside_it(tmp_path):
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    assert cli.default_out(checkout) == os.path.join("bench", "results")
+    assert cli.default_out(str(tmp_path)) == "ringcoll-bench-results"
