@@ -7,44 +7,11 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import (DTYPES, SIM_WORLDS, assert_every_rank, block, block_numels, one_thread,
+                   run_world, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
 from conftest import WORLDS
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context
-from ringcoll.simulator import run_plans
 
-SIM_WORLDS = tuple(range(1, 18)) + (32, 64)
 ALGORITHMS = ringcoll.algorithms("all_gather")
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.uint8, torch.bool)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The simulator moves many small tensors: torch's intra-op threads only contend for them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def block_numels(world):
-    return sorted({0, 1, max(world - 1, 0), world + 1, 1000, 4099})
-
-
-def block(rank, numel):
-    """Rank ``rank``'s block: unique, never-zero values, so a misplaced element shows."""
-    return torch.arange(numel, dtype=torch.int64) + 1 + rank * 1_000_003
-
-
-def run_world(collective, algorithm, world, make_call):
-    """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
-    they are (aliasing kept); returns each rank's arguments and Work result."""
-    calls = [make_call(rank) for rank in range(world)]
-    plans = [BUILDERS[collective](Context(rank, world), *args, algorithm=algorithm, **kwargs)
-             for rank, (args, kwargs) in enumerate(calls)]
-    with torch.no_grad():
-        run_plans(plans)
-    return [args for args, _ in calls], [plan.result for plan in plans]
 
 
 # -- simulator ----------------------------------------------------------------------------
@@ -120,16 +87,6 @@ def test_cost_models_match_the_simulated_messages():
 
 
 # -- real gloo ----------------------------------------------------------------------------
-def values(rank, numel, dtype):
-    """Never-zero, exactly representable values, distinct across ranks."""
-    raw = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13) % 61 + 1
-    if dtype == torch.bool:
-        return raw % 3 != 0
-    if dtype.is_floating_point:
-        return (raw.to(torch.float64) * (0.5 if rank % 2 else -0.25)).to(dtype)
-    return raw.to(dtype)
-
-
 def builtin_all_gather_single(output, tensor, group=None):
     if tensor.dtype == torch.int16:     # gloo has no int16: widen (exact) and narrow back
         wide = torch.empty(output.shape, dtype=torch.int32)
@@ -216,8 +173,7 @@ def shapes_and_aliasing():
 
 
 def test_shapes_in_place_and_non_contiguous(clusters):
-    for rank, out in enumerate(clusters(3).run(shapes_and_aliasing)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(3).run(shapes_and_aliasing))
 
 
 def in_sub_group(members):
@@ -274,8 +230,7 @@ def asynchronous():
 
 
 def test_async_op_and_result(clusters):
-    for rank, checks in enumerate(clusters(4).run(asynchronous)):
-        assert all(checks), f"rank {rank}: {checks}"
+    assert_every_rank(clusters(4).run(asynchronous))
 
 
 def bad_inputs():
@@ -307,17 +262,7 @@ def bad_inputs():
         "async_op not a bool": (TypeError, lambda: ringcoll.all_gather(outputs, tensor, async_op="yes")),
         "group not a group": (TypeError, lambda: ringcoll.all_gather(outputs, tensor, group=0)),
     }
-    wrong = []
-    for name, (kind, call) in cases.items():
-        try:
-            call()
-        except kind as error:
-            if not str(error):
-                wrong.append(f"{name}: empty message")
-        except Exception as error:  # noqa: BLE001
-            wrong.append(f"{name}: {type(error).__name__} {error}")
-        else:
-            wrong.append(f"{name}: no error")
+    wrong = wrong_errors(cases)
     untouched = bool((output == 7).all()) and all(bool((o == 7).all()) for o in outputs) and \
         torch.equal(tensor, torch.arange(4, dtype=torch.float32) + 1)
     # still in step afterwards

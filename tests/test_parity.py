@@ -12,11 +12,11 @@ import inspect
 import types
 import warnings
 
-import pytest
 import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import assert_every_rank
 
 # -- the parity table -------------------------------------------------------------------------
 
@@ -214,8 +214,7 @@ def _forwarded(fn, call) -> bool:
 
 
 def test_new_names_match_builtin_and_old_names_warn_as_torch(clusters):
-    for rank, out in enumerate(clusters(3).run(new_and_old_names)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(3).run(new_and_old_names))
 
 
 def test_new_names_in_the_simulator():

@@ -9,40 +9,16 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import (FLOATS, INTS, SIM_WORLDS, assert_every_rank, assert_no_problems, block_numels,
+                   one_thread, ops_for, run_world, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
 from conftest import WORLDS
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context
-from ringcoll.simulator import run_plans
 
 R = dist.ReduceOp
-SIM_WORLDS = tuple(range(1, 18)) + (32, 64)
 ALGORITHMS = ringcoll.algorithms("reduce_scatter")
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The simulator moves many small tensors: torch's intra-op threads only contend for them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def ops_for(dtype):
-    if dtype == torch.bool or not dtype.is_floating_point:
-        return INT_OPS
-    return (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, dist._make_nccl_premul_sum(0.25))
 
 
 def op_name(op):
     return getattr(op, "op", op).name
-
-
-def block_numels(world):
-    return sorted({0, 1, max(world - 1, 0), world + 1, 1000, 4099})
 
 
 def rank_input(rank, world, numel):
@@ -55,17 +31,6 @@ def rank_input(rank, world, numel):
 def summed(world, numel):
     i = torch.arange(world * numel, dtype=torch.int64)
     return (i % 97 + 1) * (world * (world + 1) // 2) + world * (world - 1) // 2
-
-
-def run_world(collective, algorithm, world, make_call):
-    """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
-    they are (aliasing kept, nothing copied); returns each rank's arguments and result."""
-    calls = [make_call(rank) for rank in range(world)]
-    plans = [BUILDERS[collective](Context(rank, world), *args, algorithm=algorithm, **kwargs)
-             for rank, (args, kwargs) in enumerate(calls)]
-    with torch.no_grad():
-        run_plans(plans)
-    return [args for args, _ in calls], [plan.result for plan in plans]
 
 
 # -- simulator ----------------------------------------------------------------------------
@@ -103,7 +68,7 @@ def reference(inputs, op, world):
 def test_simulated_every_op(algorithm):
     for world in (1, 2, 3, 5, 6, 7, 8, 13):
         numel = world + 2
-        for dtype, ops in ((torch.int64, INT_OPS), (torch.float64, ops_for(torch.float64))):
+        for dtype, ops in ((torch.int64, ops_for(torch.int64)), (torch.float64, ops_for(torch.float64))):
             for op in ops:
                 inputs = [(rank_input(r, world, numel) % 11 - 5 + (r == 0)).to(dtype) for r in range(world)]
                 inputs = [torch.where(x == 0, torch.ones_like(x), x) for x in inputs]
@@ -228,8 +193,7 @@ def compare_with_builtin():
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_matches_builtin_every_op_and_dtype(clusters, world):
-    for rank, problems in enumerate(clusters(world).run(compare_with_builtin)):
-        assert not problems, f"rank {rank}: {problems[:5]}"
+    assert_no_problems(clusters(world).run(compare_with_builtin))
 
 
 def shapes_and_aliasing():
@@ -269,8 +233,7 @@ def shapes_and_aliasing():
 
 
 def test_shapes_in_place_and_non_contiguous(clusters):
-    for rank, out in enumerate(clusters(3).run(shapes_and_aliasing)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(3).run(shapes_and_aliasing))
 
 
 def in_sub_group(members):
@@ -325,8 +288,7 @@ def asynchronous():
 
 
 def test_async_op_and_result(clusters):
-    for rank, checks in enumerate(clusters(4).run(asynchronous)):
-        assert all(checks), f"rank {rank}: {checks}"
+    assert_every_rank(clusters(4).run(asynchronous))
 
 
 def bad_inputs():
@@ -356,17 +318,7 @@ def bad_inputs():
         "unknown algorithm": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor, algorithm="bruck")),
         "async_op not a bool": (TypeError, lambda: ringcoll.reduce_scatter(output, inputs, async_op=1)),
     }
-    wrong = []
-    for name, (kind, call) in cases.items():
-        try:
-            call()
-        except kind as error:
-            if not str(error):
-                wrong.append(f"{name}: empty message")
-        except Exception as error:  # noqa: BLE001
-            wrong.append(f"{name}: {type(error).__name__} {error}")
-        else:
-            wrong.append(f"{name}: no error")
+    wrong = wrong_errors(cases)
     untouched = bool((output == 7).all()) and all(bool((x == 5).all()) for x in inputs) and \
         torch.equal(tensor, torch.arange(4 * world, dtype=torch.float32) + 1) and bool((ints == 1).all())
     ringcoll.reduce_scatter(output, inputs)          # still in step afterwards
