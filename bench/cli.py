@@ -19,10 +19,12 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
-from .harness import BUILTIN, DTYPES, OPS, Job, Row, failed_rows, job_numel, measure, summarize
-from .report import (machine_info, plot, summary_lines, table_header, table_lines, write_csv,
-                     write_json)
-from .specs import IN_PLACE, OUT_OF_PLACE, SPECS, available, family_of
+from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, apply_floor, failed_rows, floor_of, job_numel,
+                      measure, summarize)
+from .report import (LEGEND, avg_bus_bandwidth, machine_info, plot, summary_lines, table_header, table_lines,
+                     write_csv, write_json)
+from .specs import FLOOR_FAMILIES, IN_PLACE, OUT_OF_PLACE, SENDRECV, SPECS, available, family_of
+from .tune import tuning_rows, write_tuning
 
 class OptionError(ValueError):
     """A flag's value that cannot be run (reported without a traceback)."""
@@ -147,6 +149,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="results directory (default: bench/results in the project "
                                              "checkout, else ./ringcoll-bench-results)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--tune", nargs="?", const=True, default=None, metavar="CSV",
+                   help="also write a tuning table (RINGCOLL_TUNING=CSV makes auto follow it): per "
+                        "collective and size band the fastest algorithm measured (default file: "
+                        "<stem>_tuning.csv in the results directory)")
     p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
     return p
 
@@ -156,7 +162,7 @@ def benchmarkable() -> dict:
     import ringcoll
 
     registered = ringcoll.algorithms()
-    return {name: list(registered[family_of(SPECS[name], registered)])
+    return {name: [OURS] if SPECS[name].family is None else list(registered[family_of(SPECS[name], registered)])
             for name in available(registered, ringcoll)}
 
 
@@ -195,6 +201,9 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
     dtype = DTYPES[options.datatype]
     floating = dtype.startswith(("float", "bfloat"))
     chosen = choose_collectives(options.collective, catalogue)
+    if SENDRECV in catalogue and SENDRECV not in chosen and \
+            any(SPECS[name].family in FLOOR_FAMILIES for name in chosen):
+        chosen.insert(0, SENDRECV)      # the point-to-point floor of the ring-bound collectives, first
     if options.algorithms:
         known = {a for name in chosen for a in catalogue[name]} | {"auto", BUILTIN}
         unknown = [a.strip() for a in options.algorithms.split(",") if a.strip() and a.strip() not in known]
@@ -207,9 +216,12 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
             raise OptionError(f"-o avg needs a floating-point -d, got {options.datatype}")
         if spec.reduces and options.op in ("band", "bor", "bxor") and floating:
             raise OptionError(f"-o {options.op} needs an integer or bool -d, got {options.datatype}")
-        algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
-        variants = spec.variants if options.variant == "both" else \
-            tuple(v for v in spec.variants if v == options.variant)
+        if spec.family is None:         # sendrecv: ringcoll's one function against torch's
+            algorithms, variants = (OURS,), spec.variants
+        else:
+            algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
+            variants = spec.variants if options.variant == "both" else \
+                tuple(v for v in spec.variants if v == options.variant)
         if not variants:
             continue
         if spec.rooted and not 0 <= options.root < world:
@@ -294,7 +306,8 @@ def run(options, cluster=None):
         printed += [f"# ringcoll-bench  {meta['date']}  torch {meta['torch']}  ringcoll {meta['ringcoll']}  "
                     f"{meta['machine']['cpu_count']} cores, load average {load[0] if load else '?'}",
                     f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
-                    f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time"]
+                    f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time",
+                    LEGEND]
         if skipped:
             printed.append(f"# skipped {' and '.join(skipped)}: pip install 'ringcoll[bench]' for them")
         for line in printed:
@@ -306,6 +319,7 @@ def run(options, cluster=None):
         with bar_type(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
                   dynamic_ncols=True) as bar:
             broken = set()
+            floors: dict = {}       # requested size -> the sendrecv floor's busbw in this run
             for index, job in enumerate(jobs):
                 bar.set_description(f"{job.collective} {job.size} B")
                 new: List[Row] = []
@@ -320,6 +334,10 @@ def run(options, cluster=None):
                     if not cluster.alive:
                         cluster.close()
                         cluster = start()
+                if job.collective == SENDRECV:
+                    floors[job.size] = floor_of(new)
+                else:
+                    apply_floor(new, floors.get(job.size))
                 rows += new
                 if main_rank:
                     variants = [v for v in job.spec.variants if v in (job.variants or job.spec.variants)]
@@ -329,13 +347,17 @@ def run(options, cluster=None):
                         lines += [""] + table_header(job.collective, variants, context)
                     lines += table_lines(new, variants)
                     if index + 1 == len(jobs) or jobs[index + 1].collective != job.collective:
-                        lines += ["#"] + summary_lines([r for r in rows if r.collective == job.collective])
+                        mine = [r for r in rows if r.collective == job.collective]
+                        lines += ["#"] + summary_lines(mine) + avg_bus_bandwidth(mine)
                     for line in lines:
                         bar.write(line, file=sys.stdout)
                     printed += lines
                 bar.update(1)
         meta["loadavg_end"] = machine_info().get("loadavg")
         files = _write(options, meta, rows, world, date, printed) if main_rank else []
+        if options.tune and main_rank:
+            files.append(write_tuning(options.tune if options.tune is not True else
+                                      files[0][:-len(".json")] + "_tuning.csv", tuning_rows(rows, world)))
         for path in files:
             say(f"# wrote {path}")
         return meta, rows, files
