@@ -234,6 +234,9 @@ def plot(path: str, collective: str, rows: Sequence[Row], title: str) -> bool:
             if name != BUILTIN:
                 ratio_ax.plot(sizes, [r.vs_builtin for r in line], style, marker="o", ms=3,
                               color=color, label=label)
+                noisy = [r for r in line if r.noisy and r.vs_builtin]      # the table's "!": rings
+                ratio_ax.scatter([r.size for r in noisy], [r.vs_builtin for r in noisy], s=60,
+                                 facecolors="none", edgecolors=color, lw=1)
     bw_ax.set_xscale("log", base=2)
     if any(r.busbw > 0 for r in rows):
         bw_ax.set_yscale("log")
@@ -249,7 +252,7 @@ def plot(path: str, collective: str, rows: Sequence[Row], title: str) -> bool:
         ratio_ax.yaxis.set_major_formatter(plain)
         ratio_ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
             lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
-    ratio_ax.set_ylabel("time / built-in's time\n(below 1: faster)")
+    ratio_ax.set_ylabel("time / built-in's time\n(below 1: faster; ringed: noisy)")
     ratio_ax.set_xlabel("size (bytes)")
     ratio_ax.grid(True, which="both", alpha=0.3)
     ticks = sorted({r.size for r in rows})
