@@ -146,8 +146,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one size may take; a collective that exceeds it (or crashes a "
                         "rank) is reported as failed and the sweep goes on with the next one")
-    p.add_argument("--out", default=None, help="results directory (default: bench/results in the project "
-                                             "checkout, else ./ringcoll-bench-results)")
+    p.add_argument("--out", default=default_out(), help="results directory (bench/results in the project "
+                                                      "checkout, else ./ringcoll-bench-results)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--tune", nargs="?", const=True, default=None, metavar="CSV",
                    help="also write a tuning table (RINGCOLL_TUNING=CSV makes auto follow it): per "
@@ -373,9 +373,8 @@ def _torch_version() -> str:
 
 
 def _write(options, meta: dict, rows: List[Row], world: int, date, printed: List[str]) -> List[str]:
-    out = options.out or default_out()
-    os.makedirs(out, exist_ok=True)
-    stem = os.path.join(out, f"{date:%Y%m%dT%H%M%SZ}_np{world}_{options.backend}")
+    os.makedirs(options.out, exist_ok=True)
+    stem = os.path.join(options.out, f"{date:%Y%m%dT%H%M%SZ}_np{world}_{options.backend}")
     files = [stem + ".json", stem + ".csv", stem + ".txt"]
     write_json(files[0], meta, rows)
     write_csv(files[1], meta, rows)
