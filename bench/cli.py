@@ -201,7 +201,7 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
     dtype = DTYPES[options.datatype]
     floating = dtype.startswith(("float", "bfloat"))
     chosen = choose_collectives(options.collective, catalogue)
-    if SENDRECV in catalogue and SENDRECV not in chosen and \
+    if SENDRECV in catalogue and SENDRECV not in chosen and world > 1 and \
             any(SPECS[name].family in FLOOR_FAMILIES for name in chosen):
         chosen.insert(0, SENDRECV)      # the point-to-point floor of the ring-bound collectives, first
     if options.algorithms:

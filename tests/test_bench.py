@@ -500,6 +500,8 @@ def test_the_floor_runs_with_ring_bound_collectives():
     assert all(j.algorithms == (harness.OURS,) for j in jobs[:3])
     assert not [j for j in cli.make_jobs(_options("--collective", "broadcast"), catalogue, 2)
                 if j.collective == specs.SENDRECV]
+    assert not [j for j in cli.make_jobs(_options("--collective", "all_reduce"), catalogue, 1)   # no wire
+                if j.collective == specs.SENDRECV]
 
 
 def test_sendrecv_spec_in_process():
