@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--root", type=int, default=0, help="root rank of rooted collectives (default: 0)")
     p.add_argument("--collective", action="append",
                    help="collective(s): a torch.distributed function name, comma-separated or "
-                        "repeated, or 'all' (every one ringcoll has; list variants by name); "
+                        "repeated, or 'all' (every one ringcoll has; the list variants, the deprecated names and sendrecv by name); "
                         "default: all_reduce",
                    default=None, metavar="NAMES")
     p.add_argument("--algorithms", metavar="NAMES",
@@ -398,7 +398,7 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     options.argv = argv
     if options.list:
         for name, algos in benchmarkable().items():
-            print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (list variant)'}")
+            print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (by name only, not in all)'}")
         return 0
     for flag, value in (("-n/--iters", options.iters), ("-w/--warmup_iters", options.warmup_iters)):
         if value < 0:
