@@ -132,8 +132,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--root", type=int, default=0, help="root rank of rooted collectives (default: 0)")
     p.add_argument("--collective", action="append",
                    help="collective(s): a torch.distributed function name, comma-separated or "
-                        "repeated, or 'all' (every one ringcoll has; the list variants, the deprecated names and sendrecv by name); "
-                        "default: all_reduce",
+                        "repeated, or 'all' (every one ringcoll has; the list variants, the deprecated "
+                        "names and sendrecv by name); default: all_reduce",
                    default=None, metavar="NAMES")
     p.add_argument("--algorithms", metavar="NAMES",
                    help="comma-separated subset of ringcoll's algorithms, 'auto' allowed "
