@@ -13,21 +13,68 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import re
 import sys
 from typing import List, Optional, Sequence
 
-from .harness import BUILTIN, DTYPES, OPS, Job, Row, failed_rows, job_numel, measure, summarize
-from .report import (machine_info, plot, summary_lines, table_header, table_lines, write_csv,
-                     write_json)
-from .specs import IN_PLACE, OUT_OF_PLACE, SPECS, available, family_of
+from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, apply_floor, failed_rows, floor_of, job_numel,
+                      measure, summarize)
+from .report import (LEGEND, avg_bus_bandwidth, machine_info, plot, summary_lines, table_header, table_lines,
+                     write_csv, write_json)
+from .specs import FLOOR_FAMILIES, IN_PLACE, OUT_OF_PLACE, SENDRECV, SPECS, available, family_of
+from .tune import tuning_rows, write_tuning
 
 class OptionError(ValueError):
     """A flag's value that cannot be run (reported without a traceback)."""
 
 
+#: in the project checkout its results tree; anywhere else a folder of the current directory
 DEFAULT_OUT = os.path.join("bench", "results")
+OUTSIDE_OUT = "ringcoll-bench-results"
+
+
+def default_out(cwd: Optional[str] = None) -> str:
+    """``bench/results`` when run from the root of the project checkout (an editable install),
+    else ``./ringcoll-bench-results``: a plain install has no bench/results to fill."""
+    here = os.path.abspath(cwd or os.getcwd())
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = here == checkout and os.path.isfile(os.path.join(here, "bench", "cli.py"))
+    return DEFAULT_OUT if inside else OUTSIDE_OUT
+
+
+def optional(module: str):
+    """The module, or None when it is not installed: the progress bar (tqdm) and the plots
+    (matplotlib) are the ``[bench]`` extra, and a plain install still writes tables, JSON and
+    CSV without them."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+class _NoBar:
+    """What the loop needs of a tqdm bar, without tqdm: lines are printed, nothing is drawn."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_description(self, text):
+        pass
+
+    def update(self, n=1):
+        pass
+
+    @staticmethod
+    def write(line, file=None):
+        print(line, file=file or sys.stdout)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
 
@@ -85,8 +132,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--root", type=int, default=0, help="root rank of rooted collectives (default: 0)")
     p.add_argument("--collective", action="append",
                    help="collective(s): a torch.distributed function name, comma-separated or "
-                        "repeated, or 'all' (every one ringcoll has; list variants by name); "
-                        "default: all_reduce",
+                        "repeated, or 'all' (every one ringcoll has; the list variants, the deprecated "
+                        "names and sendrecv by name); default: all_reduce",
                    default=None, metavar="NAMES")
     p.add_argument("--algorithms", metavar="NAMES",
                    help="comma-separated subset of ringcoll's algorithms, 'auto' allowed "
@@ -99,8 +146,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one size may take; a collective that exceeds it (or crashes a "
                         "rank) is reported as failed and the sweep goes on with the next one")
-    p.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    p.add_argument("--out", default=default_out(), help="results directory (bench/results in the project "
+                                                      "checkout, else ./ringcoll-bench-results)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--tune", nargs="?", const=True, default=None, metavar="CSV",
+                   help="also write a tuning table (RINGCOLL_TUNING=CSV makes auto follow it): per "
+                        "collective and size band the fastest algorithm measured (default file: "
+                        "<stem>_tuning.csv in the results directory)")
     p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
     return p
 
@@ -110,7 +162,7 @@ def benchmarkable() -> dict:
     import ringcoll
 
     registered = ringcoll.algorithms()
-    return {name: list(registered[family_of(SPECS[name], registered)])
+    return {name: [OURS] if SPECS[name].family is None else list(registered[family_of(SPECS[name], registered)])
             for name in available(registered, ringcoll)}
 
 
@@ -149,6 +201,9 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
     dtype = DTYPES[options.datatype]
     floating = dtype.startswith(("float", "bfloat"))
     chosen = choose_collectives(options.collective, catalogue)
+    if SENDRECV in catalogue and SENDRECV not in chosen and world > 1 and \
+            any(SPECS[name].family in FLOOR_FAMILIES for name in chosen):
+        chosen.insert(0, SENDRECV)      # the point-to-point floor of the ring-bound collectives, first
     if options.algorithms:
         known = {a for name in chosen for a in catalogue[name]} | {"auto", BUILTIN}
         unknown = [a.strip() for a in options.algorithms.split(",") if a.strip() and a.strip() not in known]
@@ -161,9 +216,12 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
             raise OptionError(f"-o avg needs a floating-point -d, got {options.datatype}")
         if spec.reduces and options.op in ("band", "bor", "bxor") and floating:
             raise OptionError(f"-o {options.op} needs an integer or bool -d, got {options.datatype}")
-        algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
-        variants = spec.variants if options.variant == "both" else \
-            tuple(v for v in spec.variants if v == options.variant)
+        if spec.family is None:         # sendrecv: ringcoll's one function against torch's
+            algorithms, variants = (OURS,), spec.variants
+        else:
+            algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
+            variants = spec.variants if options.variant == "both" else \
+                tuple(v for v in spec.variants if v == options.variant)
         if not variants:
             continue
         if spec.rooted and not 0 <= options.root < world:
@@ -184,8 +242,12 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
 def run(options, cluster=None):
     """Benchmark as ``options`` say, on ``cluster`` (else a new one); (meta, rows, files)."""
     import ringcoll
-    from tqdm import tqdm
 
+    tqdm_module = optional("tqdm")
+    skipped = [] if tqdm_module else ["the progress bar (no tqdm)"]
+    if not options.no_plot and optional("matplotlib") is None:
+        skipped.append("the PNG plots (no matplotlib)")
+        options.no_plot = True
     catalogue = benchmarkable()
     if cluster is not None:
         world = cluster.world_size
@@ -244,15 +306,20 @@ def run(options, cluster=None):
         printed += [f"# ringcoll-bench  {meta['date']}  torch {meta['torch']}  ringcoll {meta['ringcoll']}  "
                     f"{meta['machine']['cpu_count']} cores, load average {load[0] if load else '?'}",
                     f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
-                    f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time"]
+                    f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time",
+                    LEGEND]
+        if skipped:
+            printed.append(f"# skipped {' and '.join(skipped)}: pip install 'ringcoll[bench]' for them")
         for line in printed:
             say(line)
         rows: List[Row] = []
         current = None
         # a bar only on a terminal: in a log its redraws bury the table
-        with tqdm(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
+        bar_type = tqdm_module.tqdm if tqdm_module else _NoBar
+        with bar_type(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
                   dynamic_ncols=True) as bar:
             broken = set()
+            floors: dict = {}       # requested size -> the sendrecv floor's busbw in this run
             for index, job in enumerate(jobs):
                 bar.set_description(f"{job.collective} {job.size} B")
                 new: List[Row] = []
@@ -267,6 +334,10 @@ def run(options, cluster=None):
                     if not cluster.alive:
                         cluster.close()
                         cluster = start()
+                if job.collective == SENDRECV:
+                    floors[job.size] = floor_of(new)
+                else:
+                    apply_floor(new, floors.get(job.size))
                 rows += new
                 if main_rank:
                     variants = [v for v in job.spec.variants if v in (job.variants or job.spec.variants)]
@@ -276,13 +347,17 @@ def run(options, cluster=None):
                         lines += [""] + table_header(job.collective, variants, context)
                     lines += table_lines(new, variants)
                     if index + 1 == len(jobs) or jobs[index + 1].collective != job.collective:
-                        lines += ["#"] + summary_lines([r for r in rows if r.collective == job.collective])
+                        mine = [r for r in rows if r.collective == job.collective]
+                        lines += ["#"] + summary_lines(mine) + avg_bus_bandwidth(mine)
                     for line in lines:
                         bar.write(line, file=sys.stdout)
                     printed += lines
                 bar.update(1)
         meta["loadavg_end"] = machine_info().get("loadavg")
         files = _write(options, meta, rows, world, date, printed) if main_rank else []
+        if options.tune and main_rank:
+            files.append(write_tuning(options.tune if options.tune is not True else
+                                      files[0][:-len(".json")] + "_tuning.csv", tuning_rows(rows, world)))
         for path in files:
             say(f"# wrote {path}")
         return meta, rows, files
@@ -323,7 +398,7 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     options.argv = argv
     if options.list:
         for name, algos in benchmarkable().items():
-            print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (list variant)'}")
+            print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (by name only, not in all)'}")
         return 0
     for flag, value in (("-n/--iters", options.iters), ("-w/--warmup_iters", options.warmup_iters)):
         if value < 0:

@@ -14,7 +14,10 @@ For each variant (out-of-place, in-place) it sets the collective up from its spe
 
 :func:`summarize` (in the parent) takes, for each round, the maximum over ranks, then the
 median over rounds; algbw = bytes / time, busbw = algbw × the spec's bus factor, and
-``vs_builtin`` = time / the built-in's time at the same size in the same run.
+``vs_builtin`` = time / the built-in's time at the same size in the same run. The spread of the
+rounds is their 10th and 90th percentiles; a row whose own or whose built-in's p90/p10 exceeds
+:data:`NOISY` is flagged ``noisy``. ``floor_pct`` is a ring-bound row's busbw as a percentage of
+the point-to-point floor (sendrecv's busbw, the better contestant's, at the same size and run).
 """
 from __future__ import annotations
 
@@ -26,9 +29,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Dict, List, Optional, Tuple
 
-from .specs import SPECS, Case, Spec
+from .specs import FLOOR_FAMILIES, SENDRECV, SPECS, Case, Spec
 
 BUILTIN = "built-in"
+#: the one contestant of a spec without algorithms (sendrecv): ringcoll's function as it is
+OURS = "ringcoll"
+#: a spread (p90 / p10 of the rounds) above this flags a row: its ratio is noise-prone
+NOISY = 2.0
 
 #: nccl-tests' -d names and torch's own
 DTYPES = {
@@ -80,10 +87,10 @@ def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
 
     import ringcoll
 
-    fns = {BUILTIN: getattr(dist, spec.name)}
+    fns = {BUILTIN: spec.builtin or getattr(dist, spec.name)}
     ours = getattr(ringcoll, spec.name, None)
     for name in algorithms:
-        fns[name] = partial(ours, algorithm=name)
+        fns[name] = ours if name == OURS else partial(ours, algorithm=name)
     return fns
 
 
@@ -195,10 +202,30 @@ class Row:
     vs_builtin: Optional[float] = None
     min_us: Optional[float] = None
     max_us: Optional[float] = None
+    p10_us: Optional[float] = None          # the spread of the rounds
+    p90_us: Optional[float] = None
+    noisy: bool = False                     # its or the built-in's p90/p10 > NOISY
+    floor_pct: Optional[float] = None       # busbw / sendrecv's busbw, in percent
     iters: int = 0
     error: Optional[str] = None
     times_us: List[float] = field(default_factory=list)     # per round, the slowest rank's
     traceback: Optional[str] = None                          # of the error, on the first rank that raised
+
+
+def percentile(values: List[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, interpolated linearly between order statistics."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def spread(row: Row) -> Optional[float]:
+    """p90 / p10 of the row's rounds (1: no spread); None without rounds."""
+    if not row.p10_us or not row.p90_us:
+        return None
+    return row.p90_us / row.p10_us
 
 
 def summarize(job: Job, per_rank: List[dict]) -> List[Row]:
@@ -220,19 +247,40 @@ def summarize(job: Job, per_rank: List[dict]) -> List[Row]:
             seconds = statistics.median(rounds) if rounds else None
             algbw, busbw = bus_bandwidth(spec, nbytes, seconds, world) if seconds else (None, None)
             variant_rows[name] = Row(
-                collective=spec.name, variant=variant, algorithm=name, size=nbytes, count=numel,
+                collective=spec.name, variant=variant, algorithm=name, size=nbytes,
+                count=spec.count(numel, world),
                 type=job.dtype, redop=job.op if spec.reduces else "none",
                 root=job.root if spec.rooted else -1,
                 time_us=seconds * 1e6 if seconds else None, algbw=algbw, busbw=busbw, wrong=wrong,
                 min_us=min(rounds) * 1e6 if rounds else None, max_us=max(rounds) * 1e6 if rounds else None,
+                p10_us=percentile(rounds, 0.1) * 1e6 if rounds else None,
+                p90_us=percentile(rounds, 0.9) * 1e6 if rounds else None,
                 iters=len(rounds), error=error, times_us=[t * 1e6 for t in rounds],
                 traceback=raised[0].get("traceback") if raised else None)
         base = variant_rows.get(BUILTIN)
         for row in variant_rows.values():
             if base is not None and base.time_us and row.time_us:
                 row.vs_builtin = row.time_us / base.time_us
+            row.noisy = any((spread(r) or 1.0) > NOISY for r in (row, base) if r is not None)
             rows.append(row)
     return rows
+
+
+def floor_of(rows: List[Row]) -> Optional[float]:
+    """The point-to-point floor from one size's sendrecv rows: the best busbw of the contestants."""
+    measured = [r.busbw for r in rows if r.collective == SENDRECV and r.busbw]
+    return max(measured) if measured else None
+
+
+def apply_floor(rows: List[Row], floor: Optional[float]) -> None:
+    """Sets ``floor_pct`` on the ring-bound rows (all_reduce, all_gather, reduce_scatter) of
+    one size: their busbw as a percentage of the sendrecv floor at that size."""
+    if not floor:
+        return
+    for row in rows:
+        spec = SPECS.get(row.collective)
+        if spec is not None and spec.family in FLOOR_FAMILIES and row.busbw:
+            row.floor_pct = 100.0 * row.busbw / floor
 
 
 def failed_rows(job: Job, world: int, error: BaseException) -> List[Row]:
@@ -242,7 +290,7 @@ def failed_rows(job: Job, world: int, error: BaseException) -> List[Row]:
     # every line of the message, joined: the cause (e.g. NCCL's) is rarely on the first
     text = f"{type(error).__name__}: " + " | ".join(
         line.strip() for line in str(error).splitlines() if line.strip())
-    return [Row(spec.name, variant, name, numel * torch_dtype(job.dtype).itemsize, numel, job.dtype,
+    return [Row(spec.name, variant, name, numel * torch_dtype(job.dtype).itemsize, spec.count(numel, world), job.dtype,
                 job.op if spec.reduces else "none", job.root if spec.rooted else -1,
                 None, None, None, None, error=text)
             for variant in (job.variants or spec.variants) for name in (BUILTIN, *job.algorithms)]

@@ -10,14 +10,18 @@ import socket
 from dataclasses import asdict
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from .harness import BUILTIN, Row
+from .harness import BUILTIN, NOISY, Row
 
 
 _KEY = ("size(B)", "count", "type", "redop", "root", "algorithm")
 _KEY_W = (12, 12, 8, 6, 5, 22)
-_VAL = ("time(us)", "algbw", "busbw", "#wrong", "vs built-in")
-_VAL_UNIT = ("", "(GB/s)", "(GB/s)", "", "(time ratio)")
-_VAL_W = (11, 8, 8, 7, 12)
+_VAL = ("time(us)", "p10-p90(us)", "algbw", "busbw", "#wrong", "vs built-in", "%floor")
+_VAL_UNIT = ("median", "of rounds", "(GB/s)", "(GB/s)", "", "(time ratio)", "")
+_VAL_W = (11, 15, 8, 8, 7, 12, 7)
+#: the mark of a noisy row in the table, and its legend
+NOISY_MARK = "!"
+LEGEND = (f"# {NOISY_MARK} after vs built-in: this row's or the built-in's p90/p10 exceeds {NOISY:g}x, "
+          f"the ratio is noise-prone; %floor = busbw / sendrecv's busbw at this size")
 
 
 def variants_of(rows: Sequence[Row]) -> List[str]:
@@ -78,11 +82,20 @@ def table_lines(rows: Sequence[Row], variants: Sequence[str]) -> List[str]:
                 if row is None:
                     values = ("",) * len(_VAL)
                 else:
-                    values = (_num(row.time_us, 1), _num(row.algbw, 3), _num(row.busbw, 3), _wrong(row),
-                              "1.00" if name == BUILTIN and row.time_us else _num(row.vs_builtin, 2))
+                    ratio = "1.00" if name == BUILTIN and row.time_us else _num(row.vs_builtin, 2)
+                    values = (_num(row.time_us, 1), _spread(row), _num(row.algbw, 3), _num(row.busbw, 3),
+                              _wrong(row), ratio + (NOISY_MARK if row.noisy else ""),
+                              _num(row.floor_pct, 1) if row.floor_pct is not None else "")
                 text += " " + " ".join(f"{v:>{w}}" for v, w in zip(values, _VAL_W))
             lines.append(text)
     return lines
+
+
+def _spread(row: Row) -> str:
+    if row.p10_us is None or row.p90_us is None:
+        return "--"
+    digits = 1 if row.p90_us < 1000 else 0
+    return f"{row.p10_us:.{digits}f}-{row.p90_us:.{digits}f}"
 
 
 def geomean(values: Iterable[float]) -> Optional[float]:
@@ -109,6 +122,20 @@ def summary_lines(rows: Sequence[Row]) -> List[str]:
             text += f"   error: {errors[0]}"
         lines.append(text)
     return lines
+
+
+def avg_bus_bandwidth(rows: Sequence[Row]) -> List[str]:
+    """nccl-tests' footer: the average busbw over every size and variant, per contestant."""
+    names: List[str] = []
+    for row in rows:
+        if row.algorithm not in names and row.busbw is not None:
+            names.append(row.algorithm)
+    names.sort(key=lambda n: n != BUILTIN)
+    cells = []
+    for name in names:
+        bus = [r.busbw for r in rows if r.algorithm == name and r.busbw is not None]
+        cells.append(f"{name} {sum(bus) / len(bus):.3f}")
+    return [f"# Avg bus bandwidth    : {', '.join(cells)} (GB/s)"] if cells else []
 
 
 # --------------------------------------------------------------------------------------
@@ -141,7 +168,8 @@ def machine_info() -> dict:
 
 _CSV_META = ("date", "world_size", "backend", "device", "torch", "hostname")
 _CSV_ROW = ("collective", "variant", "algorithm", "size", "count", "type", "redop", "root", "time_us",
-            "algbw", "busbw", "wrong", "vs_builtin", "min_us", "max_us", "iters", "error")
+            "algbw", "busbw", "wrong", "vs_builtin", "min_us", "max_us", "p10_us", "p90_us", "noisy",
+            "floor_pct", "iters", "error")
 
 
 def write_json(path: str, meta: dict, rows: Sequence[Row]) -> None:
@@ -199,13 +227,20 @@ def plot(path: str, collective: str, rows: Sequence[Row], title: str) -> bool:
             sizes = [r.size for r in line]
             bw_ax.plot(sizes, [r.busbw for r in line], style, marker="o", ms=3, color=color,
                        lw=2.2 if name == BUILTIN else 1.4, label=label)
+            # the spread of the rounds as a band: busbw at the p90 (slow) and p10 (fast) times
+            if all(r.p10_us and r.p90_us for r in line):
+                bw_ax.fill_between(sizes, [r.busbw * r.time_us / r.p90_us for r in line],
+                                   [r.busbw * r.time_us / r.p10_us for r in line], color=color, alpha=0.12, lw=0)
             if name != BUILTIN:
                 ratio_ax.plot(sizes, [r.vs_builtin for r in line], style, marker="o", ms=3,
                               color=color, label=label)
+                noisy = [r for r in line if r.noisy and r.vs_builtin]      # the table's "!": rings
+                ratio_ax.scatter([r.size for r in noisy], [r.vs_builtin for r in noisy], s=60,
+                                 facecolors="none", edgecolors=color, lw=1)
     bw_ax.set_xscale("log", base=2)
     if any(r.busbw > 0 for r in rows):
         bw_ax.set_yscale("log")
-    bw_ax.set_ylabel("busbw (GB/s)")
+    bw_ax.set_ylabel("busbw (GB/s); bands: p10-p90 of the rounds")
     bw_ax.set_title(title)
     bw_ax.grid(True, which="both", alpha=0.3)
     bw_ax.legend(fontsize=8)
@@ -217,7 +252,7 @@ def plot(path: str, collective: str, rows: Sequence[Row], title: str) -> bool:
         ratio_ax.yaxis.set_major_formatter(plain)
         ratio_ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
             lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
-    ratio_ax.set_ylabel("time / built-in's time\n(below 1: faster)")
+    ratio_ax.set_ylabel("time / built-in's time\n(below 1: faster; ringed: noisy)")
     ratio_ax.set_xlabel("size (bytes)")
     ratio_ax.grid(True, which="both", alpha=0.3)
     ticks = sorted({r.size for r in rows})

@@ -166,7 +166,7 @@ class Spec:
     """The facts of one collective (see the module docstring)."""
 
     name: str                                   # torch.distributed / ringcoll function
-    family: str                                 # registry collective of its algorithms
+    family: Optional[str]                       # registry collective of its algorithms (None: none)
     bus_factor: Callable[[int], float]          # busbw = algbw * bus_factor(world)
     setup: Callable[[Case], Instance]
     variants: Tuple[str, ...] = (OUT_OF_PLACE,)
@@ -175,6 +175,13 @@ class Spec:
     chunked: bool = False                       # the size is split in world chunks
     sized: bool = True                          # barrier is not
     primary: bool = True                        # part of --collective all
+    per_rank_count: bool = False                # count = elements per rank (nccl-tests' all_gather, reduce_scatter)
+    builtin: Optional[Callable] = None          # the built-in, when it is not torch.distributed.<name>
+
+    def count(self, numel: int, world: int) -> int:
+        """The table's ``count``: the elements of the size buffer, or, as nccl-tests prints
+        all_gather and reduce_scatter, the elements per rank."""
+        return numel // world if self.per_rank_count else numel
 
     def numel(self, size: int, itemsize: int, world: int) -> int:
         """Elements of the size buffer for a requested size in bytes (rounded down to a
@@ -236,7 +243,7 @@ def _reduce(case: Case) -> Instance:
     return Instance(call=lambda fn: fn(tensor, case.root, op), restore=[(tensor, source)], expect=expect)
 
 
-def _all_gather_into_tensor(case: Case) -> Instance:
+def _all_gather_single(case: Case) -> Instance:
     pat = _pattern(case, case.numel)
     output = _empty(case, case.numel)
     mine = slice(case.rank * case.chunk, (case.rank + 1) * case.chunk)
@@ -264,7 +271,7 @@ def _all_gather(case: Case) -> Instance:
     return Instance(call=lambda fn: fn(outputs, data), expect=expect)
 
 
-def _reduce_scatter_tensor(case: Case) -> Instance:
+def _reduce_scatter_single(case: Case) -> Instance:
     pat = _pattern(case, case.numel)
     source = pat.values(case.rank)
     data = source.clone()
@@ -333,36 +340,68 @@ def _barrier(case: Case) -> Instance:
     return Instance(call=lambda fn: fn())
 
 
+def _sendrecv(case: Case) -> Instance:
+    """nccl-tests' sendrecv_perf: rank r sends its vector to r + 1 and receives r - 1's."""
+    pat = _pattern(case, case.numel)
+    data = pat.values(case.rank)
+    received = _empty(case, case.numel)
+    right, left = (case.rank + 1) % case.world, (case.rank - 1) % case.world
+    return Instance(call=lambda fn: fn(data, right, received, left),
+                    expect=[(received, lambda: pat.values(left))])
+
+
+def builtin_sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=False):
+    """torch's own exchange, as ``ringcoll.sendrecv``'s signature: one ``batch_isend_irecv``
+    of the send and the receive, then wait on both."""
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send_tensor, dst, group),
+                                    dist.P2POp(dist.irecv, recv_tensor, src, group)])
+    for work in works:
+        work.wait()
+
+
+#: the point-to-point floor: its busbw is the wire's ceiling for the ring algorithms of these
+SENDRECV = "sendrecv"
+FLOOR_FAMILIES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 SPECS: Dict[str, Spec] = {spec.name: spec for spec in (
     Spec("all_reduce", "all_reduce", _all_reduce_factor, _all_reduce, (IN_PLACE,), reduces=True),
     Spec("broadcast", "broadcast", _one, _broadcast, (IN_PLACE,), rooted=True),
     Spec("reduce", "reduce", _one, _reduce, (IN_PLACE,), reduces=True, rooted=True),
-    Spec("all_gather_into_tensor", "all_gather", _ring_factor, _all_gather_into_tensor,
-         (OUT_OF_PLACE, IN_PLACE), chunked=True),
-    Spec("reduce_scatter_tensor", "reduce_scatter", _ring_factor, _reduce_scatter_tensor,
-         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True),
+    Spec("all_gather_single", "all_gather", _ring_factor, _all_gather_single,
+         (OUT_OF_PLACE, IN_PLACE), chunked=True, per_rank_count=True),
+    Spec("reduce_scatter_single", "reduce_scatter", _ring_factor, _reduce_scatter_single,
+         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, per_rank_count=True),
     Spec("all_to_all_single", "all_to_all", _ring_factor, _all_to_all_single, chunked=True),
     Spec("gather", "gather", _ring_factor, _gather, rooted=True, chunked=True),
     Spec("scatter", "scatter", _ring_factor, _scatter, rooted=True, chunked=True),
     Spec("barrier", "barrier", _one, _barrier, sized=False),
+    Spec(SENDRECV, None, _one, _sendrecv, primary=False, builtin=builtin_sendrecv),
     # the list variants: same facts, tensors in lists
-    Spec("all_gather", "all_gather", _ring_factor, _all_gather, chunked=True, primary=False),
+    Spec("all_gather", "all_gather", _ring_factor, _all_gather, chunked=True, primary=False,
+         per_rank_count=True),
     Spec("reduce_scatter", "reduce_scatter", _ring_factor, _reduce_scatter, reduces=True,
-         chunked=True, primary=False),
+         chunked=True, primary=False, per_rank_count=True),
+    # torch 2.13's deprecated names of all_gather_single and reduce_scatter_single, by name only
+    Spec("all_gather_into_tensor", "all_gather", _ring_factor, _all_gather_single,
+         (OUT_OF_PLACE, IN_PLACE), chunked=True, primary=False, per_rank_count=True),
+    Spec("reduce_scatter_tensor", "reduce_scatter", _ring_factor, _reduce_scatter_single,
+         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, primary=False, per_rank_count=True),
     Spec("all_to_all", "all_to_all", _ring_factor, _all_to_all, chunked=True, primary=False),
 )}
 
 
 def family_of(spec: Spec, registered: Dict[str, Sequence[str]]) -> Optional[str]:
     """The registry collective that holds ``spec``'s algorithms: its own name if registered
-    (e.g. ``all_gather_into_tensor``), else its family (``all_gather``); None if neither."""
+    (e.g. ``all_gather_single``), else its family (``all_gather``); None if neither."""
     for key in (spec.name, spec.family):
-        if registered.get(key):
+        if key and registered.get(key):
             return key
     return None
 
 
 def available(registered: Dict[str, Sequence[str]], module) -> List[str]:
-    """The specs whose ringcoll function exists and whose algorithms are registered."""
+    """The specs whose ringcoll function exists and whose algorithms are registered (or that
+    have none: sendrecv, one ringcoll contestant)."""
     return [name for name, spec in SPECS.items()
-            if hasattr(module, name) and family_of(spec, registered) is not None]
+            if hasattr(module, name) and (spec.family is None or family_of(spec, registered) is not None)]

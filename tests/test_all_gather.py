@@ -1,4 +1,4 @@
-"""all_gather and all_gather_into_tensor: every algorithm in the simulator, then against
+"""all_gather and all_gather_single: every algorithm in the simulator, then against
 torch.distributed's built-ins on real gloo processes."""
 from __future__ import annotations
 
@@ -7,44 +7,11 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import (DTYPES, SIM_WORLDS, assert_every_rank, block, block_numels, one_thread,
+                   run_world, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
 from conftest import WORLDS
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context
-from ringcoll.simulator import run_plans
 
-SIM_WORLDS = tuple(range(1, 18)) + (32, 64)
 ALGORITHMS = ringcoll.algorithms("all_gather")
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.uint8, torch.bool)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The simulator moves many small tensors: torch's intra-op threads only contend for them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def block_numels(world):
-    return sorted({0, 1, max(world - 1, 0), world + 1, 1000, 4099})
-
-
-def block(rank, numel):
-    """Rank ``rank``'s block: unique, never-zero values, so a misplaced element shows."""
-    return torch.arange(numel, dtype=torch.int64) + 1 + rank * 1_000_003
-
-
-def run_world(collective, algorithm, world, make_call):
-    """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
-    they are (aliasing kept); returns each rank's arguments and Work result."""
-    calls = [make_call(rank) for rank in range(world)]
-    plans = [BUILDERS[collective](Context(rank, world), *args, algorithm=algorithm, **kwargs)
-             for rank, (args, kwargs) in enumerate(calls)]
-    with torch.no_grad():
-        run_plans(plans)
-    return [args for args, _ in calls], [plan.result for plan in plans]
 
 
 # -- simulator ----------------------------------------------------------------------------
@@ -54,7 +21,7 @@ def test_simulated_every_world_and_size(algorithm):
         for numel in block_numels(world):
             want = torch.cat([block(r, numel) for r in range(world)])
             sim = ringcoll.simulate(
-                "all_gather_into_tensor", algorithm, world,
+                "all_gather_single", algorithm, world,
                 call=lambda rank: ((torch.zeros(world * numel, dtype=torch.int64), block(rank, numel)), {}))
             for rank, result in enumerate(sim.outputs):
                 got = torch.cat(result) if numel else torch.zeros(0, dtype=torch.int64)
@@ -74,7 +41,7 @@ def test_simulated_in_place_and_lists(algorithm):
                 output[rank * numel:(rank + 1) * numel] = block(rank, numel)
                 return (output, output[rank * numel:(rank + 1) * numel]), {}
 
-            args, _ = run_world("all_gather_into_tensor", algorithm, world, in_place)
+            args, _ = run_world("all_gather_single", algorithm, world, in_place)
             for rank, (output, _) in enumerate(args):
                 assert torch.equal(output, want), f"in place: world {world} numel {numel} rank {rank}"
 
@@ -103,7 +70,7 @@ def test_simulated_input_may_alias_another_block():
             output[other * numel:(other + 1) * numel] = block(rank, numel)
             return (output, output[other * numel:(other + 1) * numel]), {}
 
-        args, _ = run_world("all_gather_into_tensor", algorithm, world, aliased)
+        args, _ = run_world("all_gather_single", algorithm, world, aliased)
         for rank, (output, _) in enumerate(args):
             assert torch.equal(output, want), f"{algorithm} rank {rank}"
 
@@ -112,7 +79,7 @@ def test_cost_models_match_the_simulated_messages():
     for world in (2, 4, 8, 16):
         for algorithm, messages in (("ring", world - 1), ("recursive_doubling", world.bit_length() - 1),
                                     ("bruck", world.bit_length() - 1)):
-            sim = ringcoll.simulate("all_gather_into_tensor", algorithm, world,
+            sim = ringcoll.simulate("all_gather_single", algorithm, world,
                                     call=lambda rank: ((torch.zeros(world * 64), torch.ones(64)), {}))
             assert sim.cost.alpha == messages, algorithm
             assert sim.stats.messages == world * messages, algorithm
@@ -120,20 +87,10 @@ def test_cost_models_match_the_simulated_messages():
 
 
 # -- real gloo ----------------------------------------------------------------------------
-def values(rank, numel, dtype):
-    """Never-zero, exactly representable values, distinct across ranks."""
-    raw = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13) % 61 + 1
-    if dtype == torch.bool:
-        return raw % 3 != 0
-    if dtype.is_floating_point:
-        return (raw.to(torch.float64) * (0.5 if rank % 2 else -0.25)).to(dtype)
-    return raw.to(dtype)
-
-
-def builtin_all_gather_into_tensor(output, tensor, group=None):
+def builtin_all_gather_single(output, tensor, group=None):
     if tensor.dtype == torch.int16:     # gloo has no int16: widen (exact) and narrow back
         wide = torch.empty(output.shape, dtype=torch.int32)
-        builtin_all_gather_into_tensor(wide, tensor.to(torch.int32), group)
+        builtin_all_gather_single(wide, tensor.to(torch.int32), group)
         output.copy_(wide)
         return
     dist.all_gather_single(output, tensor, group=group)
@@ -147,7 +104,7 @@ def compare_with_builtin():
     references = {}
     for dtype, numel in cases:
         want = torch.empty(world * numel, dtype=dtype)
-        builtin_all_gather_into_tensor(want, values(rank, numel, dtype))
+        builtin_all_gather_single(want, values(rank, numel, dtype))
         references[dtype, numel] = want
     problems, bits = [], []
     for algorithm in ALGORITHMS + ["auto"]:
@@ -156,10 +113,10 @@ def compare_with_builtin():
             before = tensor.clone()
             want = references[dtype, numel]
             output = torch.full((world * numel,), 3, dtype=dtype)
-            ringcoll.all_gather_into_tensor(output, tensor, algorithm=algorithm)
+            ringcoll.all_gather_single(output, tensor, algorithm=algorithm)
             name = f"{algorithm} {dtype} numel {numel}"
             if not torch.equal(output, want):
-                problems.append(f"all_gather_into_tensor {name}: {output[:6].tolist()} != {want[:6].tolist()}")
+                problems.append(f"all_gather_single {name}: {output[:6].tolist()} != {want[:6].tolist()}")
             if dtype in (torch.bfloat16, torch.int8, torch.bool) or numel != world + 1:
                 outputs = [torch.zeros(numel, dtype=dtype) for _ in range(world)]
                 ringcoll.all_gather(outputs, tensor, algorithm=algorithm)
@@ -189,19 +146,19 @@ def shapes_and_aliasing():
         dist.all_gather_single(want, tensor)
         for shape in ((2 * world, 3), (world, 2, 3), (6 * world,)):          # concatenated, stacked, flat
             output = torch.zeros(shape)
-            ringcoll.all_gather_into_tensor(output, tensor, algorithm=algorithm)
+            ringcoll.all_gather_single(output, tensor, algorithm=algorithm)
             out[f"{algorithm} output {shape}"] = torch.equal(output.reshape(2 * world, 3), want)
         output = torch.zeros(2 * world, 3)                                   # in place
         output[2 * rank:2 * rank + 2] = tensor
-        ringcoll.all_gather_into_tensor(output, output[2 * rank:2 * rank + 2], algorithm=algorithm)
+        ringcoll.all_gather_single(output, output[2 * rank:2 * rank + 2], algorithm=algorithm)
         out[f"{algorithm} in place"] = torch.equal(output, want)
         output = torch.zeros(2 * world, 3)                                   # input in another rank's block
         other = (rank + 1) % world
         output[2 * other:2 * other + 2] = tensor
-        ringcoll.all_gather_into_tensor(output, output[2 * other:2 * other + 2], algorithm=algorithm)
+        ringcoll.all_gather_single(output, output[2 * other:2 * other + 2], algorithm=algorithm)
         out[f"{algorithm} input in another block"] = torch.equal(output, want)
         strided = torch.zeros(3, 2 * world).t()                              # non-contiguous output
-        ringcoll.all_gather_into_tensor(strided, tensor.t().contiguous().t(), algorithm=algorithm)
+        ringcoll.all_gather_single(strided, tensor.t().contiguous().t(), algorithm=algorithm)
         out[f"{algorithm} non-contiguous"] = torch.equal(strided, want) and not strided.is_contiguous()
         outputs = [torch.zeros(3, 2).t() for _ in range(world)]             # non-contiguous list
         ringcoll.all_gather(outputs, tensor.t().contiguous().t(), algorithm=algorithm)
@@ -210,14 +167,13 @@ def shapes_and_aliasing():
         ringcoll.all_gather(scalars, torch.tensor(rank + 0.5), algorithm=algorithm)
         out[f"{algorithm} scalars"] = [s.item() for s in scalars] == [r + 0.5 for r in range(world)]
         empty = torch.zeros(0)
-        ringcoll.all_gather_into_tensor(empty, torch.zeros(0), algorithm=algorithm)
+        ringcoll.all_gather_single(empty, torch.zeros(0), algorithm=algorithm)
         out[f"{algorithm} empty"] = empty.numel() == 0
     return out
 
 
 def test_shapes_in_place_and_non_contiguous(clusters):
-    for rank, out in enumerate(clusters(3).run(shapes_and_aliasing)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(3).run(shapes_and_aliasing))
 
 
 def in_sub_group(members):
@@ -229,7 +185,7 @@ def in_sub_group(members):
         output = torch.zeros(5 * len(members), dtype=torch.int32)
         outputs = [torch.zeros(5, dtype=torch.int32) for _ in members]
         want = torch.zeros(5 * len(members), dtype=torch.int32)
-        results = (ringcoll.all_gather_into_tensor(output, tensor, group=group, algorithm=algorithm),
+        results = (ringcoll.all_gather_single(output, tensor, group=group, algorithm=algorithm),
                    ringcoll.all_gather(outputs, tensor, group=group, algorithm=algorithm))
         if rank in members:
             dist.all_gather_single(want, tensor, group=group)
@@ -256,7 +212,7 @@ def asynchronous():
         tensor = values(rank, 4, torch.float64)
         outputs = [torch.zeros(4, dtype=torch.float64) for _ in range(world)]
         output = torch.zeros(world * 4, dtype=torch.float64)
-        works = [ringcoll.all_gather_into_tensor(output, tensor, async_op=True, algorithm=algorithm),
+        works = [ringcoll.all_gather_single(output, tensor, async_op=True, algorithm=algorithm),
                  ringcoll.all_gather(outputs, tensor, async_op=True, algorithm=algorithm)]
         builtin_out = torch.zeros(world * 4, dtype=torch.float64)
         builtin = dist.all_gather_single(builtin_out, tensor, async_op=True)
@@ -274,8 +230,7 @@ def asynchronous():
 
 
 def test_async_op_and_result(clusters):
-    for rank, checks in enumerate(clusters(4).run(asynchronous)):
-        assert all(checks), f"rank {rank}: {checks}"
+    assert_every_rank(clusters(4).run(asynchronous))
 
 
 def bad_inputs():
@@ -293,35 +248,25 @@ def bad_inputs():
             outputs[:-1] + [torch.zeros(4, dtype=torch.float64)], tensor)),
         "mixed devices in list": (ValueError, lambda: ringcoll.all_gather(
             outputs[:-1] + [torch.zeros(4, device="meta")], tensor)),
-        "output size != world x input": (ValueError, lambda: ringcoll.all_gather_into_tensor(output[:-1], tensor)),
-        "output too large": (ValueError, lambda: ringcoll.all_gather_into_tensor(
+        "output size != world x input": (ValueError, lambda: ringcoll.all_gather_single(output[:-1], tensor)),
+        "output too large": (ValueError, lambda: ringcoll.all_gather_single(
             torch.zeros(4 * world + 4), tensor)),
-        "mixed dtypes": (ValueError, lambda: ringcoll.all_gather_into_tensor(output.double(), tensor)),
-        "mixed devices": (ValueError, lambda: ringcoll.all_gather_into_tensor(
+        "mixed dtypes": (ValueError, lambda: ringcoll.all_gather_single(output.double(), tensor)),
+        "mixed devices": (ValueError, lambda: ringcoll.all_gather_single(
             torch.zeros(4 * world, device="meta"), tensor)),
-        "input not a tensor": (TypeError, lambda: ringcoll.all_gather_into_tensor(output, [1.0])),
-        "complex dtype": (TypeError, lambda: ringcoll.all_gather_into_tensor(
+        "input not a tensor": (TypeError, lambda: ringcoll.all_gather_single(output, [1.0])),
+        "complex dtype": (TypeError, lambda: ringcoll.all_gather_single(
             output, torch.ones(4, dtype=torch.complex64))),
         "unknown algorithm": (ValueError, lambda: ringcoll.all_gather(outputs, tensor, algorithm="pairwise")),
-        "algorithm not a str": (TypeError, lambda: ringcoll.all_gather_into_tensor(output, tensor, algorithm=1)),
+        "algorithm not a str": (TypeError, lambda: ringcoll.all_gather_single(output, tensor, algorithm=1)),
         "async_op not a bool": (TypeError, lambda: ringcoll.all_gather(outputs, tensor, async_op="yes")),
         "group not a group": (TypeError, lambda: ringcoll.all_gather(outputs, tensor, group=0)),
     }
-    wrong = []
-    for name, (kind, call) in cases.items():
-        try:
-            call()
-        except kind as error:
-            if not str(error):
-                wrong.append(f"{name}: empty message")
-        except Exception as error:  # noqa: BLE001
-            wrong.append(f"{name}: {type(error).__name__} {error}")
-        else:
-            wrong.append(f"{name}: no error")
+    wrong = wrong_errors(cases)
     untouched = bool((output == 7).all()) and all(bool((o == 7).all()) for o in outputs) and \
         torch.equal(tensor, torch.arange(4, dtype=torch.float32) + 1)
     # still in step afterwards
-    ringcoll.all_gather_into_tensor(output, tensor + rank)
+    ringcoll.all_gather_single(output, tensor + rank)
     return wrong, untouched, output.tolist() == torch.cat([tensor + r for r in range(world)]).tolist()
 
 

@@ -9,43 +9,12 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import FLOATS, INTS, RTOL, assert_every_rank, ops_for
+from _util import builtin_all_reduce as builtin_reference
+from _util import random_data as data
 from conftest import WORLDS
 
 R = dist.ReduceOp
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-#: relative tolerance per float dtype: reductions in another order round differently
-RTOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-def ops_for(dtype):
-    if dtype == torch.bool:
-        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
-    if dtype in INTS:
-        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
-    return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, dist._make_nccl_premul_sum(0.25)]
-
-
-def data(rank, numel, dtype, seed=0):
-    """Never-zero data: small integers (exact under every op) or floats of either sign."""
-    gen = torch.Generator().manual_seed(1000 * seed + rank)
-    if dtype == torch.bool:
-        return torch.rand(numel, generator=gen) < 0.6
-    if dtype in INTS:
-        return torch.randint(1, 4, (numel,), generator=gen).to(dtype)
-    return (torch.rand(numel, generator=gen, dtype=torch.float64) * 1.5 + 0.5).to(dtype) * (
-        1 - 2 * (torch.arange(numel) % 3 == 0).to(dtype))
-
-
-def builtin_reference(tensor, op):
-    if tensor.dtype == torch.int16:   # gloo has no int16 ("Invalid scalar type"): widen, exact for our small data
-        return builtin_reference(tensor.to(torch.int32), op).to(torch.int16)
-    ref = tensor.clone()
-    if getattr(op, "op", op) == R.PREMUL_SUM:     # gloo lacks PREMUL_SUM: SUM of the premultiplied input
-        ref.mul_(0.25)
-        op = R.SUM
-    dist.all_reduce(ref, op=op)
-    return ref
 
 
 def cases(world):
@@ -105,8 +74,7 @@ def every_algorithm_on_shapes():
 
 
 def test_any_shape_scalar_and_non_contiguous(clusters):
-    for rank, flags in enumerate(clusters(3).run(every_algorithm_on_shapes)):
-        assert all(flags), f"rank {rank}: {flags}"
+    assert_every_rank(clusters(3).run(every_algorithm_on_shapes))
 
 
 def in_sub_group(members):

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import DTYPES, SIM_WORLDS
 from conftest import WORLDS
 from ringcoll.collectives._common import Context
 from ringcoll.collectives.all_to_all import build_all_to_all, build_all_to_all_single
@@ -18,9 +19,6 @@ from ringcoll.simulator import ScheduleError, run_plans
 
 ALGORITHMS = ("pairwise", "linear", "bruck")
 ANY_SPLITS = ("pairwise", "linear")
-SIM_WORLDS = (*range(1, 18), 32, 64)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.uint8, torch.bool)
 
 
 def block(src: int, dst: int, rows: int, width: int = 1) -> torch.Tensor:

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import FLOATS, INTS, assert_every_rank, builtin_all_reduce, close, ops_for
+from _util import random_data as gloo_data
 from conftest import WORLDS as GLOO_WORLDS
 from ringcoll.collectives import BUILDERS
 from ringcoll.collectives._common import Context
@@ -246,28 +248,6 @@ def test_bad_input_is_refused_before_anything_is_touched():
 
 
 # -- real gloo: against torch.distributed -----------------------------------------------------
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-RTOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-def ops_for(dtype):
-    if dtype.is_floating_point:
-        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, dist._make_nccl_premul_sum(0.25)]
-    return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
-
-
-def gloo_data(rank, numel, dtype, seed=0):
-    """Never-zero data: small integers (exact under every op) or floats of either sign."""
-    gen = torch.Generator().manual_seed(1000 * seed + rank)
-    if dtype == torch.bool:
-        return torch.rand(numel, generator=gen) < 0.6
-    if dtype in INTS:
-        return torch.randint(1, 4, (numel,), generator=gen).to(dtype)
-    return (torch.rand(numel, generator=gen, dtype=torch.float64) * 1.5 + 0.5).to(dtype) * (
-        1 - 2 * (torch.arange(numel) % 3 == 0).to(dtype))
-
-
 def builtin_reduce(tensor, dst, op, group=None):
     """torch's reduce of ``tensor`` (a copy), widening what gloo lacks: int16 (exact for small
     data) and PREMUL_SUM (SUM of the premultiplied input)."""
@@ -281,17 +261,6 @@ def builtin_reduce(tensor, dst, op, group=None):
     return ref
 
 
-def builtin_all_reduce(tensor, op):
-    if tensor.dtype == torch.int16:
-        return builtin_all_reduce(tensor.to(torch.int32), op).to(torch.int16)
-    ref = tensor.clone()
-    if getattr(op, "op", op) == R.PREMUL_SUM:
-        ref.mul_(0.25)
-        op = R.SUM
-    dist.all_reduce(ref, op=op)
-    return ref
-
-
 def builtin_broadcast(tensor, src, group=None):
     ref = tensor.clone()
     if ref.dtype == torch.int16:
@@ -300,12 +269,6 @@ def builtin_broadcast(tensor, src, group=None):
         return ref.view(torch.int16)
     dist.broadcast(ref, src=src, group=group)
     return ref
-
-
-def close(got, want):
-    if got.dtype.is_floating_point:
-        return torch.allclose(got.double(), want.double(), rtol=RTOL[got.dtype], atol=RTOL[got.dtype])
-    return torch.equal(got, want)
 
 
 def against_builtins(segment_bytes):
@@ -465,5 +428,4 @@ def shapes_and_strides():
 
 
 def test_shapes_scalars_and_non_contiguous(clusters):
-    for rank, flags in enumerate(clusters(3).run(shapes_and_strides)):
-        assert all(flags), f"rank {rank}: {flags}"
+    assert_every_rank(clusters(3).run(shapes_and_strides))

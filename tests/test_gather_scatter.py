@@ -7,34 +7,14 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import (DTYPES, SIM_WORLDS, assert_every_rank, assert_no_problems, block, block_numels,
+                   one_thread, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
 from conftest import WORLDS
-
-SIM_WORLDS = tuple(range(1, 18)) + (32, 64)
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.uint8, torch.bool)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The simulator moves many small tensors: torch's intra-op threads only contend for them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def block_numels(world):
-    return sorted({0, 1, max(world - 1, 0), world + 1, 1000, 4099})
 
 
 def roots(world):
     """Every root class: the first rank, the last, one in the middle."""
     return sorted({0, world - 1, world // 2})
-
-
-def block(rank, numel):
-    """Rank ``rank``'s block: unique, never-zero values, so a misplaced element shows."""
-    return torch.arange(numel, dtype=torch.int64) + 1 + rank * 1_000_003
 
 
 # -- simulator ----------------------------------------------------------------------------
@@ -107,15 +87,6 @@ def test_cost_models_match_the_simulated_messages():
 
 
 # -- real gloo ----------------------------------------------------------------------------
-def values(rank, numel, dtype):
-    raw = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13) % 61 + 1
-    if dtype == torch.bool:
-        return raw % 3 != 0
-    if dtype.is_floating_point:
-        return (raw.to(torch.float64) * (0.5 if rank % 2 else -0.25)).to(dtype)
-    return raw.to(dtype)
-
-
 def builtin_gather(tensor, gather_list, dst):
     if tensor.dtype == torch.int16:     # gloo has no int16: widen (exact) and narrow back
         wide = [torch.empty(t.shape, dtype=torch.int32) for t in gather_list] if gather_list else None
@@ -171,8 +142,7 @@ def compare_with_builtin():
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_matches_builtin_every_dtype_and_root(clusters, world):
-    for rank, problems in enumerate(clusters(world).run(compare_with_builtin)):
-        assert not problems, f"rank {rank}: {problems[:5]}"
+    assert_no_problems(clusters(world).run(compare_with_builtin))
 
 
 def shapes_and_aliasing():
@@ -213,8 +183,7 @@ def shapes_and_aliasing():
 
 
 def test_shapes_in_place_and_non_contiguous(clusters):
-    for rank, out in enumerate(clusters(3).run(shapes_and_aliasing)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(3).run(shapes_and_aliasing))
 
 
 def in_sub_group(members):
@@ -250,8 +219,7 @@ def in_sub_group(members):
 
 @pytest.mark.parametrize("world,members", [(5, [0, 2, 3]), (8, [7, 1, 4, 2, 6])])
 def test_sub_group_global_and_group_roots(clusters, world, members):
-    for rank, out in enumerate(clusters(world).run(in_sub_group, members)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(world).run(in_sub_group, members))
 
 
 def asynchronous():
@@ -279,8 +247,7 @@ def asynchronous():
 
 
 def test_async_op_and_result(clusters):
-    for rank, checks in enumerate(clusters(4).run(asynchronous)):
-        assert all(checks), f"rank {rank}: {checks}"
+    assert_every_rank(clusters(4).run(asynchronous))
 
 
 def bad_inputs():
@@ -318,17 +285,7 @@ def bad_inputs():
         "scatter_list on a non-root": (ValueError, lambda: ringcoll.scatter(tensor, slots, src=0)),
     }
     cases = {**everywhere, **(on_root if rank == 0 else elsewhere)}
-    wrong = []
-    for name, (kind, call) in cases.items():
-        try:
-            call()
-        except kind as error:
-            if not str(error):
-                wrong.append(f"{name}: empty message")
-        except Exception as error:  # noqa: BLE001
-            wrong.append(f"{name}: {type(error).__name__} {error}")
-        else:
-            wrong.append(f"{name}: no error")
+    wrong = wrong_errors(cases)
     untouched = bool((tensor == 5).all()) and all(bool((s == 7).all()) for s in slots)
     received = torch.zeros(4)                            # still in step afterwards
     ringcoll.scatter(received, [torch.full((4,), float(r)) for r in range(world)] if rank == 0 else None)

@@ -1,4 +1,4 @@
-"""reduce_scatter and reduce_scatter_tensor: every algorithm in the simulator, then against
+"""reduce_scatter and reduce_scatter_single: every algorithm in the simulator, then against
 torch.distributed's built-ins on real gloo processes."""
 from __future__ import annotations
 
@@ -9,40 +9,16 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import (FLOATS, INTS, SIM_WORLDS, assert_every_rank, assert_no_problems, block_numels,
+                   one_thread, ops_for, run_world, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
 from conftest import WORLDS
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context
-from ringcoll.simulator import run_plans
 
 R = dist.ReduceOp
-SIM_WORLDS = tuple(range(1, 18)) + (32, 64)
 ALGORITHMS = ringcoll.algorithms("reduce_scatter")
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-INT_OPS = (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The simulator moves many small tensors: torch's intra-op threads only contend for them."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def ops_for(dtype):
-    if dtype == torch.bool or not dtype.is_floating_point:
-        return INT_OPS
-    return (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, dist._make_nccl_premul_sum(0.25))
 
 
 def op_name(op):
     return getattr(op, "op", op).name
-
-
-def block_numels(world):
-    return sorted({0, 1, max(world - 1, 0), world + 1, 1000, 4099})
 
 
 def rank_input(rank, world, numel):
@@ -57,17 +33,6 @@ def summed(world, numel):
     return (i % 97 + 1) * (world * (world + 1) // 2) + world * (world - 1) // 2
 
 
-def run_world(collective, algorithm, world, make_call):
-    """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
-    they are (aliasing kept, nothing copied); returns each rank's arguments and result."""
-    calls = [make_call(rank) for rank in range(world)]
-    plans = [BUILDERS[collective](Context(rank, world), *args, algorithm=algorithm, **kwargs)
-             for rank, (args, kwargs) in enumerate(calls)]
-    with torch.no_grad():
-        run_plans(plans)
-    return [args for args, _ in calls], [plan.result for plan in plans]
-
-
 # -- simulator ----------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_simulated_sum_every_world_and_size_inputs_untouched(algorithm):
@@ -75,7 +40,7 @@ def test_simulated_sum_every_world_and_size_inputs_untouched(algorithm):
         for numel in block_numels(world):
             want = summed(world, numel)
             args, results = run_world(
-                "reduce_scatter_tensor", algorithm, world,
+                "reduce_scatter_single", algorithm, world,
                 lambda rank: ((torch.zeros(numel, dtype=torch.int64), rank_input(rank, world, numel)), {}))
             for rank, ((output, tensor), result) in enumerate(zip(args, results)):
                 mine = want[rank * numel:(rank + 1) * numel]
@@ -103,12 +68,12 @@ def reference(inputs, op, world):
 def test_simulated_every_op(algorithm):
     for world in (1, 2, 3, 5, 6, 7, 8, 13):
         numel = world + 2
-        for dtype, ops in ((torch.int64, INT_OPS), (torch.float64, ops_for(torch.float64))):
+        for dtype, ops in ((torch.int64, ops_for(torch.int64)), (torch.float64, ops_for(torch.float64))):
             for op in ops:
                 inputs = [(rank_input(r, world, numel) % 11 - 5 + (r == 0)).to(dtype) for r in range(world)]
                 inputs = [torch.where(x == 0, torch.ones_like(x), x) for x in inputs]
                 want = reference(inputs, op, world)
-                sim = ringcoll.simulate("reduce_scatter_tensor", algorithm, world, inputs=[
+                sim = ringcoll.simulate("reduce_scatter_single", algorithm, world, inputs=[
                     (torch.zeros(numel, dtype=dtype), inputs[r]) for r in range(world)], op=op)
                 for rank, (output,) in enumerate(sim.outputs):
                     assert torch.allclose(output, want[rank * numel:(rank + 1) * numel], rtol=1e-12, atol=0), \
@@ -134,7 +99,7 @@ def test_simulated_lists_and_in_place(algorithm):
                 return (tensor[rank * numel:(rank + 1) * numel], tensor), {}
 
             for collective, make in (("reduce_scatter", separate), ("reduce_scatter", staged),
-                                     ("reduce_scatter_tensor", in_place)):
+                                     ("reduce_scatter_single", in_place)):
                 args, _ = run_world(collective, algorithm, world, make)
                 for rank, (output, inputs) in enumerate(args):
                     assert torch.equal(output, want[rank * numel:(rank + 1) * numel]), \
@@ -151,7 +116,7 @@ def test_cost_models_match_the_simulated_messages():
     for world in (2, 4, 8, 16):
         for algorithm, messages in (("ring", world - 1), ("pairwise", world - 1),
                                     ("recursive_halving", world.bit_length() - 1)):
-            sim = ringcoll.simulate("reduce_scatter_tensor", algorithm, world,
+            sim = ringcoll.simulate("reduce_scatter_single", algorithm, world,
                                     call=lambda rank: ((torch.zeros(64), torch.ones(world * 64)), {}))
             assert sim.cost.alpha == messages, algorithm
             assert sim.stats.messages == world * messages, algorithm
@@ -205,7 +170,7 @@ def compare_with_builtin():
             before = tensor.clone()
             want = references[dtype, op_name(op), numel]
             output = torch.zeros(numel, dtype=dtype)
-            ringcoll.reduce_scatter_tensor(output, tensor, op=op, algorithm=algorithm)
+            ringcoll.reduce_scatter_single(output, tensor, op=op, algorithm=algorithm)
             outputs = [output]
             if dtype in (torch.bfloat16, torch.uint8) or numel != world + 1:
                 listed = torch.zeros(numel, dtype=dtype)
@@ -228,8 +193,7 @@ def compare_with_builtin():
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_matches_builtin_every_op_and_dtype(clusters, world):
-    for rank, problems in enumerate(clusters(world).run(compare_with_builtin)):
-        assert not problems, f"rank {rank}: {problems[:5]}"
+    assert_no_problems(clusters(world).run(compare_with_builtin))
 
 
 def shapes_and_aliasing():
@@ -242,19 +206,19 @@ def shapes_and_aliasing():
         for shape in ((world * 6,), (world, 2, 3), (2 * world, 3)):        # flat, stacked, concatenated
             output = torch.zeros(2, 3)
             tensor = source.clone().view(shape)
-            ringcoll.reduce_scatter_tensor(output, tensor, algorithm=algorithm)
+            ringcoll.reduce_scatter_single(output, tensor, algorithm=algorithm)
             out[f"{algorithm} input {shape}"] = torch.equal(output.flatten(), want) and \
                 torch.equal(tensor.flatten(), source)
         tensor = source.clone()                                              # in place
-        ringcoll.reduce_scatter_tensor(tensor[6 * rank:6 * rank + 6], tensor, algorithm=algorithm)
+        ringcoll.reduce_scatter_single(tensor[6 * rank:6 * rank + 6], tensor, algorithm=algorithm)
         out[f"{algorithm} in place"] = torch.equal(tensor[6 * rank:6 * rank + 6], want)
         strided = torch.zeros(3, 2).t()                                      # non-contiguous output
-        ringcoll.reduce_scatter_tensor(strided, source.clone(), algorithm=algorithm)
+        ringcoll.reduce_scatter_single(strided, source.clone(), algorithm=algorithm)
         out[f"{algorithm} non-contiguous output"] = torch.equal(strided.reshape(-1), want) and \
             not strided.is_contiguous()
         noncontig = source.view(world, 6).t().contiguous().t()              # non-contiguous input, same values
         output = torch.zeros(6)
-        ringcoll.reduce_scatter_tensor(output, noncontig, algorithm=algorithm)
+        ringcoll.reduce_scatter_single(output, noncontig, algorithm=algorithm)
         out[f"{algorithm} non-contiguous input"] = torch.equal(output, want) and not noncontig.is_contiguous()
         listed = [torch.zeros(3, 2).t() for _ in range(world)]             # non-contiguous list
         for index, item in enumerate(listed):
@@ -263,14 +227,13 @@ def shapes_and_aliasing():
         ringcoll.reduce_scatter(output, listed, algorithm=algorithm)
         out[f"{algorithm} non-contiguous list"] = torch.equal(output, want)
         empty = torch.zeros(0)
-        ringcoll.reduce_scatter_tensor(empty, torch.zeros(0), algorithm=algorithm)
+        ringcoll.reduce_scatter_single(empty, torch.zeros(0), algorithm=algorithm)
         out[f"{algorithm} empty"] = empty.numel() == 0
     return out
 
 
 def test_shapes_in_place_and_non_contiguous(clusters):
-    for rank, out in enumerate(clusters(3).run(shapes_and_aliasing)):
-        assert all(out.values()), f"rank {rank}: {[k for k, ok in out.items() if not ok]}"
+    assert_every_rank(clusters(3).run(shapes_and_aliasing))
 
 
 def in_sub_group(members):
@@ -282,7 +245,7 @@ def in_sub_group(members):
         output = torch.zeros(4, dtype=torch.int64)
         listed = torch.zeros(4, dtype=torch.int64)
         want = torch.zeros(4, dtype=torch.int64)
-        results = (ringcoll.reduce_scatter_tensor(output, tensor, op=R.MAX, group=group, algorithm=algorithm),
+        results = (ringcoll.reduce_scatter_single(output, tensor, op=R.MAX, group=group, algorithm=algorithm),
                    ringcoll.reduce_scatter(listed, list(tensor.chunk(len(members))), group=group,
                                            algorithm=algorithm))
         if rank in members:
@@ -313,7 +276,7 @@ def asynchronous():
         tensor = torch.arange(world * 5, dtype=torch.float64) + rank
         output, listed, want = torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64), \
             torch.zeros(5, dtype=torch.float64)
-        works = [ringcoll.reduce_scatter_tensor(output, tensor, op=R.AVG, async_op=True, algorithm=algorithm),
+        works = [ringcoll.reduce_scatter_single(output, tensor, op=R.AVG, async_op=True, algorithm=algorithm),
                  ringcoll.reduce_scatter(listed, list(tensor.chunk(world)), op=R.AVG, async_op=True,
                                          algorithm=algorithm)]
         dist.reduce_scatter_single(want, tensor, op=R.AVG)
@@ -325,8 +288,7 @@ def asynchronous():
 
 
 def test_async_op_and_result(clusters):
-    for rank, checks in enumerate(clusters(4).run(asynchronous)):
-        assert all(checks), f"rank {rank}: {checks}"
+    assert_every_rank(clusters(4).run(asynchronous))
 
 
 def bad_inputs():
@@ -336,10 +298,10 @@ def bad_inputs():
     output = torch.full((4,), 7.0)
     ints = torch.ones(4 * world, dtype=torch.int32)
     cases = {
-        "input not divisible": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output, tensor[:-1])),
-        "input too large": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output[:3], tensor)),
-        "mixed dtypes": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output.double(), tensor)),
-        "mixed devices": (ValueError, lambda: ringcoll.reduce_scatter_tensor(torch.zeros(4, device="meta"), tensor)),
+        "input not divisible": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor[:-1])),
+        "input too large": (ValueError, lambda: ringcoll.reduce_scatter_single(output[:3], tensor)),
+        "mixed dtypes": (ValueError, lambda: ringcoll.reduce_scatter_single(output.double(), tensor)),
+        "mixed devices": (ValueError, lambda: ringcoll.reduce_scatter_single(torch.zeros(4, device="meta"), tensor)),
         "list too long": (ValueError, lambda: ringcoll.reduce_scatter(output, inputs + [inputs[0]])),
         "list too short": (ValueError, lambda: ringcoll.reduce_scatter(output, inputs[:-1])),
         "uneven list": (ValueError, lambda: ringcoll.reduce_scatter(output, inputs[:-1] + [torch.ones(5)])),
@@ -348,25 +310,15 @@ def bad_inputs():
             output, inputs[:-1] + [torch.ones(4, dtype=torch.float64)])),
         "mixed devices in list": (ValueError, lambda: ringcoll.reduce_scatter(
             output, inputs[:-1] + [torch.ones(4, device="meta")])),
-        "BAND on float": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output, tensor, op=R.BAND)),
-        "AVG on int": (ValueError, lambda: ringcoll.reduce_scatter_tensor(ints[:4], ints, op=R.AVG)),
+        "BAND on float": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor, op=R.BAND)),
+        "AVG on int": (ValueError, lambda: ringcoll.reduce_scatter_single(ints[:4], ints, op=R.AVG)),
         "PREMUL on int": (ValueError, lambda: ringcoll.reduce_scatter(
             ints[:4], list(ints.chunk(world)), op=dist._make_nccl_premul_sum(2.0))),
-        "op not a ReduceOp": (TypeError, lambda: ringcoll.reduce_scatter_tensor(output, tensor, op="sum")),
-        "unknown algorithm": (ValueError, lambda: ringcoll.reduce_scatter_tensor(output, tensor, algorithm="bruck")),
+        "op not a ReduceOp": (TypeError, lambda: ringcoll.reduce_scatter_single(output, tensor, op="sum")),
+        "unknown algorithm": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor, algorithm="bruck")),
         "async_op not a bool": (TypeError, lambda: ringcoll.reduce_scatter(output, inputs, async_op=1)),
     }
-    wrong = []
-    for name, (kind, call) in cases.items():
-        try:
-            call()
-        except kind as error:
-            if not str(error):
-                wrong.append(f"{name}: empty message")
-        except Exception as error:  # noqa: BLE001
-            wrong.append(f"{name}: {type(error).__name__} {error}")
-        else:
-            wrong.append(f"{name}: no error")
+    wrong = wrong_errors(cases)
     untouched = bool((output == 7).all()) and all(bool((x == 5).all()) for x in inputs) and \
         torch.equal(tensor, torch.arange(4 * world, dtype=torch.float32) + 1) and bool((ints == 1).all())
     ringcoll.reduce_scatter(output, inputs)          # still in step afterwards

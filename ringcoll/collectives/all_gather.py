@@ -1,9 +1,11 @@
-"""The all_gather and all_gather_into_tensor drop-ins (tensor-list helpers: ``_lists``)."""
+"""The all_gather_single (and its deprecated name all_gather_into_tensor) and all_gather
+drop-ins (tensor-list helpers: ``_lists``)."""
 from __future__ import annotations
 
-__all__ = ["all_gather", "all_gather_into_tensor"]
+__all__ = ["all_gather", "all_gather_into_tensor", "all_gather_single"]
 
 import torch
+from typing_extensions import deprecated
 
 from ..schedule import Layout
 from ._common import Context, builder, check_async, check_device, check_tensor, describe, flat, group_context, new_plan, pick
@@ -11,7 +13,7 @@ from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_l
                      separate_input, stage_list)
 
 
-# -- all_gather_into_tensor ---------------------------------------------------------------
+# -- all_gather_single --------------------------------------------------------------------
 def _gather_plan(ctx: Context, chosen, why, output_flat: torch.Tensor, input_flat: torch.Tensor,
                  tensor: torch.Tensor, result, name: str):
     in_place = is_block(input_flat, output_flat, ctx.rank)
@@ -24,7 +26,8 @@ def _gather_plan(ctx: Context, chosen, why, output_flat: torch.Tensor, input_fla
 
 
 @builder("all_gather_into_tensor")
-def build_all_gather_into_tensor(ctx: Context, output_tensor, input_tensor, *, algorithm="auto"):
+@builder("all_gather_single")
+def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algorithm="auto"):
     check_tensor("output_tensor", output_tensor)
     check_tensor("input_tensor", input_tensor)
     check_same("output_tensor", output_tensor, input_tensor, "input_tensor")
@@ -44,14 +47,13 @@ def build_all_gather_into_tensor(ctx: Context, output_tensor, input_tensor, *, a
     # as gloo's Work.result(): the output, one view per rank in the input's shape
     result = [output_flat[r * numel:(r + 1) * numel].view(input_tensor.shape) for r in range(ctx.world)] \
         if write_back is None else [output_tensor]
-    plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, input_tensor, result,
-                        "all_gather_into_tensor")
+    plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, input_tensor, result, "all_gather_single")
     if write_back is not None:
         plan.after.append(write_back)
     return plan
 
 
-def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, algorithm="auto"):
+def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *, algorithm="auto"):
     """Gather tensors from all ranks and put them in a single output tensor.
 
     Block r of ``output_tensor`` (its elements in row-major order) ends as rank r's
@@ -85,15 +87,27 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         tensor([1, 2]) # Rank 0
         tensor([3, 4]) # Rank 1
         >>> tensor_out = torch.zeros(4, dtype=torch.int64)
-        >>> ringcoll.all_gather_into_tensor(tensor_out, tensor_in, algorithm="bruck")
+        >>> ringcoll.all_gather_single(tensor_out, tensor_in, algorithm="bruck")
         >>> tensor_out
         tensor([1, 2, 3, 4]) # Rank 0
         tensor([1, 2, 3, 4]) # Rank 1
     """
     check_async(async_op)
     ctx = group_context(group)
-    return ctx.submit(build_all_gather_into_tensor(ctx, output_tensor, input_tensor, algorithm=algorithm),
-                      async_op)
+    return ctx.submit(build_all_gather_single(ctx, output_tensor, input_tensor, algorithm=algorithm), async_op)
+
+
+# torch 2.13 deprecates the old name with a FutureWarning and forwards it; so does ringcoll
+@deprecated("`ringcoll.all_gather_into_tensor` is deprecated, as torch 2.13's. "
+            "Please use `ringcoll.all_gather_single` instead.", category=FutureWarning)
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *, algorithm="auto"):
+    """Gather tensors from all ranks and put them in a single output tensor.
+
+    .. warning::
+        ``all_gather_into_tensor`` is deprecated (a FutureWarning, as torch 2.13's). Users
+        should use :func:`all_gather_single`, which it calls.
+    """
+    return all_gather_single(output_tensor, input_tensor, group, async_op, algorithm=algorithm)
 
 
 # -- all_gather ---------------------------------------------------------------------------

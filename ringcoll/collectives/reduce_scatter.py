@@ -1,4 +1,5 @@
-"""The reduce_scatter and reduce_scatter_tensor drop-ins.
+"""The reduce_scatter_single (and its deprecated name reduce_scatter_tensor) and
+reduce_scatter drop-ins.
 
 The caller's inputs are never written (the schedules reduce into scratch and the output);
 PREMUL_SUM premultiplies a copy. An output that overlaps the input (NCCL's in-place
@@ -7,9 +8,10 @@ buffer and copied over at the end.
 """
 from __future__ import annotations
 
-__all__ = ["reduce_scatter", "reduce_scatter_tensor"]
+__all__ = ["reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor"]
 
 import torch
+from typing_extensions import deprecated
 
 from .. import kernels
 from ..ops import ReduceOp, resolve
@@ -51,7 +53,8 @@ def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: tor
 
 
 @builder("reduce_scatter_tensor")
-def build_reduce_scatter_tensor(ctx: Context, output, input, op=ReduceOp.SUM, *, algorithm="auto"):  # noqa: A002
+@builder("reduce_scatter_single")
+def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *, algorithm="auto"):  # noqa: A002
     check_tensor("output", output)
     check_tensor("input", input)
     check_same("input", input, output, "output")
@@ -66,10 +69,10 @@ def build_reduce_scatter_tensor(ctx: Context, output, input, op=ReduceOp.SUM, *,
     check_device("output", output, ctx)
     check_device("input", input, ctx)
     input_flat, _ = flat(input)
-    return _plan(ctx, chosen, why, spec, output, input_flat, None, [output], "reduce_scatter_tensor")
+    return _plan(ctx, chosen, why, spec, output, input_flat, None, [output], "reduce_scatter_single")
 
 
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
                           algorithm="auto"):
     """Reduces, then scatters a tensor to all ranks in a group.
 
@@ -103,14 +106,28 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         >>> tensor_in
         tensor([0, 1, 2, 3]) # Rank 0
         tensor([0, 1, 2, 3]) # Rank 1
-        >>> ringcoll.reduce_scatter_tensor(tensor_out, tensor_in, algorithm="pairwise")
+        >>> ringcoll.reduce_scatter_single(tensor_out, tensor_in, algorithm="pairwise")
         >>> tensor_out
         tensor([0, 2]) # Rank 0
         tensor([4, 6]) # Rank 1
     """
     check_async(async_op)
     ctx = group_context(group)
-    return ctx.submit(build_reduce_scatter_tensor(ctx, output, input, op, algorithm=algorithm), async_op)
+    return ctx.submit(build_reduce_scatter_single(ctx, output, input, op, algorithm=algorithm), async_op)
+
+
+# torch 2.13 deprecates the old name with a FutureWarning and forwards it; so does ringcoll
+@deprecated("`ringcoll.reduce_scatter_tensor` is deprecated, as torch 2.13's. "
+            "Please use `ringcoll.reduce_scatter_single` instead.", category=FutureWarning)
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
+                          algorithm="auto"):
+    """Reduces, then scatters a tensor to all ranks in a group.
+
+    .. warning::
+        ``reduce_scatter_tensor`` is deprecated (a FutureWarning, as torch 2.13's). Users
+        should use :func:`reduce_scatter_single`, which it calls.
+    """
+    return reduce_scatter_single(output, input, op, group, async_op, algorithm=algorithm)
 
 
 @builder("reduce_scatter")

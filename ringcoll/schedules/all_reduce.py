@@ -12,6 +12,7 @@ from typing import Iterator
 from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
 from ..registry import Cost, register
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
+from .trees import Phase, all_reduce_trees, halves, pipeline, segment_count, segment_numel
 
 
 def _lg(world: int) -> int:
@@ -136,9 +137,6 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
         for peer, keep, give in reversed(history):
             yield step(sendrecv(peer, span(*keep), peer, span(*give)))
     yield from fold_out(rank, world, data)
-
-
-from .trees import Phase, all_reduce_trees, halves, pipeline, segment_count, segment_numel  # noqa: E402
 
 
 def _double_binary_tree_cost(world: int, nbytes: int) -> Cost:

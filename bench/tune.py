@@ -1,0 +1,87 @@
+"""``ringcoll-bench --tune``: the measured medians as a tuning table for ``algorithm="auto"``.
+
+The table is a CSV in the spirit of NCCL's tuner-plugin config, one row per collective, world
+size and size band (bytes inclusive)::
+
+    collective,nranks,min_bytes,max_bytes,algorithm
+    all_reduce,4,0,65535,recursive_doubling
+    all_reduce,4,65536,67108864,ring
+
+``RINGCOLL_TUNING=table.csv`` makes ``auto`` follow it (ringcoll/selection.py reads it). At each
+measured size the algorithm is the argmin of the median times of ringcoll's algorithms (``auto``
+and the built-in are not candidates; a row with an error or a wrong element is not either),
+on the collective's first variant (out-of-place where there are two). Each choice holds from
+its size up to the next measured size, the first from 0 bytes, the last up to its own size;
+neighbouring sizes with the same choice merge into one band. The bytes are the ones the
+selection table sees: the message of all_reduce, broadcast and reduce, the total of
+all_gather, reduce_scatter, gather and scatter, the largest block of all_to_all.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import astuple, dataclass
+from typing import Dict, List, Sequence
+
+from .harness import BUILTIN, OURS, Row
+from .specs import SPECS
+
+HEADER = ("collective", "nranks", "min_bytes", "max_bytes", "algorithm")
+_NOT_CANDIDATES = (BUILTIN, OURS, "auto")
+
+
+@dataclass(frozen=True)
+class Band:
+    collective: str         # the registry collective (all_reduce, all_gather, ...)
+    nranks: int
+    min_bytes: int
+    max_bytes: int          # inclusive
+    algorithm: str
+
+
+def selection_bytes(family: str, size: int, world: int) -> int:
+    """The bytes ``auto`` chooses by, for a benchmark row of ``size`` bytes."""
+    return size // world if family == "all_to_all" else size
+
+
+def fastest(rows: Sequence[Row]) -> Dict[int, str]:
+    """Benchmark size -> the algorithm with the least median time there."""
+    best: Dict[int, Row] = {}
+    for row in rows:
+        if row.algorithm in _NOT_CANDIDATES or row.error or row.wrong or not row.time_us:
+            continue
+        if row.size not in best or row.time_us < best[row.size].time_us:
+            best[row.size] = row
+    return {size: row.algorithm for size, row in sorted(best.items())}
+
+
+def tuning_rows(rows: Sequence[Row], world: int) -> List[Band]:
+    """The tuning table of a run's rows: per collective family (from its first benchmarked
+    function, e.g. all_gather_single before the list all_gather), the fastest algorithm per
+    size band."""
+    chosen: Dict[str, str] = {}         # family -> the function whose rows decide
+    for row in rows:
+        spec = SPECS.get(row.collective)
+        if spec is not None and spec.family and spec.sized:
+            chosen.setdefault(spec.family, row.collective)
+    bands: List[Band] = []
+    for family, name in chosen.items():
+        variant = SPECS[name].variants[0]
+        picks = list(fastest([r for r in rows if r.collective == name and r.variant == variant]).items())
+        for index, (size, algorithm) in enumerate(picks):
+            low = 0 if index == 0 else selection_bytes(family, size, world)
+            high = selection_bytes(family, picks[index + 1][0], world) - 1 if index + 1 < len(picks) \
+                else selection_bytes(family, size, world)
+            if bands and bands[-1].collective == family and bands[-1].algorithm == algorithm:
+                bands[-1] = Band(family, world, bands[-1].min_bytes, high, algorithm)
+            else:
+                bands.append(Band(family, world, low, high, algorithm))
+    return bands
+
+
+def write_tuning(path: str, bands: Sequence[Band]) -> str:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(HEADER)
+        for band in bands:
+            writer.writerow(astuple(band))
+    return path

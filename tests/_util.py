@@ -1,0 +1,140 @@
+"""What the collective tests share: the worlds and dtypes they sweep, exact test data, the
+built-in references (widened where gloo lacks a dtype or op), running plans in the simulator,
+and the checks of a list of bad calls and of every rank's flags."""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, Tuple
+
+import pytest
+import torch
+import torch.distributed as dist
+
+R = dist.ReduceOp
+#: the simulator tests' world sizes: every one to 17, then two larger powers of two
+SIM_WORLDS = (*range(1, 18), 32, 64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: every dtype ringcoll moves
+DTYPES = FLOATS + INTS + (torch.bool,)
+#: relative tolerance per float dtype: reductions in another order round differently
+RTOL = {torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The simulator moves many small tensors: torch's intra-op threads only contend for them.
+    (Imported into a test module, it applies to that module.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- data -------------------------------------------------------------------------------------
+def block_numels(world: int) -> List[int]:
+    """The edge sizes of one rank's block: 0, 1, below the world, not divisible, large."""
+    return sorted({0, 1, max(world - 1, 0), world + 1, 1000, 4099})
+
+
+def block(rank: int, numel: int) -> torch.Tensor:
+    """Rank ``rank``'s block: unique, never-zero values, so a misplaced element shows."""
+    return torch.arange(numel, dtype=torch.int64) + 1 + rank * 1_000_003
+
+
+def values(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Never-zero, exactly representable values, distinct across ranks."""
+    raw = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13) % 61 + 1
+    if dtype == torch.bool:
+        return raw % 3 != 0
+    if dtype.is_floating_point:
+        return (raw.to(torch.float64) * (0.5 if rank % 2 else -0.25)).to(dtype)
+    return raw.to(dtype)
+
+
+def random_data(rank: int, numel: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Never-zero data: small integers (exact under every op) or floats of either sign."""
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.bool:
+        return torch.rand(numel, generator=gen) < 0.6
+    if dtype in INTS:
+        return torch.randint(1, 4, (numel,), generator=gen).to(dtype)
+    return (torch.rand(numel, generator=gen, dtype=torch.float64) * 1.5 + 0.5).to(dtype) * (
+        1 - 2 * (torch.arange(numel) % 3 == 0).to(dtype))
+
+
+def ops_for(dtype: torch.dtype) -> list:
+    """Every ReduceOp torch allows on ``dtype`` (PREMUL_SUM by 0.25 on floats)."""
+    if dtype.is_floating_point:
+        return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, dist._make_nccl_premul_sum(0.25)]
+    return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal for integers; within :data:`RTOL` for floats."""
+    if got.dtype.is_floating_point:
+        return torch.allclose(got.double(), want.double(), rtol=RTOL[got.dtype], atol=RTOL[got.dtype])
+    return torch.equal(got, want)
+
+
+# -- the built-ins, widened where gloo lacks a dtype or an op -----------------------------------
+def builtin_all_reduce(tensor: torch.Tensor, op, group=None) -> torch.Tensor:
+    """torch's all_reduce of a copy of ``tensor``; gloo has no int16 ("Invalid scalar type"):
+    widened, exact for small data; nor PREMUL_SUM: the SUM of the premultiplied input."""
+    if tensor.dtype == torch.int16:
+        return builtin_all_reduce(tensor.to(torch.int32), op, group).to(torch.int16)
+    ref = tensor.clone()
+    if getattr(op, "op", op) == R.PREMUL_SUM:
+        ref.mul_(0.25)
+        op = R.SUM
+    dist.all_reduce(ref, op=op, group=group)
+    return ref
+
+
+# -- the simulator ------------------------------------------------------------------------------
+def run_world(collective: str, algorithm: str, world: int, make_call: Callable[[int], tuple]):
+    """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
+    they are (aliasing kept, nothing copied); returns each rank's arguments and result."""
+    from ringcoll.collectives import BUILDERS
+    from ringcoll.collectives._common import Context
+    from ringcoll.simulator import run_plans
+
+    calls = [make_call(rank) for rank in range(world)]
+    plans = [BUILDERS[collective](Context(rank, world), *args, algorithm=algorithm, **kwargs)
+             for rank, (args, kwargs) in enumerate(calls)]
+    with torch.no_grad():
+        run_plans(plans)
+    return [args for args, _ in calls], [plan.result for plan in plans]
+
+
+# -- checks --------------------------------------------------------------------------------------
+def wrong_errors(cases: Dict[str, Tuple[type, Callable[[], object]]]) -> List[str]:
+    """Runs each bad call ``name: (expected exception type, call)``; what went otherwise: no
+    error, another type, or an empty message."""
+    wrong = []
+    for name, (kind, call) in cases.items():
+        try:
+            call()
+        except kind as error:
+            if not str(error):
+                wrong.append(f"{name}: empty message")
+        except Exception as error:  # noqa: BLE001 - reported
+            wrong.append(f"{name}: {type(error).__name__} {error}")
+        else:
+            wrong.append(f"{name}: no error")
+    return wrong
+
+
+def assert_every_rank(results: Iterable) -> None:
+    """Every rank's flags (a list, or a dict of named flags) are all true; the message names
+    the rank and, for a dict, the flags that are not."""
+    for rank, flags in enumerate(results):
+        if isinstance(flags, dict):
+            assert all(flags.values()), f"rank {rank}: {[k for k, ok in flags.items() if not ok]}"
+        else:
+            assert all(flags), f"rank {rank}: {flags}"
+
+
+def assert_no_problems(results: Iterable[list]) -> None:
+    """Every rank's list of problems is empty; the message names the rank and the first five."""
+    for rank, problems in enumerate(results):
+        assert not problems, f"rank {rank}: {problems[:5]}"
