@@ -44,6 +44,14 @@ class Simulation:
         """The cost model's time on this machine (its slowest link on a hierarchical one)."""
         return self.cost.on(self.machine)
 
+    @property
+    def ratios(self):
+        """Ratios to the lower bounds of Chan et al. 2007 (ringcoll.study.bounds): latency
+        (critical-path steps ÷ ⌈lg p⌉), bandwidth (most bytes through one rank ÷ the bound),
+        compute (most bytes one rank reduces ÷ (p-1)/p·n)."""
+        from .study.bounds import ratios
+        return ratios(self.collective, self.world, self.nbytes, self.stats)
+
     def trace(self, path: str) -> str:
         """Write the run's Chrome-trace / Perfetto JSON to ``path`` (see ringcoll.study.pictures)."""
         from .study.pictures import write_trace

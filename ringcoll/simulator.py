@@ -183,6 +183,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     iters = [iter(s) for s in schedules]
     flat = machine.flat
     alpha, beta, gamma, ports = machine.alpha, machine.beta, machine.gamma, machine.ports
+    single = ports == 1 and machine.nic_ports == 1
     node = [machine.node_of(r) for r in range(world)] if not flat else None
     nodes = (max(node) + 1) if node else 0
     # each port: its busy intervals (start, end), sorted; a table: one rank's or NIC's ports
@@ -319,11 +320,17 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             else:
                 tables = (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
                 duration = machine.inter_alpha + nbytes * machine.inter_beta
-            start, chosen = slot(tables, now, duration)
+            if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
+                start, chosen = now, [t[0] for t in tables]      # every port idle: the common case
+            else:
+                start, chosen = slot(tables, now, duration)
             end = start + duration
             for busy in chosen:
-                while busy and busy[0][1] <= now:       # past intervals can never matter again
-                    busy.pop(0)
+                if busy and busy[-1][1] <= now:
+                    busy.clear()                    # past intervals can never matter again
+                else:
+                    while busy and busy[0][1] <= now:
+                        busy.pop(0)
                 bisect.insort(busy, (start, end))
             s_stats, d_stats = stats[src], stats[dst]
             s_stats.messages += 1

@@ -179,3 +179,33 @@ def test_float_results_are_checked_within_tolerance():
     torch.testing.assert_close(sim.outputs[0][0], sum(inputs), rtol=1e-5, atol=1e-5)
     assert torch.equal(inputs[0], torch.randn(1001, generator=torch.Generator().manual_seed(0)))
     assert rank_data(0, 3).tolist() == [1, 2, 3]
+
+
+def test_lower_bound_ratios():
+    world, numel = 8, 8 * 1024
+    n = numel * 8
+    ring = ringcoll.simulate("all_reduce", "ring", world, numel=numel, data=False).ratios
+    assert ring["bandwidth"] == pytest.approx(1.0) and ring["compute"] == pytest.approx(1.0)
+    assert ring["latency"] == pytest.approx(2 * (world - 1) / 3)
+    doubling = ringcoll.simulate("all_reduce", "recursive_doubling", world, numel=numel, data=False).ratios
+    assert doubling["latency"] == 1.0
+    assert doubling["bandwidth"] == pytest.approx(3 * n / (2 * (world - 1) / world * n))
+    assert ringcoll.simulate("barrier", "dissemination", 5, numel=0, data=False).ratios["bandwidth"] is None
+
+
+def test_trace_is_chrome_json_with_events_per_rank(tmp_path):
+    import json
+
+    sim = ringcoll.simulate("all_reduce", "rabenseifner", 6, numel=600)
+    doc = json.loads(open(sim.trace(str(tmp_path / "t.json"))).read())
+    events = doc["traceEvents"]
+    sends = [e for e in events if e["ph"] == "X" and e.get("cat") == "message" and e["tid"] == 0]
+    assert len(sends) == sim.stats.messages
+    assert {e["pid"] for e in sends} == set(range(6))
+    assert all(e["dur"] > 0 and e["ts"] >= 0 for e in sends)
+    assert sum(1 for e in events if e.get("cat") == "local" and e["args"]["bytes_reduced"]) > 0
+    for world in (4, 20):                                   # detailed and summary views
+        path = ringcoll.simulate("all_reduce", "ring", world, numel=400, data=False).plot(str(tmp_path / "t.png"))
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="record=True"):
+        ringcoll.simulate("all_reduce", "ring", 4, numel=40, record=False).trace(str(tmp_path / "x.json"))
