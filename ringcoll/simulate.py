@@ -1,6 +1,7 @@
 """``ringcoll.simulate``: run a collective on every rank of a world in one process."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -80,20 +81,19 @@ def _clone(value):
 
 
 def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.dtype,
-               kwargs: Dict[str, Any], device: str = "cpu"):
+               kwargs: Dict[str, Any], fill: bool = True):
     """Rank ``rank``'s arguments for ``collective`` of ``numel`` elements: the n of its cost
     model, i.e. the vector (all_reduce, broadcast, reduce) or the total over all ranks'
     blocks (all_gather, reduce_scatter, gather, scatter, all_to_all: one block is
-    ⌈numel / world⌉). Inputs hold :func:`rank_data` (empty tensors on the meta device)."""
+    ⌈numel / world⌉). Inputs hold :func:`rank_data` (with ``fill=False`` they are left
+    uninitialised: torch.empty touches no memory)."""
     block = -(-numel // world)
 
     def data(n, salt=0):
-        if device == "meta":
-            return torch.empty(n, dtype=dtype, device="meta")
-        return rank_data(rank + salt, n, dtype)
+        return rank_data(rank + salt, n, dtype) if fill else torch.empty(n, dtype=dtype)
 
     def empty(n):
-        return torch.empty(n, dtype=dtype, device=device)
+        return torch.empty(n, dtype=dtype)
 
     if collective in ("all_reduce",):
         return (data(numel),), kwargs
@@ -140,9 +140,10 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     bytes per rank and per link, time on ``machine``'s port-limited clock), the algorithm's
     cost model and every rank's plan.
 
-    ``data=False`` runs only the clock: no tensor is allocated (``numel=`` inputs live on the
-    meta device) and schedules stream step by step, for thousands of ranks; statistics and
-    times are those of the data run. ``check`` (default: on for data runs) compares every
+    ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
+    builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
+    stream step by step, for thousands of ranks; statistics and times are those of the data
+    run. ``check`` (default: on for data runs) compares every
     rank's result with the collective's definition computed from the inputs and raises
     naming the rank and the first wrong element. ``record`` (default: on up to 256 ranks)
     keeps the timeline that :meth:`Simulation.trace` and :meth:`Simulation.plot` draw.
@@ -164,7 +165,6 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     if record is None:
         record = world <= 256
     build = BUILDERS[collective]
-    device = "cpu" if data else "meta"
     plans, before, after = [], [], []
     for rank in range(world):
         if call is not None:
@@ -178,12 +178,15 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         elif numel is not None:
             if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
                 raise ValueError(f"numel must be a non-negative int, got {numel!r}")
-            args, extra = numel_call(collective, rank, world, numel, dtype, kwargs, device)
+            args, extra = numel_call(collective, rank, world, numel, dtype, kwargs, fill=data)
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
         extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
-        if not data and (call is not None or inputs is not None):
-            args = _to_meta(args)
+        if plans and not data and call is None and inputs is None:
+            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
+            # is a layout parameter), so one builder call serves, not world of them
+            plans.append(dataclasses.replace(plans[0], rank=rank))
+            continue
         if check:
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
@@ -202,11 +205,3 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         from .study.check import check_results
         check_results(collective, before, after)
     return sim
-
-
-def _to_meta(value):
-    if isinstance(value, torch.Tensor):
-        return torch.empty(value.shape, dtype=value.dtype, device="meta")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
-    return value

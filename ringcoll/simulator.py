@@ -162,6 +162,9 @@ def reduced_bytes(local, itemsize: int) -> int:
     return sum(op.dst.numel * len(op.srcs) for op in local if isinstance(op, Reduce)) * itemsize
 
 
+_INF = float("inf")
+
+
 def _choices(tables):
     """Every way to pick one port from each table (one way when each has one port)."""
     if all(len(t) == 1 for t in tables):
@@ -281,12 +284,17 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             while moved:
                 moved = False
                 for busy in choice:
-                    for b_start, b_end in busy:
-                        if b_start < t + duration and t < b_end:
-                            t = b_end
-                            moved = True
-                        elif b_start >= t + duration:
+                    # intervals of one port never overlap: sorted by start, so also by end
+                    i = max(0, bisect.bisect_right(busy, (t, _INF)) - 1)
+                    while i < len(busy):
+                        b_start, b_end = busy[i]
+                        i += 1
+                        if b_end <= t:
+                            continue
+                        if b_start >= t + duration:
                             break
+                        t = b_end
+                        moved = True
             if best is None or t < best[0]:
                 best = (t, choice)
         return best
