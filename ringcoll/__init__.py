@@ -16,10 +16,11 @@ from .executor import get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging
 from .simulate import simulate
+from .study.fit import fit
 from .work import Work
 
 configure_logging()
 
 __version__ = "0.1.0"
-__all__ = ["Cost", "Machine", "ReduceOp", "Work", "algorithms", "register", "get_timeout", "launch", "set_timeout",
+__all__ = ["Cost", "Machine", "ReduceOp", "Work", "algorithms", "fit", "register", "get_timeout", "launch", "set_timeout",
            "simulate", *collectives.__all__]

@@ -209,3 +209,62 @@ def test_trace_is_chrome_json_with_events_per_rank(tmp_path):
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="record=True"):
         ringcoll.simulate("all_reduce", "ring", 4, numel=40, record=False).trace(str(tmp_path / "x.json"))
+
+
+def _synthetic_bench(path, machine, world, noise, seed):
+    """A ringcoll-bench-shaped JSON whose times are the closed forms on ``machine``, with
+    multiplicative noise."""
+    import json
+    import random
+
+    from ringcoll.study.fit import Sample, coefficients
+
+    rng = random.Random(seed)
+    rows = []
+    for bench_name, family in (("all_reduce", "all_reduce"), ("broadcast", "broadcast"),
+                               ("all_gather_into_tensor", "all_gather"), ("reduce", "reduce"),
+                               ("reduce_scatter_tensor", "reduce_scatter")):
+        for algorithm in ringcoll.algorithms(family):
+            for size in (1024, 16 * KiB, 256 * KiB, 4 * 1024 * KiB, 64 * 1024 * KiB):
+                count = size // 4 - (size // 4) % world
+                a, b, c = coefficients(Sample(family, algorithm, world, count * 4, 0.0))
+                seconds = (a * machine.alpha + b * machine.beta + c * machine.gamma) * (1 + rng.gauss(0, noise))
+                rows.append({"collective": bench_name, "algorithm": algorithm, "count": count,
+                             "type": "float32", "time_us": seconds * 1e6, "error": None})
+        rows.append({"collective": bench_name, "algorithm": "built-in", "count": 256, "type": "float32",
+                     "time_us": 1.0, "error": None})
+    with open(path, "w") as f:
+        json.dump({"meta": {"world_size": world}, "rows": rows}, f)
+    return str(path)
+
+
+def test_fit_recovers_a_known_machine(tmp_path):
+    from ringcoll.study.fit import fit_report
+
+    truth = ringcoll.Machine(alpha=20e-6, beta=1 / 5e9, gamma=1 / 12e9)
+    paths = [_synthetic_bench(tmp_path / f"np{w}.json", truth, w, noise=0.02, seed=w) for w in (3, 4, 8)]
+    result = fit_report(paths)
+    got = result.machine
+    assert got.alpha == pytest.approx(truth.alpha, rel=0.05)
+    assert got.beta == pytest.approx(truth.beta, rel=0.05)
+    assert got.gamma == pytest.approx(truth.gamma, rel=0.05)
+    assert not result.tied and set(result.bands) == {"< 64 KiB", "64 KiB - 1 MiB", ">= 1 MiB"}
+    assert ringcoll.fit(paths) == got
+
+
+def test_fit_ties_collinear_beta_and_gamma(tmp_path):
+    """all_reduce ring and Rabenseifner alone: β and γ in a fixed 2:1 ratio, no unique split."""
+    import json
+
+    from ringcoll.study.fit import fit_report
+
+    truth = ringcoll.Machine(alpha=10e-6, beta=1 / 8e9, gamma=1 / 16e9)
+    path = _synthetic_bench(tmp_path / "ar.json", truth, 4, noise=0.0, seed=1)
+    doc = json.load(open(path))
+    doc["rows"] = [r for r in doc["rows"] if r["collective"] == "all_reduce" and r["algorithm"] in
+                   ("ring", "rabenseifner")]
+    json.dump(doc, open(path, "w"))
+    result = fit_report(path)
+    assert result.tied and result.machine.beta > 0 and result.machine.gamma > 0
+    for sample in result.samples:                   # still predicts what it was fitted on
+        assert result.predict(sample) == pytest.approx(sample.seconds, rel=0.05)
