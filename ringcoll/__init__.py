@@ -7,7 +7,8 @@ Algorithms are schedules (:mod:`ringcoll.schedule`) registered by collective and
 (:func:`algorithms`); the P2P executor runs them on a process group, :func:`simulate` runs
 them on every rank in one process, and :func:`launch` starts a local cluster to try them.
 """
-from .registry import algorithms
+from .registry import Cost, algorithms, register
+from .machine import Machine
 from .cluster import launch
 from . import collectives
 from .collectives import *  # noqa: F401,F403 - the drop-ins, one module each
@@ -15,10 +16,11 @@ from .executor import get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging
 from .simulate import simulate
+from .study.fit import fit
 from .work import Work
 
 configure_logging()
 
 __version__ = "0.1.0"
-__all__ = ["ReduceOp", "Work", "algorithms", "get_timeout", "launch", "set_timeout",
+__all__ = ["Cost", "Machine", "ReduceOp", "Work", "algorithms", "fit", "register", "get_timeout", "launch", "set_timeout",
            "simulate", *collectives.__all__]

@@ -44,9 +44,11 @@ class Plan:
         return next(iter(self.buffers.values())).device
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=16384)
 def schedule_steps(schedule, rank: int, world: int, layout: Layout) -> Tuple[Step, ...]:
-    """A schedule's steps; schedules are pure functions, so repeated calls reuse them."""
+    """A schedule's steps; schedules are pure functions, so repeated calls reuse them. The
+    cache holds every rank of a simulated world of up to thousands of ranks (a process
+    group's executor needs one entry per call shape); runs without data stream instead."""
     return tuple(schedule(rank, world, layout))
 
 

@@ -5,7 +5,9 @@ simulator and the benchmark alike, so a schedule written once runs everywhere.
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, NamedTuple
@@ -26,6 +28,12 @@ class Cost(NamedTuple):
     def time(self, alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: float = 0.0) -> float:
         return self.alpha * alpha_s + self.beta * beta_s_per_byte + self.gamma * gamma_s_per_byte
 
+    def on(self, machine) -> float:
+        """Seconds on a :class:`ringcoll.Machine`, every message at its slowest link's α and β
+        (exact on a flat single-port machine)."""
+        alpha, beta = machine.worst_link()
+        return self.time(alpha, beta, machine.gamma)
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -42,18 +50,53 @@ class Algorithm:
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
 
 
-def register(collective: str, name: str, cost: Callable[[int, int], Cost]):
+def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False):
     """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
-    ``cost(world, nbytes)`` gives its α-β-γ cost."""
+
+    ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
+    messages on the critical path, β its bytes, γ its bytes reduced (the simulator's clock on
+    such a machine gives exactly ``cost.time(α, β, γ)`` for regular schedules). A cost that
+    depends on the pipelining segment takes it as a keyword, ``cost(world, nbytes,
+    segment=None)`` (bytes; None: the segment table's). ``replace=True`` re-defines an
+    existing name (a notebook cell run twice); otherwise a second registration is an error.
+
+    >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
+    ... def all_reduce_mine(rank, world, layout): ...
+    """
+    if not isinstance(collective, str) or not isinstance(name, str) or not name:
+        raise TypeError(f"collective and name must be non-empty strs, got {collective!r} and {name!r}")
+    if not callable(cost):
+        raise TypeError(f"cost must be a callable cost(world, nbytes) -> Cost, got {type(cost).__name__}")
 
     def decorate(schedule):
+        if not callable(schedule):
+            raise TypeError(f"register decorates a schedule function, got {type(schedule).__name__}")
+        _load()
         table = _REGISTRY.setdefault(collective, {})
-        if name in table:
-            raise ValueError(f"algorithm {collective}/{name} is registered twice")
+        if name in table and not replace:
+            raise ValueError(f"algorithm {collective}/{name} is registered twice "
+                             f"(register(..., replace=True) re-defines it)")
         table[name] = Algorithm(collective, name, schedule, cost)
         return schedule
 
     return decorate
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_segment(cost) -> bool:
+    try:
+        params = inspect.signature(cost).parameters
+    except (TypeError, ValueError):
+        return False
+    return "segment" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def model(algorithm: Algorithm, world: int, nbytes: int, *, segment: int | None = None) -> Cost:
+    """``algorithm``'s cost at ``world`` ranks and ``nbytes``, with the segment (bytes) its
+    plan pipelines over when its cost function takes one."""
+    if segment is not None and _takes_segment(algorithm.cost):
+        return Cost(*algorithm.cost(world, nbytes, segment=segment))
+    return Cost(*algorithm.cost(world, nbytes))
 
 
 _loaded = False
@@ -64,11 +107,15 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
+    _loaded = True          # first: the modules' own @register calls come back here
     import ringcoll.schedules as package
 
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{module.name}")
-    _loaded = True
+    try:
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    except BaseException:
+        _loaded = False
+        raise
 
 
 def algorithms(collective: str | None = None):

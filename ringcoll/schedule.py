@@ -21,7 +21,8 @@ Iterable[Step]`` that never touches torch.distributed: executors run it on a pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Iterable, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,50 @@ def chunk_bounds(numel: int, parts: int) -> list[int]:
     return bounds
 
 
-def chunks(name: str, numel: int, parts: int, offset: int = 0) -> list[Buf]:
-    """``parts`` near-equal chunks of ``name[offset : offset + numel]``."""
-    bounds = chunk_bounds(numel, parts)
-    return [Buf(name, offset + bounds[i], offset + bounds[i + 1]) for i in range(parts)]
+class Chunks(Sequence):
+    """``parts`` near-equal chunks of ``name[offset : offset + numel]``, computed on access (a
+    schedule indexes the chunks of every rank, so a list of them per rank would be O(world²)
+    objects in a simulated world): chunk ``i`` starts at ``i·base + min(i, extra)``."""
+
+    __slots__ = ("name", "offset", "parts", "base", "extra")
+
+    def __init__(self, name: str, numel: int, parts: int, offset: int = 0):
+        self.name, self.offset, self.parts = name, offset, parts
+        self.base, self.extra = divmod(numel, parts)
+
+    def __len__(self) -> int:
+        return self.parts
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.parts))]
+        if i < 0:
+            i += self.parts
+        if not 0 <= i < self.parts:
+            raise IndexError(f"chunk {i} of {self.parts}")
+        start = self.offset + i * self.base + min(i, self.extra)
+        return Buf(self.name, start, start + self.base + (1 if i < self.extra else 0))
+
+    def __add__(self, other):
+        return list(self) + list(other)
+
+    def __radd__(self, other):
+        return list(other) + list(self)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Chunks({list(self)!r})"
 
 
-def segments(chunk: Buf, segment_numel: int) -> list[Buf]:
+def chunks(name: str, numel: int, parts: int, offset: int = 0) -> Chunks:
+    """``parts`` near-equal chunks of ``name[offset : offset + numel]`` (a lazy sequence of
+    Bufs, see :class:`Chunks`)."""
+    return Chunks(name, numel, parts, offset)
+
+
+def segments(chunk: Buf, segment_numel: int) -> Sequence[Buf]:
     """``chunk`` cut into segments of at most ``segment_numel`` elements (at least one segment)."""
     if chunk.numel <= segment_numel or segment_numel <= 0:
         return [chunk]
@@ -118,14 +156,35 @@ def segments(chunk: Buf, segment_numel: int) -> list[Buf]:
     return chunks(chunk.name, chunk.numel, count, chunk.start)
 
 
-def segmented(blocks: Sequence[Buf], segment: Optional[int]) -> list[list[Buf]]:
+class _Segmented(Sequence):
+    """Each block of ``blocks`` cut into ``count`` chunks, computed on access."""
+
+    __slots__ = ("blocks", "count")
+
+    def __init__(self, blocks: Sequence[Buf], count: int):
+        self.blocks, self.count = blocks, count
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        b = self.blocks[i]
+        return chunks(b.name, b.numel, self.count, b.start)
+
+
+def segmented(blocks: Sequence[Buf], segment: Optional[int]) -> Sequence[Sequence[Buf]]:
     """Each block cut into the same number of near-equal segments: as many as the largest
     block needs for segments of at most ``segment`` elements (one when ``segment`` is 0 or
     None). A block's segments depend only on the block and the count, so the sender's and
     the receiver's cuts of a block agree."""
-    largest = max((b.numel for b in blocks), default=0)
+    if isinstance(blocks, Chunks):
+        largest = blocks[0].numel if len(blocks) else 0      # the first chunks are the largest
+    else:
+        largest = max((b.numel for b in blocks), default=0)
     count = max(1, -(-largest // segment)) if segment else 1
-    return [chunks(b.name, b.numel, count, b.start) for b in blocks]
+    return _Segmented(blocks, count)
 
 
 def _freeze(value):

@@ -1,23 +1,39 @@
-"""The simulator: every rank's plan in one process, on real data, no process group.
+"""The simulator: every rank's plan in one process, with or without data, on a port-limited clock.
 
 Sends and receives are matched in posting order per (source, destination) pair, exactly as
-gloo and NCCL match them; a step completes when all its transfers are matched, then its
-local operations run. An unmatched transfer, a size mismatch or a deadlock is an error naming
-the rank, the step and the peer. Alongside the data, it keeps statistics per rank and an
-α-β-γ clock: a message leaves when both ends have posted it and takes α + nβ; a step's
-local reductions take γ per byte reduced.
+gloo and NCCL match them; a step completes when all its transfers are done, then its local
+operations run. An unmatched transfer, a size mismatch or a deadlock is an error naming the
+rank, the step and the peer.
+
+The clock (:mod:`ringcoll.machine`): each rank has ``machine.ports`` send ports and as many
+receive ports. A message of n bytes holds one send port of its sender and one receive port
+of its receiver (and, between nodes, a port of each node's NIC) for α + nβ, starting once
+both ends have posted it and every port it needs is free. Ports serve messages in the order
+they became ready, and messages that become ready together in their posting order, so a rank
+that posts k sends at once pays k(α + nβ). A step ends when its last transfer does, plus γ per
+byte its local operations reduce; the rank then posts its next step.
+
+It is a discrete-event simulation ordered by time: its result does not depend on the order
+in which ranks are listed, and a run without data (``data=False``) streams each rank's
+schedule one step at a time, so its memory is O(world), not O(steps).
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
+import bisect
+import heapq
+import itertools
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from .local import run_local
+from .machine import Machine
 from .plan import Plan
-from .schedule import Recv, Send, extents
+from .schedule import Recv, Reduce, Send, extents
+
+__all__ = ["Machine", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
 
 
 class ScheduleError(RuntimeError):
@@ -26,21 +42,44 @@ class ScheduleError(RuntimeError):
 
 @dataclass
 class RankStats:
-    steps: int = 0
-    messages: int = 0
+    steps: int = 0              # this rank's own steps
+    messages: int = 0           # messages it sent
     bytes_sent: int = 0
     bytes_received: int = 0
     bytes_reduced: int = 0
-    time: float = 0.0       # α-β-γ clock when this rank finished, seconds
+    time: float = 0.0           # clock when this rank finished, seconds
+
+
+@dataclass
+class Timeline:
+    """What happened when: ``messages`` rows ``(src, dst, nbytes, start, end, src_step,
+    dst_step)`` and ``local`` rows ``(rank, step, start, end, bytes_reduced)``, seconds."""
+
+    world: int
+    messages: List[Tuple[int, int, int, float, float, int, int]] = field(default_factory=list)
+    local: List[Tuple[int, int, float, float, int]] = field(default_factory=list)
 
 
 @dataclass
 class SimStats:
     ranks: List[RankStats] = field(default_factory=list)
+    critical_path: int = 0      # the longest chain of dependent steps
+    link_bytes: Dict[int, int] = field(default_factory=dict, repr=False)   # src * world + dst -> bytes
+    timeline: Optional[Timeline] = field(default=None, repr=False)
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
 
     @property
     def steps(self) -> int:
-        return max((r.steps for r in self.ranks), default=0)
+        """The critical path: the longest chain of steps each waiting on the one before it
+        (on its own rank or on the peer it exchanges with). Per-rank counts: ``rank_steps``."""
+        return self.critical_path
+
+    @property
+    def rank_steps(self) -> List[int]:
+        return [r.steps for r in self.ranks]
 
     @property
     def messages(self) -> int:
@@ -55,128 +94,284 @@ class SimStats:
         return max((r.bytes_sent for r in self.ranks), default=0)
 
     @property
+    def max_bytes_received(self) -> int:
+        return max((r.bytes_received for r in self.ranks), default=0)
+
+    @property
     def bytes_reduced(self) -> int:
         return sum(r.bytes_reduced for r in self.ranks)
+
+    @property
+    def max_bytes_reduced(self) -> int:
+        return max((r.bytes_reduced for r in self.ranks), default=0)
+
+    @property
+    def links(self) -> Dict[Tuple[int, int], int]:
+        """Bytes carried per directed link ``(src, dst)``."""
+        world = max(1, self.world)
+        return {divmod(key, world): nbytes for key, nbytes in self.link_bytes.items()}
 
     @property
     def time(self) -> float:
         return max((r.time for r in self.ranks), default=0.0)
 
 
-@dataclass(frozen=True)
-class Machine:
-    """The α-β-γ machine the simulator's clock runs on (defaults: a modest cluster)."""
-
-    alpha: float = 5e-6           # seconds per message
-    beta: float = 1 / 10e9        # seconds per byte on the wire
-    gamma: float = 1 / 20e9       # seconds per byte reduced
-
-
-def run_plans(plans: Sequence[Plan], machine: Machine = Machine()) -> SimStats:
-    """Run every rank's plan to completion; ``plans[r]`` is rank r's."""
+def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool = True,
+              record: bool = False) -> SimStats:
+    """Run every rank's plan to completion; ``plans[r]`` is rank r's. With ``data=False``
+    only the clock runs: no buffer is read or written and schedules stream step by step.
+    ``record`` keeps the :class:`Timeline` of every message and local operation."""
     world = len(plans)
-    schedules = [plan.steps() for plan in plans]
+    itemsizes = [torch.empty((), dtype=plan.dtype).element_size() for plan in plans]
+    if not data:
+        schedules = [plan.algorithm.schedule(plan.rank, plan.world, plan.layout) for plan in plans]
+        return run_schedules(schedules, machine, itemsizes, record=record,
+                             describe=[plan.describe for plan in plans])
+    steps = [plan.steps() for plan in plans]
     buffers = []
-    for plan, steps in zip(plans, schedules):
+    for plan, own in zip(plans, steps):
         bufs = dict(plan.buffers)
-        for name, need in extents(steps).items():
+        for name, need in extents(own).items():
             if name not in bufs:
                 bufs[name] = torch.empty(need, dtype=plan.dtype, device=plan.device)
             elif bufs[name].numel() < need:
                 raise ScheduleError(f"{plan.describe}: rank {plan.rank} reaches element {need} of "
                                     f"buffer {name!r}, which holds {bufs[name].numel()}")
         buffers.append(bufs)
-    stats = [RankStats() for _ in range(world)]
-    position = [0] * world              # index of the step each rank is in
-    outstanding = [0] * world           # its unmatched transfers
-    posted_at = [0.0] * world           # clock when the current step was posted
-    step_end = [0.0] * world            # latest message completion in the current step
-    sends: Dict[Tuple[int, int], Deque] = defaultdict(deque)
-    recvs: Dict[Tuple[int, int], Deque] = defaultdict(deque)
-    ready: Deque[int] = deque()
 
-    def view(rank, buf):
-        return buffers[rank][buf.name][buf.start:buf.stop]
+    def copy(src, send_item, dst, recv_item):
+        s, r = send_item.buf, recv_item.buf
+        buffers[dst][r.name][r.start:r.stop].copy_(buffers[src][s.name][s.start:s.stop])
 
-    def describe(rank):
-        return f"{plans[rank].describe}: rank {rank} step {position[rank] + 1}/{len(schedules[rank])}"
-
-    def complete(rank, when):
-        step_end[rank] = max(step_end[rank], when)
-        outstanding[rank] -= 1
-        if outstanding[rank] == 0:
-            ready.append(rank)
-
-    def match(src, dst, send_item, recv_item):
-        source, target = view(src, send_item.buf), view(dst, recv_item.buf)
-        if source.numel() != target.numel():
-            raise ScheduleError(
-                f"{describe(src)} sends {send_item.buf!r} ({source.numel()} elements) to rank {dst}, "
-                f"whose matching receive at step {position[dst] + 1} is {recv_item.buf!r} "
-                f"({target.numel()} elements)")
-        target.copy_(source)
-        nbytes = source.numel() * source.element_size()
-        when = max(posted_at[src], posted_at[dst]) + machine.alpha + nbytes * machine.beta
-        stats[src].messages += 1
-        stats[src].bytes_sent += nbytes
-        stats[dst].bytes_received += nbytes
-        complete(src, when)
-        complete(dst, when)
-
-    def post(rank):
-        """Post the rank's current step (or finish it at once when it has no transfers)."""
-        steps = schedules[rank]
-        if position[rank] >= len(steps):
-            return
-        st = steps[position[rank]]
-        posted_at[rank] = stats[rank].time
-        step_end[rank] = stats[rank].time
-        outstanding[rank] = len(st.comms) + 1       # +1: held until every transfer is posted
-        for item in st.comms:
-            if not 0 <= item.peer < world or item.peer == rank:
-                raise ScheduleError(f"{describe(rank)} names peer {item.peer}, which is not "
-                                    f"another rank of a world of {world}")
-            if isinstance(item, Send):
-                key = (rank, item.peer)
-                if recvs[key]:
-                    match(rank, item.peer, item, recvs[key].popleft()[1])
-                else:
-                    sends[key].append((rank, item))
-            elif isinstance(item, Recv):
-                key = (item.peer, rank)
-                if sends[key]:
-                    match(item.peer, rank, sends[key].popleft()[1], item)
-                else:
-                    recvs[key].append((rank, item))
-            else:
-                raise ScheduleError(f"{describe(rank)}: {item!r} is not a Send or a Recv")
-        complete(rank, posted_at[rank])
+    def local(rank, st):
+        return run_local(plans[rank].op, buffers[rank], st.local)
 
     for plan in plans:
         for before in plan.before:
             before()
-    for rank in range(world):
-        post(rank)
-    while ready:
-        rank = ready.popleft()
-        st = schedules[rank][position[rank]]
-        reduced = run_local(plans[rank].op, buffers[rank], st.local) if st.local else 0
-        stats[rank].bytes_reduced += reduced
-        stats[rank].steps += 1
-        stats[rank].time = step_end[rank] + reduced * machine.gamma
-        position[rank] += 1
-        post(rank)
-
-    stuck = [r for r in range(world) if position[r] < len(schedules[r])]
-    if stuck:
-        lines = []
-        for r in stuck:
-            waiting = [f"{'send to' if isinstance(i, Send) else 'receive from'} peer {i.peer} {i.buf!r}"
-                       for key, queue in list(sends.items()) + list(recvs.items())
-                       for owner, i in queue if owner == r]
-            lines.append(f"  {describe(r)} waits on: {', '.join(waiting) or 'nothing posted'}")
-        raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
+    stats = run_schedules(steps, machine, itemsizes, record=record, copy=copy, local=local,
+                          describe=[plan.describe for plan in plans])
     for plan in plans:
         for after in plan.after:
             after()
-    return SimStats(stats)
+    return stats
+
+
+def reduced_bytes(local, itemsize: int) -> int:
+    """Bytes a step's local operations reduce (what ringcoll.local.run_local returns)."""
+    return sum(op.dst.numel * len(op.srcs) for op in local if isinstance(op, Reduce)) * itemsize
+
+
+_INF = float("inf")
+
+
+def _choices(tables):
+    """Every way to pick one port from each table (one way when each has one port)."""
+    if all(len(t) == 1 for t in tables):
+        return (tuple(t[0] for t in tables),)
+    return itertools.product(*tables)
+
+
+def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
+                  itemsizes: Optional[Sequence[int]] = None, *, record: bool = False,
+                  copy=None, local=None, describe: Optional[Sequence[str]] = None) -> SimStats:
+    """The clock over ``schedules[r]`` (rank r's steps, any iterable: consumed one step at a
+    time). ``copy(src, send, dst, recv)`` moves a matched message's data and ``local(rank,
+    step) -> bytes reduced`` runs a finished step's local operations; without them only the
+    clock runs. ``itemsizes[r]``: bytes per element of rank r's buffers (default 1)."""
+    world = len(schedules)
+    itemsizes = list(itemsizes) if itemsizes is not None else [1] * world
+    describe = list(describe) if describe is not None else [""] * world
+    lengths = [len(s) if hasattr(s, "__len__") else None for s in schedules]
+    iters = [iter(s) for s in schedules]
+    flat = machine.flat
+    alpha, beta, gamma, ports = machine.alpha, machine.beta, machine.gamma, machine.ports
+    single = ports == 1 and machine.nic_ports == 1
+    node = [machine.node_of(r) for r in range(world)] if not flat else None
+    nodes = (max(node) + 1) if node else 0
+    # each port: its busy intervals (start, end), sorted; a table: one rank's or NIC's ports
+    nic_out = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
+    nic_in = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
+    send_ports = [[[] for _ in range(ports)] for _ in range(world)]
+    recv_ports = [[[] for _ in range(ports)] for _ in range(world)]
+
+    stats = [RankStats() for _ in range(world)]
+    current: List = [None] * world          # the step each rank is in
+    index = [-1] * world
+    outstanding = [0] * world
+    step_end = [0.0] * world                # latest transfer end of the current step
+    reducing = [0] * world                  # bytes the current step reduces
+    post_chain = [0] * world                # critical-path length before the current step
+    depends = [0] * world
+    link_bytes: Dict[int, int] = {}
+    timeline = Timeline(world) if record else None
+    sends: Dict[int, deque] = {}
+    recvs: Dict[int, deque] = {}
+    heap: List[Tuple[float, int, int]] = [(0.0, r, r) for r in range(world)]
+    seq = world
+    matched: List = []
+
+    def where(rank):
+        total = f"/{lengths[rank]}" if lengths[rank] is not None else ""
+        prefix = f"{describe[rank]}: " if describe[rank] else ""
+        return f"{prefix}rank {rank} step {index[rank] + 1}{total}"
+
+    def post(rank, now):
+        """Finish the rank's current step (local operations) and post its next one."""
+        st = current[rank]
+        if st is not None:
+            if local is not None and st.local:
+                done = local(rank, st)
+            else:
+                done = reducing[rank]
+            rs = stats[rank]
+            rs.bytes_reduced += done
+            rs.steps += 1
+            rs.time = now
+            if timeline is not None and st.local:
+                timeline.local.append((rank, index[rank], step_end[rank], now, done))
+            post_chain[rank] = depends[rank] + 1
+        st = next(iters[rank], None)
+        current[rank] = st
+        if st is None:
+            return None
+        index[rank] += 1
+        step_end[rank] = now
+        depends[rank] = post_chain[rank]
+        comms = st.comms
+        outstanding[rank] = len(comms)
+        reducing[rank] = reduced_bytes(st.local, itemsizes[rank]) if st.local else 0
+        for pos, item in enumerate(comms):
+            peer = item.peer
+            if not 0 <= peer < world or peer == rank:
+                raise ScheduleError(f"{where(rank)} names peer {peer}, which is not "
+                                    f"another rank of a world of {world}")
+            if type(item) is Send:
+                key = rank * world + peer
+                queue = recvs.get(key)
+                if queue:
+                    dst, other, other_pos = queue.popleft()
+                    if not queue:
+                        del recvs[key]
+                    matched.append((pos, other_pos, rank, dst, item, other))
+                else:
+                    sends.setdefault(key, deque()).append((rank, item, pos))
+            elif type(item) is Recv:
+                key = peer * world + rank
+                queue = sends.get(key)
+                if queue:
+                    src, other, other_pos = queue.popleft()
+                    if not queue:
+                        del sends[key]
+                    matched.append((other_pos, pos, src, rank, other, item))
+                else:
+                    recvs.setdefault(key, deque()).append((rank, item, pos))
+            else:
+                raise ScheduleError(f"{where(rank)}: {item!r} is not a Send or a Recv")
+        if not comms:
+            return now + reducing[rank] * gamma
+        return None
+
+    def slot(tables, start, duration):
+        """The earliest time >= start at which one port of each table is free for
+        ``duration``, the ports that are, and the time; a port's busy intervals are sorted
+        and a message may take a gap before a later-booked one (a port never idles while a
+        ready message could go)."""
+        best = None
+        for choice in _choices(tables):
+            t = start
+            moved = True
+            while moved:
+                moved = False
+                for busy in choice:
+                    # intervals of one port never overlap: sorted by start, so also by end
+                    i = max(0, bisect.bisect_right(busy, (t, _INF)) - 1)
+                    while i < len(busy):
+                        b_start, b_end = busy[i]
+                        i += 1
+                        if b_end <= t:
+                            continue
+                        if b_start >= t + duration:
+                            break
+                        t = b_end
+                        moved = True
+            if best is None or t < best[0]:
+                best = (t, choice)
+        return best
+
+    while heap:
+        now = heap[0][0]
+        while heap and heap[0][0] == now:
+            _, _, rank = heapq.heappop(heap)
+            finish = post(rank, now)
+            if finish is not None:
+                heapq.heappush(heap, (finish, seq, rank))
+                seq += 1
+        if not matched:
+            continue
+        if len(matched) > 1:
+            matched.sort(key=lambda m: (m[0], m[1], m[2]))
+        batch, matched[:] = list(matched), []
+        for _, _, src, dst, send_item, recv_item in batch:
+            numel = send_item.buf.numel
+            if numel != recv_item.buf.numel:
+                raise ScheduleError(
+                    f"{where(src)} sends {send_item.buf!r} ({numel} elements) to rank {dst}, "
+                    f"whose matching receive at step {index[dst] + 1} is {recv_item.buf!r} "
+                    f"({recv_item.buf.numel} elements)")
+            if copy is not None:
+                copy(src, send_item, dst, recv_item)
+            nbytes = numel * itemsizes[src]
+            if flat or node[src] == node[dst]:
+                tables = (send_ports[src], recv_ports[dst])
+                duration = alpha + nbytes * beta
+            else:
+                tables = (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
+                duration = machine.inter_alpha + nbytes * machine.inter_beta
+            if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
+                start, chosen = now, [t[0] for t in tables]      # every port idle: the common case
+            else:
+                start, chosen = slot(tables, now, duration)
+            end = start + duration
+            for busy in chosen:
+                if busy and busy[-1][1] <= now:
+                    busy.clear()                    # past intervals can never matter again
+                else:
+                    while busy and busy[0][1] <= now:
+                        busy.pop(0)
+                bisect.insort(busy, (start, end))
+            s_stats, d_stats = stats[src], stats[dst]
+            s_stats.messages += 1
+            s_stats.bytes_sent += nbytes
+            d_stats.bytes_received += nbytes
+            key = src * world + dst
+            link_bytes[key] = link_bytes.get(key, 0) + nbytes
+            if timeline is not None:
+                timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
+            if post_chain[src] > depends[dst]:
+                depends[dst] = post_chain[src]
+            if post_chain[dst] > depends[src]:
+                depends[src] = post_chain[dst]
+            for rank in (src, dst):
+                if end > step_end[rank]:
+                    step_end[rank] = end
+                outstanding[rank] -= 1
+                if outstanding[rank] == 0:
+                    heapq.heappush(heap, (step_end[rank] + reducing[rank] * gamma, seq, rank))
+                    seq += 1
+
+    stuck = [r for r in range(world) if current[r] is not None]
+    if stuck:
+        waiting: Dict[int, List[str]] = {}
+        for queue in sends.values():
+            for owner, item, _ in queue:
+                waiting.setdefault(owner, []).append(f"send to peer {item.peer} {item.buf!r}")
+        for queue in recvs.values():
+            for owner, item, _ in queue:
+                waiting.setdefault(owner, []).append(f"receive from peer {item.peer} {item.buf!r}")
+        lines = [f"  {where(r)} waits on: {', '.join(waiting.get(r, [])) or 'nothing posted'}"
+                 for r in stuck[:16]]
+        if len(stuck) > 16:
+            lines.append(f"  ... and {len(stuck) - 16} more ranks")
+        raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
+    return SimStats(stats, max(post_chain, default=0), link_bytes, timeline)

@@ -15,6 +15,7 @@ from typing import Iterator, List
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, segmented, sendrecv, step
 from .fold import folded_rank, largest_pof2, real_rank
+from .trees import segment_count
 
 
 def _lg(world: int) -> int:
@@ -35,8 +36,9 @@ def _place_own(rank: int, world: int, layout: Layout, output: List[Buf]) -> Iter
         yield step(local=[Copy(output[rank], Buf("input", 0, output[rank].numel))])
 
 
-def _ring_cost(world: int, nbytes: int) -> Cost:
-    return Cost(world - 1, (world - 1) / world * nbytes, 0)
+def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
+    k = segment_count(-(-nbytes // world), "all_gather", "ring", segment)
+    return Cost((world - 1) * k, (world - 1) / world * nbytes, 0)
 
 
 @register("all_gather", "ring", cost=_ring_cost)
@@ -47,7 +49,7 @@ def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     most), so a block's first segment moves on while its last is still arriving.
     Bandwidth-optimal, latency linear in p.
 
-    Cost: (p-1)α·k + (p-1)/p·nβ (n: the gathered total; k segments per block).
+    Cost: (p-1)k·α + (p-1)/p·nβ (n: the gathered total; k segments per block).
     """
     output = chunks("output", layout.numel, world)
     yield from _place_own(rank, world, layout, output)
@@ -61,10 +63,18 @@ def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
     pof2 = largest_pof2(world)
-    cost = Cost(_lg(pof2), (world - 1) / world * nbytes, 0)
+    rem, block = world - pof2, nbytes / world
+    # folded rank 0 holds the most blocks at every step: m of its group plus min(m, rem) doubles
+    held = sum(m + min(m, rem) for m in _powers(pof2))
+    cost = Cost(_lg(pof2), held * block, 0)
     if world != pof2:
-        cost = cost.plus(Cost(2, nbytes / world + nbytes, 0))
+        cost = cost.plus(Cost(2, block + nbytes, 0))
     return cost
+
+
+def _powers(pof2: int):
+    """1, 2, 4 ... pof2 / 2: the distances of a butterfly over pof2 ranks."""
+    return [1 << k for k in range(pof2.bit_length() - 1)]
 
 
 @register("all_gather", "recursive_doubling", cost=_recursive_doubling_cost)
@@ -78,7 +88,8 @@ def all_gather_recursive_doubling(rank: int, world: int, layout: Layout) -> Iter
     q + rem after, so any run of folded ranks is one contiguous range of the output and each
     swap is one message. At the end each odd rank below 2·rem hands the whole output back.
 
-    Cost: lg p α + (p-1)/p·nβ; when p is not a power of two ⌊lg p⌋α + (p-1)/p·nβ (at most)
+    Cost: lg p α + (p-1)/p·nβ; when p is not a power of two (rem = p - pof2) ⌊lg p⌋α +
+    Σ_m (m + min(m, rem))·(n/p)β over m = 1, 2 .. pof2/2 (folded rank 0 holds the most),
     plus 2α + (n/p + n)β for the fold.
     """
     output = chunks("output", layout.numel, world)

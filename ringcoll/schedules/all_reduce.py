@@ -12,7 +12,7 @@ from typing import Iterator
 from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
 from ..registry import Cost, register
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
-from .trees import Phase, all_reduce_trees, halves, pipeline, segment_count, segment_numel
+from .trees import Phase, all_reduce_trees, halves, pipeline, pipelined_tree_cost, segment_count, segment_numel
 
 
 def _lg(world: int) -> int:
@@ -24,9 +24,10 @@ def _fold_cost(world: int, nbytes: int) -> Cost:
     return Cost(2, 2 * nbytes, nbytes) if world != largest_pof2(world) else Cost(0, 0, 0)
 
 
-def _ring_cost(world: int, nbytes: int) -> Cost:
+def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     share = (world - 1) / world * nbytes
-    return Cost(2 * (world - 1), 2 * share, share)
+    k = segment_count(-(-nbytes // world), "all_reduce", "ring", segment)
+    return Cost(2 * (world - 1) * k, 2 * share, share)
 
 
 @register("all_reduce", "ring", cost=_ring_cost)
@@ -41,8 +42,8 @@ def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     slots used in turn, so the executor can move segment k + 1 while reducing segment k (as
     gloo's ring does). Bandwidth-optimal.
 
-    Cost: 2(p-1)α·k + 2(p-1)/p·nβ + (p-1)/p·nγ with k segments per chunk, the transfers of
-    one segment overlapping the reduction of the previous one.
+    Cost: 2(p-1)k·α + 2(p-1)/p·nβ + (p-1)/p·nγ with k segments per chunk (a segment's
+    reduction follows its transfer on the simulator's clock, one step per segment).
     """
     if world == 1:
         return
@@ -139,13 +140,21 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
     yield from fold_out(rank, world, data)
 
 
-def _double_binary_tree_cost(world: int, nbytes: int) -> Cost:
-    if world == 1:
-        return Cost(0, 0, 0)
-    k = segment_count(nbytes / 2)
-    seg = nbytes / 2 / k
-    steps = k + 2 * (_lg(world) + 1)
-    return Cost(steps, steps * 4 * seg, steps * 2 * seg)
+def _double_binary_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
+    # per segment: an interior rank sends up to its parent and down to two children in one
+    # tree and up in the other, 4 messages a step (5 measured: the port queues do not pack
+    # the four trees' messages perfectly); fewer at p <= 5
+    per_segment = {2: 2, 3: 3, 4: 4, 5: 4.5}.get(world, 5)
+    return pipelined_tree_cost(world, nbytes, segment, fill=_tree_fill(world),
+                               per_segment=per_segment, reduced_fill=max(1, 2 * _lg(world) - 1),
+                               reduced_per_segment=1 if world == 2 else 2)
+
+
+def _tree_fill(world: int) -> int:
+    """Message times for the first segment to go up and back down NCCL's trees (measured on
+    the clock: 4 lg p - 2 at powers of two, 4⌊lg p⌋ otherwise)."""
+    floor_lg = world.bit_length() - 1
+    return 4 * floor_lg - 2 if world == largest_pof2(world) else 4 * floor_lg
 
 
 @register("all_reduce", "double_binary_tree", cost=_double_binary_tree_cost)
@@ -160,7 +169,8 @@ def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iter
     receiving it at step j + h + d - 1 and passing it on at step j + h + d. Every segment of
     the result is reduced once, at a top, and copied everywhere: bitwise identical.
 
-    Cost: ≈ (k + 2 lg p)(α + 2nβ/k + nγ/k), k = ⌈n / (2·segment)⌉ segments per tree.
+    Cost: ≈ (4 lg p - 2 + 5(k - 1))(α + sβ) + (2 lg p - 1 + 2(k - 1))·sγ, k = ⌈n / (2·segment)⌉
+    segments of s = n/2k per tree: ≈ 2.5nβ + nγ for large k (within 10 % of the clock).
     """
     if world == 1:
         return

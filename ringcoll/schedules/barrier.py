@@ -21,13 +21,17 @@ def _lg(world: int) -> int:
     return (world - 1).bit_length()
 
 
-@register("barrier", "dissemination", cost=lambda world, nbytes: Cost(_lg(world), 0, 0))
+def _dissemination_cost(world: int, nbytes: int) -> Cost:
+    return Cost(_lg(world), _lg(world), 0)     # one one-byte token per step
+
+
+@register("barrier", "dissemination", cost=_dissemination_cost)
 def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Dissemination (Hensgen, Finkel and Manber 1988): at step k each rank sends the token
     to (rank + 2^k) % p and receives one from (rank - 2^k) % p. After ⌈lg p⌉ steps every rank
     has heard from all the others, at any p, power of two or not.
 
-    Cost: ⌈lg p⌉α.
+    Cost: ⌈lg p⌉(α + β): one-byte tokens.
     """
     for k in range(_lg(world)):
         distance = 1 << k

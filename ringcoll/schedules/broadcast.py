@@ -11,8 +11,8 @@ from typing import Iterator
 
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, chunks, segments, step
-from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, rooted, rooted_trees, \
-    segment_count, segment_numel
+from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_tree_fill, rooted_tree_per_segment, \
+    rooted_trees, segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
@@ -59,8 +59,8 @@ def broadcast_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         yield step([Recv(root, data)])
 
 
-def _chain_cost(world: int, nbytes: int) -> Cost:
-    k = segment_count(nbytes)
+def _chain_cost(world: int, nbytes: int, segment=None) -> Cost:
+    k = segment_count(nbytes, segment=segment)
     hops = world - 1 + k - 1 if world > 1 else 0
     return Cost(hops, hops * nbytes / k, 0)
 
@@ -132,13 +132,11 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
             yield st
 
 
-def _double_tree_cost(world: int, nbytes: int) -> Cost:
-    if world == 1:
-        return Cost(0, 0, 0)
-    k = segment_count(nbytes / 2)
-    seg = nbytes / 2 / k
-    steps = k + lg(world) + 1
-    return Cost(steps, steps * 2 * seg, 0)
+def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
+    # per segment: an interior rank sends to two children, 2 messages a step; 2.5 measured
+    # (2 to 3 by world: the port queues do not pack the two trees perfectly)
+    return pipelined_tree_cost(world, nbytes, segment, fill=rooted_tree_fill(world),
+                               per_segment=rooted_tree_per_segment("broadcast", world))
 
 
 @register("broadcast", "double_binary_tree", cost=_double_tree_cost)
@@ -150,7 +148,9 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     it to its children at step j + d). A rank is interior in at most one tree, so it sends
     at most two segments per step, and the root sends each byte once.
 
-    Cost: ≈ (k + lg p)(α + nβ/k), k = ⌈n / (2·segment)⌉ segments per tree: nβ + O(lg p) α.
+    Cost: ≈ (2 lg p + 2.5(k - 1))(α + sβ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree:
+    ≈ 1.25nβ + O(lg p)α for large k (within 10-20 % of the clock, which packs 2 to 3
+    messages a step by world).
     """
     root = layout["root"]
     first, second = rooted_trees(world)

@@ -14,7 +14,8 @@ from typing import Iterator
 
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, segmented, sendrecv, step
-from .all_gather import span
+from .all_gather import _powers, span
+from .trees import segment_count
 from .fold import folded_rank, largest_pof2, real_rank
 
 
@@ -27,7 +28,13 @@ def _share_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, share, share)
 
 
-@register("reduce_scatter", "ring", cost=_share_cost)
+def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
+    k = segment_count(-(-nbytes // world), "reduce_scatter", "ring", segment)
+    share = (world - 1) / world * nbytes
+    return Cost((world - 1) * k, share, share)
+
+
+@register("reduce_scatter", "ring", cost=_ring_cost)
 def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring reduce-scatter: at step s each rank sends its partial of block (rank - s - 1) to
     its right and receives the partial of block (rank - s - 2) from its left, reducing its
@@ -84,10 +91,12 @@ def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[S
 
 def _recursive_halving_cost(world: int, nbytes: int) -> Cost:
     pof2 = largest_pof2(world)
-    share = (world - 1) / world * nbytes
-    cost = Cost(_lg(pof2), share, share)
+    rem, block = world - pof2, nbytes / world
+    # folded rank 0 receives the most at every step: d blocks of its half plus min(d, rem) doubles
+    kept = sum(d + min(d, rem) for d in _powers(pof2)) * block
+    cost = Cost(_lg(pof2), kept, kept)
     if world != pof2:
-        cost = cost.plus(Cost(2, nbytes + nbytes / world, nbytes))
+        cost = cost.plus(Cost(2, nbytes + block, nbytes))
     return cost
 
 
@@ -103,8 +112,9 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     first(q) = 2q for q < rem and q + rem after (each half is one contiguous range); at the
     end each odd rank below 2·rem hands block rank - 1 back.
 
-    Cost: lg p α + (p-1)/p·n(β + γ); when p is not a power of two ⌊lg p⌋α +
-    (p-1)/p·n(β + γ) (at most) plus 2α + (n + n/p)β + nγ for the fold.
+    Cost: lg p α + (p-1)/p·n(β + γ); when p is not a power of two (rem = p - pof2) ⌊lg p⌋α +
+    Σ_d (d + min(d, rem))·(n/p)(β + γ) over d = pof2/2 .. 1 (folded rank 0 receives the
+    most), plus 2α + (n + n/p)β + nγ for the fold.
     """
     inputs = chunks("input", layout.numel, world)
     block = inputs[0].numel

@@ -37,9 +37,48 @@ def segment_numel(layout: Layout, itemsize: int = 4) -> int:
     return segment if segment else max(1, segment_bytes() // itemsize)
 
 
-def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:
-    """How many segments ``nbytes`` makes (at least one), for the cost models."""
-    return max(1, -(-int(nbytes) // segment_bytes(collective, algorithm)))
+def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Optional[str] = None,
+                  segment: Optional[int] = None) -> int:
+    """How many segments ``nbytes`` makes (at least one), for the cost models: segments of
+    ``segment`` bytes, else of the segment table's for ``collective``/``algorithm``."""
+    return max(1, -(-int(nbytes) // (segment or segment_bytes(collective, algorithm))))
+
+
+def rooted_tree_fill(world: int) -> int:
+    """Message times for the first segment to cross the rooted double binary tree (root
+    above NCCL's trees over the other p - 1 ranks), measured on the clock."""
+    return max(2, 2 * lg(world) - (1 if (world - 1) & (world - 2) == 0 else 0))
+
+
+#: message times per further segment on the clock's ports, by world (2 ideally: an interior
+#: rank has two children in one tree; the port queues pack the trees' steps less well at
+#: most worlds); 3 above 16 ranks
+_ROOTED_PER_SEGMENT = {
+    "broadcast": {2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 2.5, 8: 2, 9: 3, 10: 3, 11: 2.5, 12: 2.3, 13: 2.6,
+                  14: 3, 15: 2.9, 16: 3},
+    "reduce": {2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 2.5, 8: 2.4, 9: 2.7, 10: 3, 11: 2.5, 12: 3, 13: 2.4,
+               14: 3, 15: 3, 16: 3},
+}
+
+
+def rooted_tree_per_segment(collective: str, world: int) -> float:
+    return _ROOTED_PER_SEGMENT[collective].get(world, 3)
+
+
+def pipelined_tree_cost(world: int, nbytes: float, segment: Optional[int], *, fill: int,
+                        per_segment: float, reduced_fill: int = 0, reduced_per_segment: float = 0):
+    """α-β-γ cost of the double-binary-tree pipelines on the simulator's clock: the two trees
+    carry n/2 each in k segments of s = n/2k bytes; the first segment crosses the trees in
+    ``fill`` message times and each further one adds ``per_segment`` (the busiest port's
+    messages per global step); the γ term likewise, in segments reduced."""
+    from ..registry import Cost
+
+    if world == 1:
+        return Cost(0, 0, 0)
+    k = segment_count(nbytes / 2, segment=segment)
+    seg = nbytes / 2 / k
+    messages = fill + per_segment * (k - 1)
+    return Cost(messages, messages * seg, (reduced_fill + reduced_per_segment * (k - 1)) * seg)
 
 
 def lg(world: int) -> int:

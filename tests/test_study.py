@@ -1,0 +1,270 @@
+"""Algorithm study: the port-limited clock, closed forms against it, machines, cost-only runs,
+result checks and registration."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll.simulate import BUILDER_OF, rank_data
+from ringcoll.study.check import ResultError
+
+WORLDS = list(range(2, 18)) + [64]
+#: the pipelined trees' cost is a fit to the clock (message times per segment by world), not
+#: an exact count; every other algorithm's closed form is exact
+TOLERANCE = {"double_binary_tree": 0.2}
+KiB = 1024
+
+
+def _all_algorithms():
+    return [(coll, name) for coll, names in ringcoll.algorithms().items() for name in names]
+
+
+@pytest.fixture
+def small_segments(monkeypatch):
+    monkeypatch.setenv("RINGCOLL_SEGMENT", str(64 * KiB))
+
+
+@pytest.mark.parametrize("collective,algorithm", _all_algorithms())
+def test_closed_form_equals_the_clock(small_segments, collective, algorithm):
+    """On the flat single-port machine, cost.time(α, β, γ) is the simulated time."""
+    machine = ringcoll.Machine()
+    tolerance = TOLERANCE.get(algorithm, 1e-9)
+    for world in WORLDS:
+        for blocks in (1, 4, 256):            # 512 B .. 128 KiB per block; segments divide evenly
+            numel = world * 64 * blocks       # chunks of world and of pof2 are all equal
+            sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
+                                    numel=numel, data=False, machine=machine, record=False)
+            predicted, simulated = sim.cost.on(machine), sim.stats.time
+            assert predicted == pytest.approx(simulated, rel=tolerance), \
+                f"{collective}/{algorithm} world {world} {numel * 8} B: cost {sim.cost} " \
+                f"gives {predicted:.4g} s, the clock {simulated:.4g} s"
+
+
+def test_posted_together_sends_share_the_port():
+    """Broadcast linear, p = 64, 256 KiB: the root's 63 sends queue on its one send port."""
+    machine = ringcoll.Machine()
+    n = 256 * KiB
+    sim = ringcoll.simulate("broadcast", "linear", 64, numel=n // 8, data=False, machine=machine)
+    assert sim.stats.time >= 63 * n * machine.beta
+    assert sim.stats.time == pytest.approx(63 * (machine.alpha + n * machine.beta))
+    two = ringcoll.simulate("broadcast", "linear", 64, numel=n // 8, data=False,
+                            machine=ringcoll.Machine(ports=2))
+    assert two.stats.time == pytest.approx(32 * (machine.alpha + n * machine.beta))   # 63 sends on 2 ports
+
+
+def test_a_message_waits_for_the_receivers_port():
+    """gather linear: p - 1 messages into the root's one receive port, one after another."""
+    machine = ringcoll.Machine(alpha=1e-6, beta=1e-9, gamma=0)
+    sim = ringcoll.simulate("gather", "linear", 9, numel=9 * 1000, data=False, machine=machine)
+    assert sim.stats.time == pytest.approx(8 * (1e-6 + 8000 * 1e-9))
+    assert sim.stats.steps == 2             # own-block copy, then one step of receives
+
+
+@pytest.mark.parametrize("collective,algorithm,world", [
+    ("all_reduce", "ring", 6), ("all_reduce", "double_binary_tree", 7), ("reduce", "rabenseifner", 5),
+    ("broadcast", "scatter_allgather", 6), ("all_to_all_single", "bruck", 5),
+    ("reduce_scatter_tensor", "recursive_halving", 7), ("all_gather", "recursive_doubling", 6)])
+def test_runs_without_data_give_the_same_statistics(small_segments, collective, algorithm, world):
+    machine = ringcoll.Machine.hierarchical(2, intra=(1e-6, 1e-10), inter=(4e-6, 1e-9), gamma=3e-11)
+    kwargs = dict(numel=world * 20000, machine=machine)
+    with_data = ringcoll.simulate(collective, algorithm, world, **kwargs)
+    clock_only = ringcoll.simulate(collective, algorithm, world, data=False, **kwargs)
+    assert clock_only.outputs == [] and with_data.outputs
+    a, b = with_data.stats, clock_only.stats
+    assert (a.time, a.steps, a.rank_steps, a.link_bytes) == (b.time, b.steps, b.rank_steps, b.link_bytes)
+    assert [vars(r) for r in a.ranks] == [vars(r) for r in b.ranks]
+
+
+def test_critical_path_is_not_the_per_rank_count():
+    sim = ringcoll.simulate("all_reduce", "ring", 5, numel=500, data=False)
+    assert sim.stats.steps == 2 * 4 and sim.stats.rank_steps == [8] * 5
+    # a pipelined chain: every rank has fewer steps than the chain of dependencies through it
+    chain = ringcoll.simulate("broadcast", "pipelined_chain", 6, numel=4096, data=False,
+                              segment_numel_hint=None) if False else None
+    del chain
+    sim = ringcoll.simulate("broadcast", "binomial", 8, numel=64, data=False)
+    assert sim.stats.steps == 3 and max(sim.stats.rank_steps) == 3 and min(sim.stats.rank_steps) == 1
+
+
+def test_bytes_per_rank_and_per_link():
+    world, numel = 4, 4000
+    sim = ringcoll.simulate("all_reduce", "ring", world, numel=numel)
+    chunk = numel // world * 8
+    for rank in range(world):
+        assert sim.stats.links[(rank, (rank + 1) % world)] == 2 * (world - 1) * chunk
+        assert sim.stats.ranks[rank].bytes_received == 2 * (world - 1) * chunk
+    assert len(sim.stats.links) == world
+
+
+def test_hierarchical_nodes_share_their_nic():
+    """Two nodes of 4 ranks; all_to_all linear: every inter-node message of a node goes
+    through its one NIC send port, 16 of them each way."""
+    intra, inter = (1e-6, 1e-11), (2e-6, 1e-9)
+    machine = ringcoll.Machine.hierarchical(4, intra=intra, inter=inter, gamma=0)
+    block = 1000
+    sim = ringcoll.simulate("all_to_all_single", "linear", 8, numel=8 * block, data=False, machine=machine)
+    one_inter = inter[0] + block * 8 * inter[1]
+    assert sim.stats.time >= 16 * one_inter
+    wide = ringcoll.Machine.hierarchical(4, intra=intra, inter=inter, gamma=0, nic_ports=4)
+    faster = ringcoll.simulate("all_to_all_single", "linear", 8, numel=8 * block, data=False, machine=wide)
+    assert faster.stats.time < 0.5 * sim.stats.time
+    # a placement that puts ranks 0 and 1 on different nodes makes their message inter-node
+    placed = ringcoll.Machine.hierarchical(1, intra=intra, inter=inter, placement=[0, 1])
+    assert placed.link(0, 1) == (inter[0], inter[1], True)
+    assert machine.link(0, 3) == (intra[0], intra[1], False) and machine.link(3, 4)[2]
+
+
+def test_machine_json_round_trip(tmp_path):
+    machine = ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9), inter=(5e-6, 1 / 20e9),
+                                            gamma=1 / 40e9, nic_ports=2, placement=[0] * 8 + [1] * 8)
+    path = tmp_path / "machine.json"
+    machine.save(str(path))
+    assert ringcoll.Machine.load(str(path)) == machine
+    flat = ringcoll.Machine(1e-6, 1e-10, 1e-11, ports=3)
+    flat.save(str(path))
+    assert ringcoll.Machine.load(str(path)) == flat
+    with pytest.raises(ValueError, match="ports must be a positive int"):
+        ringcoll.Machine(ports=0)
+    with pytest.raises(ValueError, match="unknown"):
+        ringcoll.Machine.from_dict({"alpha": 1, "speed": 2})
+
+
+@pytest.mark.parametrize("collective", sorted(ringcoll.collectives.BUILDERS))
+def test_numel_works_for_every_collective_and_is_checked(collective):
+    for world in (1, 3, 4):
+        for numel in (0, 1, world + 1, 50):
+            sim = ringcoll.simulate(collective, "auto", world, numel=numel)
+            assert sim.world == world
+
+
+def test_a_wrong_schedule_is_caught_naming_rank_and_element():
+    from ringcoll.schedule import Buf, Recv, Send, step
+
+    def all_reduce_forgets_one(rank, world, layout):
+        """Ring-less 'all_reduce' that only sums ranks 0 and 1 (wrong above two ranks)."""
+        data, scratch = Buf("data", 0, layout.numel), Buf("scratch", 0, layout.numel)
+        if rank < 2:
+            yield step([Send(1 - rank, data), Recv(1 - rank, scratch)], [ringcoll.schedule.reduce(data, scratch)])
+
+    ringcoll.register("all_reduce", "test_wrong", cost=lambda p, n: ringcoll.Cost(1, n, n),
+                      replace=True)(all_reduce_forgets_one)
+    try:
+        assert ringcoll.simulate("all_reduce", "test_wrong", 2, numel=10).outputs
+        with pytest.raises(ResultError, match=r"all_reduce/test_wrong world 3: rank 0: element 0 is 3, "
+                                              r"the definition gives 6"):
+            ringcoll.simulate("all_reduce", "test_wrong", 3, numel=10)
+        ringcoll.simulate("all_reduce", "test_wrong", 3, numel=10, check=False)     # opt out
+    finally:
+        ringcoll.registry._REGISTRY["all_reduce"].pop("test_wrong")
+
+
+def test_register_twice_needs_replace():
+    def first(rank, world, layout):
+        return iter(())
+
+    ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(0, 0, 0))(first)
+    try:
+        with pytest.raises(ValueError, match="registered twice"):
+            ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(0, 0, 0))(first)
+        ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(1, 0, 0), replace=True)(first)
+        assert ringcoll.registry.get("barrier", "test_twice").cost(4, 0) == (1, 0, 0)
+    finally:
+        ringcoll.registry._REGISTRY["barrier"].pop("test_twice")
+
+
+def test_float_results_are_checked_within_tolerance():
+    inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(5)]
+    sim = ringcoll.simulate("all_reduce", "ring", 5, inputs=inputs)
+    torch.testing.assert_close(sim.outputs[0][0], sum(inputs), rtol=1e-5, atol=1e-5)
+    assert torch.equal(inputs[0], torch.randn(1001, generator=torch.Generator().manual_seed(0)))
+    assert rank_data(0, 3).tolist() == [1, 2, 3]
+
+
+def test_lower_bound_ratios():
+    world, numel = 8, 8 * 1024
+    n = numel * 8
+    ring = ringcoll.simulate("all_reduce", "ring", world, numel=numel, data=False).ratios
+    assert ring["bandwidth"] == pytest.approx(1.0) and ring["compute"] == pytest.approx(1.0)
+    assert ring["latency"] == pytest.approx(2 * (world - 1) / 3)
+    doubling = ringcoll.simulate("all_reduce", "recursive_doubling", world, numel=numel, data=False).ratios
+    assert doubling["latency"] == 1.0
+    assert doubling["bandwidth"] == pytest.approx(3 * n / (2 * (world - 1) / world * n))
+    assert ringcoll.simulate("barrier", "dissemination", 5, numel=0, data=False).ratios["bandwidth"] is None
+
+
+def test_trace_is_chrome_json_with_events_per_rank(tmp_path):
+    import json
+
+    sim = ringcoll.simulate("all_reduce", "rabenseifner", 6, numel=600)
+    doc = json.loads(open(sim.trace(str(tmp_path / "t.json"))).read())
+    events = doc["traceEvents"]
+    sends = [e for e in events if e["ph"] == "X" and e.get("cat") == "message" and e["tid"] == 0]
+    assert len(sends) == sim.stats.messages
+    assert {e["pid"] for e in sends} == set(range(6))
+    assert all(e["dur"] > 0 and e["ts"] >= 0 for e in sends)
+    assert sum(1 for e in events if e.get("cat") == "local" and e["args"]["bytes_reduced"]) > 0
+    for world in (4, 20):                                   # detailed and summary views
+        path = ringcoll.simulate("all_reduce", "ring", world, numel=400, data=False).plot(str(tmp_path / "t.png"))
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="record=True"):
+        ringcoll.simulate("all_reduce", "ring", 4, numel=40, record=False).trace(str(tmp_path / "x.json"))
+
+
+def _synthetic_bench(path, machine, world, noise, seed):
+    """A ringcoll-bench-shaped JSON whose times are the closed forms on ``machine``, with
+    multiplicative noise."""
+    import json
+    import random
+
+    from ringcoll.study.fit import Sample, coefficients
+
+    rng = random.Random(seed)
+    rows = []
+    for bench_name, family in (("all_reduce", "all_reduce"), ("broadcast", "broadcast"),
+                               ("all_gather_into_tensor", "all_gather"), ("reduce", "reduce"),
+                               ("reduce_scatter_tensor", "reduce_scatter")):
+        for algorithm in ringcoll.algorithms(family):
+            for size in (1024, 16 * KiB, 256 * KiB, 4 * 1024 * KiB, 64 * 1024 * KiB):
+                count = size // 4 - (size // 4) % world
+                a, b, c = coefficients(Sample(family, algorithm, world, count * 4, 0.0))
+                seconds = (a * machine.alpha + b * machine.beta + c * machine.gamma) * (1 + rng.gauss(0, noise))
+                rows.append({"collective": bench_name, "algorithm": algorithm, "count": count,
+                             "type": "float32", "time_us": seconds * 1e6, "error": None})
+        rows.append({"collective": bench_name, "algorithm": "built-in", "count": 256, "type": "float32",
+                     "time_us": 1.0, "error": None})
+    with open(path, "w") as f:
+        json.dump({"meta": {"world_size": world}, "rows": rows}, f)
+    return str(path)
+
+
+def test_fit_recovers_a_known_machine(tmp_path):
+    from ringcoll.study.fit import fit_report
+
+    truth = ringcoll.Machine(alpha=20e-6, beta=1 / 5e9, gamma=1 / 12e9)
+    paths = [_synthetic_bench(tmp_path / f"np{w}.json", truth, w, noise=0.02, seed=w) for w in (3, 4, 8)]
+    result = fit_report(paths)
+    got = result.machine
+    assert got.alpha == pytest.approx(truth.alpha, rel=0.05)
+    assert got.beta == pytest.approx(truth.beta, rel=0.05)
+    assert got.gamma == pytest.approx(truth.gamma, rel=0.05)
+    assert not result.tied and set(result.bands) == {"< 64 KiB", "64 KiB - 1 MiB", ">= 1 MiB"}
+    assert ringcoll.fit(paths) == got
+
+
+def test_fit_ties_collinear_beta_and_gamma(tmp_path):
+    """all_reduce ring and Rabenseifner alone: β and γ in a fixed 2:1 ratio, no unique split."""
+    import json
+
+    from ringcoll.study.fit import fit_report
+
+    truth = ringcoll.Machine(alpha=10e-6, beta=1 / 8e9, gamma=1 / 16e9)
+    path = _synthetic_bench(tmp_path / "ar.json", truth, 4, noise=0.0, seed=1)
+    doc = json.load(open(path))
+    doc["rows"] = [r for r in doc["rows"] if r["collective"] == "all_reduce" and r["algorithm"] in
+                   ("ring", "rabenseifner")]
+    json.dump(doc, open(path, "w"))
+    result = fit_report(path)
+    assert result.tied and result.machine.beta > 0 and result.machine.gamma > 0
+    for sample in result.samples:                   # still predicts what it was fitted on
+        assert result.predict(sample) == pytest.approx(sample.seconds, rel=0.05)
