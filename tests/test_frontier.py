@@ -18,8 +18,8 @@ R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 FRONTIER = {
     "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine"),
-    "reduce_scatter": ("direct",),
-    "all_gather": ("direct",),
+    "reduce_scatter": ("direct", "pat"),
+    "all_gather": ("direct", "pat"),
     "broadcast": ("bine",),
     "reduce": ("bine",),
 }
@@ -130,3 +130,25 @@ def test_swing_pairs_nest_and_bine_trees_span():
                 up, seen = parent[up], seen + 1
                 assert seen <= world
             assert up == 0
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("segment_bytes", [8, 24, 100000])
+def test_pat_bounds_its_aggregation(monkeypatch, collective, segment_bytes):
+    """Blocks of 8 bytes (int64), segments of 1, 3 or many blocks: exact, and the messages
+    and the time are what the closed form says."""
+    monkeypatch.setenv("RINGCOLL_SEGMENT", str(segment_bytes))
+    per_message = max(1, segment_bytes // 8)
+    for world in (2, 5, 8, 13, 16):
+        got, want = simulated(collective, "pat", world, 1)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"world {world}"
+        schedules = schedules_of(collective, "pat", world, world * 2, {"segment": per_message * 2})
+        clock, _ = port_time(schedules, 4, **MACHINE)
+        cost = registry.get(collective, "pat").cost(world, world * 8)
+        assert clock == pytest.approx(cost.time(*MACHINE.values()), rel=1e-9)
+        messages = sum(len([c for c in st.comms if type(c).__name__ == "Send"]) for st in schedules[0])
+        assert messages == cost.alpha
+        if per_message == 1:
+            assert messages == world - 1
+        elif per_message > world:
+            assert messages == (world - 1).bit_length()
