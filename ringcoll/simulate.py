@@ -11,6 +11,7 @@ from .collectives import BUILDERS
 from .collectives._common import Context
 from .schedule import Step
 from .simulator import Machine, SimStats, run_plans
+from .topology import even_nodes
 
 
 @dataclass
@@ -43,7 +44,7 @@ def _clone(value):
 def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
-             machine: Machine = Machine(), **kwargs) -> Simulation:
+             machine: Machine = Machine(), local_size=None, **kwargs) -> Simulation:
     """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
@@ -51,7 +52,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     ``dtype``, or ``call(rank) -> (args, kwargs)``; ``kwargs`` go to every rank (``op=``,
     ``src=`` ...). Inputs are copied, never modified. Returns every rank's result, the
     statistics (steps, messages, bytes sent and reduced, α-β-γ time on ``machine``), the
-    algorithm's cost model and every rank's schedule.
+    algorithm's cost model and every rank's schedule. ``local_size`` puts the ranks on nodes for
+    the node-aware algorithms (ringcoll.topology): an int for nodes of that many consecutive
+    ranks, or a tuple giving each rank's node.
 
     >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)
     >>> sim.outputs[0][0]           # rank 0's reduced tensor
@@ -61,6 +64,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     if not isinstance(world, int) or world < 1:
         raise ValueError(f"world must be a positive int, got {world!r}")
     build = BUILDERS[collective]
+    nodes = local_size if local_size is None or isinstance(local_size, tuple) else even_nodes(world, local_size)
+    if nodes is not None and len(nodes) != world:
+        raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
     plans = []
     for rank in range(world):
         if call is not None:
@@ -76,7 +82,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
         extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
-        plan = build(Context(rank, world), *_clone(args), **extra)
+        plan = build(Context(rank, world, nodes=nodes), *_clone(args), **extra)
         plans.append(plan)
     with torch.no_grad():
         stats = run_plans(plans, machine)

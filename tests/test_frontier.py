@@ -17,7 +17,7 @@ from ringcoll.simulate import rank_data
 R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 FRONTIER = {
-    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine"),
+    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine", "torus2d", "hierarchical"),
     "reduce_scatter": ("direct", "pat"),
     "all_gather": ("direct", "pat"),
     "broadcast": ("bine",),
@@ -152,3 +152,49 @@ def test_pat_bounds_its_aggregation(monkeypatch, collective, segment_bytes):
             assert messages == world - 1
         elif per_message > world:
             assert messages == (world - 1).bit_length()
+
+
+HIERARCHICAL = [c for c, names in FRONTIER.items() if "hierarchical" in names]
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+@pytest.mark.parametrize("local_size", [1, 2, 3, 4, 5])
+def test_hierarchical_even_and_uneven_nodes(collective, local_size):
+    """Nodes of local_size consecutive ranks, the last one smaller when it does not divide p."""
+    for world in tuple(range(1, 18)) + (32,):
+        for numel in numels(world):
+            got, want = simulated(collective, "hierarchical", world, numel, local_size=local_size)
+            for rank, (g, w) in enumerate(zip(got, want)):
+                assert torch.equal(g, w), f"{collective} L={local_size} world {world} numel {numel} rank {rank}"
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+def test_hierarchical_nodes_of_scattered_ranks(collective):
+    """Nodes as hostname grouping may give them: ranks interleaved, sizes 3, 2 and 1 ... ."""
+    for nodes in [(0, 1, 0, 1, 0, 2), (2, 2, 1, 0, 1, 2, 0), (0, 1, 2, 3, 0), (1, 0)]:
+        world = len(nodes)
+        for numel in (1, world + 2, 1000):
+            got, want = simulated(collective, "hierarchical", world, numel, local_size=nodes)
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{collective} nodes {nodes} numel {numel}"
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+def test_hierarchical_cost_equals_the_port_clock(monkeypatch, collective):
+    from ringcoll.topology import even_nodes
+
+    for local_size in (2, 4):
+        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", str(local_size))
+        for world in (4, 8, 12, 16, 32):
+            numel = world * 96
+            params = {**params_for(collective, world), "nodes": even_nodes(world, local_size)}
+            clock, _ = port_time(schedules_of(collective, "hierarchical", world, numel, params), 4, **MACHINE)
+            model = registry.get(collective, "hierarchical").cost(world, numel * 4).time(*MACHINE.values())
+            assert clock == pytest.approx(model, rel=1e-9), f"{collective} L={local_size} world {world}"
+
+
+def test_torus_grid():
+    from ringcoll.schedules.hierarchical import torus_grid
+
+    assert [torus_grid(p) for p in (1, 2, 6, 12, 16, 17, 64, 1024)] == \
+        [(1, 1), (2, 1), (3, 2), (4, 3), (4, 4), (17, 1), (8, 8), (32, 32)]
+    assert ringcoll.simulate("all_reduce", "torus2d", 12, numel=120).stats.steps == 2 * (4 - 1) + 2 * (3 - 1)
