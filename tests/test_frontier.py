@@ -18,10 +18,10 @@ R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 FRONTIER = {
     "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine", "torus2d", "hierarchical"),
-    "reduce_scatter": ("direct", "pat"),
-    "all_gather": ("direct", "pat"),
-    "broadcast": ("bine",),
-    "reduce": ("bine",),
+    "reduce_scatter": ("direct", "pat", "hierarchical"),
+    "all_gather": ("direct", "pat", "hierarchical"),
+    "broadcast": ("bine", "hierarchical"),
+    "reduce": ("bine", "hierarchical"),
 }
 #: a machine whose α, β and γ are of the same order at the sizes below, so a wrong term shows
 MACHINE = dict(alpha=5e-6, beta=1e-9, gamma=3e-10)

@@ -38,30 +38,76 @@ def _nodes(layout: Layout, world: int) -> Nodes:
     return nodes
 
 
-# -- rings over a subset of the ranks ---------------------------------------------------------
-def ring_reduce_scatter(ring: Sequence[int], me: int, pieces: List[Buf], slot: int) -> Iterator[Step]:
-    """Reduce-scatter of ``pieces`` (one per ring position) around ``ring`` (ranks in ring
-    order; ``me`` this rank's position): at step s position m sends its partial of piece
-    m - s - 1 to the right and reduces the partial of piece m - s - 2 from the left into its
-    own, alternating two scratch slots of ``slot`` elements (``slot`` on: the first slot's
-    offset); after len - 1 steps position m holds piece m fully reduced."""
+# -- rings and trees over a subset of the ranks ----------------------------------------------
+Piece = Tuple[Buf, ...]          # what one ring position contributes: one or more chunks
+
+
+def _piece(piece) -> Piece:
+    return piece if isinstance(piece, tuple) else (piece,)
+
+
+def ring_reduce_scatter(ring: Sequence[int], me: int, pieces: Sequence, slot: int = 0) -> Iterator[Step]:
+    """Reduce-scatter of ``pieces`` (one per ring position; a piece is a chunk or a tuple of
+    chunks) around ``ring`` (ranks in ring order; ``me`` this rank's position): at step s
+    position m sends its partial of piece m - s - 1 to the right and reduces the partial of
+    piece m - s - 2 from the left into its own, receiving into two scratch slots used in
+    turn (from element ``slot`` on); after len - 1 steps position m holds piece m reduced."""
     size = len(ring)
     right, left = ring[(me + 1) % size], ring[(me - 1) % size]
-    width = max(p.numel for p in pieces)
+    pieces = [_piece(p) for p in pieces]
+    width = max(sum(b.numel for b in p) for p in pieces)
     for s in range(size - 1):
         send, target = pieces[(me - s - 1) % size], pieces[(me - s - 2) % size]
         start = slot + (s % 2) * width
-        recv_buf = Buf("scratch", start, start + target.numel)
-        yield step(sendrecv(right, send, left, recv_buf), [reduce(target, recv_buf)])
+        comms = [Send(right, b) for b in send]
+        local = []
+        for b in target:
+            recv_buf = Buf("scratch", start, start + b.numel)
+            start += b.numel
+            comms.append(Recv(left, recv_buf))
+            local.append(reduce(b, recv_buf))
+        yield step(comms, local)
 
 
-def ring_all_gather(ring: Sequence[int], me: int, pieces: List[Buf]) -> Iterator[Step]:
+def ring_all_gather(ring: Sequence[int], me: int, pieces: Sequence) -> Iterator[Step]:
     """All-gather of ``pieces`` around ``ring``, position m starting with piece m: at step s
     it sends piece m - s to the right and receives piece m - s - 1 from the left in place."""
     size = len(ring)
     right, left = ring[(me + 1) % size], ring[(me - 1) % size]
     for s in range(size - 1):
-        yield step(sendrecv(right, pieces[(me - s) % size], left, pieces[(me - s - 1) % size]))
+        yield step([Send(right, b) for b in _piece(pieces[(me - s) % size])] +
+                   [Recv(left, b) for b in _piece(pieces[(me - s - 1) % size])])
+
+
+def tree_broadcast(order: Sequence[int], me: int, data: Buf) -> Iterator[Step]:
+    """Binomial broadcast of ``data`` over the ranks ``order`` (order[0] the root; ``me``
+    this rank's index), largest subtree first."""
+    parent, children = binomial(me, len(order))
+    if parent is not None:
+        yield step([Recv(order[parent], data)])
+    for child in children:
+        yield step([Send(order[child], data)])
+
+
+def tree_reduce(order: Sequence[int], me: int, data: Buf, scratch: Buf) -> Iterator[Step]:
+    """Binomial reduce into ``data`` over the ranks ``order`` (order[0] the root), the
+    smallest subtree (ready first) taken first."""
+    parent, children = binomial(me, len(order))
+    for child in reversed(children):
+        yield step([Recv(order[child], scratch)], [reduce(data, scratch)])
+    if parent is not None:
+        yield step([Send(order[parent], data)])
+
+
+def runs(blocks: Sequence[Buf]) -> Piece:
+    """Blocks of one buffer merged where they touch: the fewest chunks that cover them."""
+    merged: List[Buf] = []
+    for b in blocks:
+        if merged and merged[-1].stop == b.start:
+            merged[-1] = Buf(b.name, merged[-1].start, b.stop)
+        else:
+            merged.append(b)
+    return tuple(merged)
 
 
 def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Iterator[Step]:
@@ -73,7 +119,7 @@ def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Ite
     bounds = [chunk_bounds(numel, len(m)) for m in members]
     own = chunks("data", numel, len(mine))
     # 1. reduce-scatter inside the node: local rank l ends with chunk l of its node's cut
-    yield from ring_reduce_scatter(mine, local, own, 0)
+    yield from ring_reduce_scatter(mine, local, own)
     # 2. across nodes: the pieces where all nodes' cuts agree, each all-reduced by a ring of
     # its owners, one per node, in node order; pieces in ascending order, so that ranks that
     # own several (uneven nodes) meet their partners in the same order
@@ -85,7 +131,7 @@ def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Ite
         if rank in owners and len(owners) > 1:
             me = owners.index(rank)
             pieces = chunks("data", hi - lo, len(owners), lo)
-            yield from ring_reduce_scatter(owners, me, pieces, 0)
+            yield from ring_reduce_scatter(owners, me, pieces)
             yield from ring_all_gather(owners, me, pieces)
     # 3. all-gather inside the node
     yield from ring_all_gather(mine, local, own)
@@ -159,3 +205,143 @@ def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     x, _ = torus_grid(world)
     return two_level_all_reduce(rank, world, tuple(r // x for r in range(world)), layout.numel)
+
+
+# -- rooted and gathering collectives: leaders (MPICH's SMP-aware collectives) ----------------
+def _lg(size: int) -> int:
+    return (size - 1).bit_length()
+
+
+def _levels(world: int) -> Tuple[int, int]:
+    """(L, N): ranks per node and nodes, for the cost models (even nodes, L from the env)."""
+    local = max(1, min(_env_local_size(world), world))
+    return local, -(-world // local)
+
+
+def _rooted(rank: int, world: int, layout: Layout) -> Tuple[List[int], List[int]]:
+    """The leaders, the root's node first and the root leading it, and this rank's node in
+    tree order (its leader first)."""
+    nodes = _nodes(layout, world)
+    members = members_of(nodes)
+    root = layout["root"]
+    order = [nodes[root]] + [i for i in range(len(members)) if i != nodes[root]]
+    leaders = [root if i == nodes[root] else members[i][0] for i in order]
+    mine = members[nodes[rank]]
+    lead = root if nodes[rank] == nodes[root] else mine[0]
+    return leaders, [lead] + [r for r in mine if r != lead]
+
+
+def _broadcast_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    rounds = _lg(count) + _lg(local)
+    return Cost(rounds, rounds * nbytes, 0)
+
+
+@register("broadcast", "hierarchical", cost=_broadcast_cost)
+@needs_nodes
+def broadcast_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical broadcast: a binomial broadcast among the node leaders (the root leading
+    its node), then a binomial broadcast inside each node from its leader. Each byte
+    crosses between nodes ⌈lg N⌉ times in all instead of up to ⌈lg p⌉. Any nodes.
+
+    Cost: with N nodes of L ranks, (⌈lg N⌉ + ⌈lg L⌉)(α + nβ).
+    """
+    leaders, local = _rooted(rank, world, layout)
+    data = Buf("data", 0, layout.numel)
+    if rank in leaders:
+        yield from tree_broadcast(leaders, leaders.index(rank), data)
+    yield from tree_broadcast(local, local.index(rank), data)
+
+
+def _reduce_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    rounds = _lg(count) + _lg(local)
+    return Cost(rounds, rounds * nbytes, rounds * nbytes)
+
+
+@register("reduce", "hierarchical", cost=_reduce_cost)
+@needs_nodes
+def reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical reduce: a binomial reduce inside each node to its leader (the root
+    leading its own node), then a binomial reduce of the leaders' results to the root.
+    Any nodes.
+
+    Cost: with N nodes of L ranks, (⌈lg L⌉ + ⌈lg N⌉)(α + nβ + nγ).
+    """
+    leaders, local = _rooted(rank, world, layout)
+    data, scratch = Buf("data", 0, layout.numel), Buf("scratch", 0, layout.numel)
+    yield from tree_reduce(local, local.index(rank), data, scratch)
+    if rank in leaders:
+        yield from tree_reduce(leaders, leaders.index(rank), data, scratch)
+
+
+def _gathering(rank: int, world: int, layout: Layout, name: str):
+    """The leaders (each node's first member), this rank's node, and the blocks of ``name``
+    that each node's ranks own, merged into runs."""
+    members = members_of(_nodes(layout, world))
+    blocks = chunks(name, layout.numel, world)
+    leaders = [m[0] for m in members]
+    pieces = [runs([blocks[r] for r in m]) for m in members]
+    return leaders, members[_nodes(layout, world)[rank]], blocks, pieces
+
+
+def _all_gather_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    block = nbytes / world
+    return Cost(local - 1 + count - 1 + _lg(local),
+                (local - 1) * block + (count - 1) * local * block + _lg(local) * nbytes, 0)
+
+
+@register("all_gather", "hierarchical", cost=_all_gather_cost)
+@needs_nodes
+def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical all-gather (MPICH's SMP all-gather): each node's leader (its first rank)
+    receives its members' blocks straight into place in one step; the leaders pass their
+    nodes' blocks around a ring (a node's blocks merged into as few chunks as they allow);
+    each leader broadcasts the whole output inside its node down a binomial tree. Blocks
+    are only copied: bitwise identical. Any nodes.
+
+    Cost: with N nodes of L ranks, (L-1)(α + n/p·β) + (N-1)(α + L·n/p·β) + ⌈lg L⌉(α + nβ)
+    (n: the gathered total).
+    """
+    leaders, mine, output, pieces = _gathering(rank, world, layout, "output")
+    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    place = [] if own == output[rank] else [Copy(output[rank], own)]
+    leader = mine[0]
+    if rank == leader:
+        yield step([Recv(m, output[m]) for m in mine[1:]], place)
+        yield from ring_all_gather(leaders, leaders.index(rank), pieces)
+    else:
+        yield step([Send(leader, own)])
+    yield from tree_broadcast(mine, mine.index(rank), span(output, 0, world))
+
+
+def _reduce_scatter_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    block = nbytes / world
+    inner, across = _lg(local) * nbytes, (count - 1) * local * block
+    return Cost(_lg(local) + count - 1 + local - 1, inner + across + (local - 1) * block, inner + across)
+
+
+@register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost)
+@needs_nodes
+def reduce_scatter_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical reduce-scatter: each node reduces its members' whole inputs to its leader
+    down a binomial tree (in scratch: the inputs are never written); the leaders run a ring
+    reduce-scatter of the nodes' blocks (node i's piece: the blocks of its ranks); each
+    leader hands every member its block in one step. Each block is reduced along one tree
+    ending on its owner. Any nodes.
+
+    Cost: with N nodes of L ranks, ⌈lg L⌉(α + nβ + nγ) + (N-1)(α + L·n/p·(β + γ)) +
+    (L-1)(α + n/p·β) (n: the input total).
+    """
+    leaders, mine, acc, pieces = _gathering(rank, world, layout, "acc")
+    whole = span(acc, 0, world)
+    yield step(local=[Copy(whole, Buf("input", 0, layout.numel))])
+    yield from tree_reduce(mine, mine.index(rank), whole, Buf("scratch", 0, layout.numel))
+    output = Buf("output", 0, acc[rank].numel)
+    if rank == mine[0]:
+        yield from ring_reduce_scatter(leaders, leaders.index(rank), pieces)
+        yield step([Send(m, acc[m]) for m in mine[1:]], [Copy(output, acc[rank])])
+    else:
+        yield step([Recv(mine[0], output)])
