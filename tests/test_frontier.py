@@ -198,3 +198,108 @@ def test_torus_grid():
     assert [torus_grid(p) for p in (1, 2, 6, 12, 16, 17, 64, 1024)] == \
         [(1, 1), (2, 1), (3, 2), (4, 3), (4, 4), (17, 1), (8, 8), (32, 32)]
     assert ringcoll.simulate("all_reduce", "torus2d", 12, numel=120).stats.steps == 2 * (4 - 1) + 2 * (3 - 1)
+
+
+# -- auto: measured rules, tuning table, model ------------------------------------------------
+from ringcoll import selection  # noqa: E402
+
+
+@pytest.fixture
+def plain_env(monkeypatch):
+    for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
+                 "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_measured_rules_decide_only_where_they_were_measured(plain_env):
+    name, why = selection.choose("all_reduce", "auto", 4096, 4)
+    assert name == "recursive_doubling" and "rule measured up to p=4" in why
+    for world in (5, 16, 64):               # beyond the measurements: the model
+        name, why = selection.choose("all_reduce", "auto", 4096, world)
+        assert "auto: model (default machine)" in why
+        best = min(ringcoll.algorithms("all_reduce"),
+                   key=lambda n: float("inf") if n == "direct" and world > 8 else
+                   registry.get("all_reduce", n).cost(world, 4096).time(5e-6, 1e-10, 5e-11))
+        want = registry.get("all_reduce", best).cost(world, 4096).time(5e-6, 1e-10, 5e-11)
+        got = registry.get("all_reduce", name).cost(world, 4096).time(5e-6, 1e-10, 5e-11)
+        assert got == pytest.approx(want)
+    # an unmeasured literature rule that would decide hands over to the model
+    assert "model" in selection.choose("all_gather", "auto", 1024, 3)[1]
+    for rule in selection.RULES:
+        assert rule.measured_upto is None or rule.measured_upto >= 2, rule
+
+
+def test_model_follows_the_machine(plain_env, tmp_path):
+    """A machine where messages cost nothing and bytes everything takes the fewest bytes; one
+    where a message costs a second takes the fewest messages."""
+    latency, bandwidth = tmp_path / "latency.json", tmp_path / "bandwidth.json"
+    latency.write_text('{"alpha": 1.0, "beta": 1e-12, "gamma": 0}')
+    bandwidth.write_text('{"alpha": 0, "beta": 1e-9, "gamma": 1e-9}')
+    plain_env.setenv("RINGCOLL_MACHINE", str(latency))
+    name, why = selection.choose("all_reduce", "auto", 1 << 20, 16)
+    assert str(latency) in why and registry.get("all_reduce", name).cost(16, 1 << 20).alpha == 4
+    assert selection.choose("all_gather", "auto", 1 << 20, 12)[0] in ("bruck", "pat")
+    plain_env.setenv("RINGCOLL_MACHINE", str(bandwidth))
+    name, _ = selection.choose("all_reduce", "auto", 1 << 20, 16)
+    assert registry.get("all_reduce", name).cost(16, 1 << 20).beta == pytest.approx(2 * 15 / 16 * (1 << 20))
+    assert selection.choose("all_reduce", "auto", 64, 5)[0] != "direct"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"alpha": "fast"}')
+    plain_env.setenv("RINGCOLL_MACHINE", str(bad))
+    with pytest.raises(ValueError, match="needs a non-negative number 'alpha'"):
+        selection.choose("all_reduce", "auto", 64, 16)
+
+
+def test_direct_only_for_small_worlds(plain_env):
+    """The model weighs direct only at p <= 8 (under one port per rank its p - 1 messages
+    serialise, so it ties at best: the classic algorithm then wins)."""
+    names = ringcoll.algorithms("all_gather")
+    assert "direct" in [n for _, n in selection.modelled_times("all_gather", 64, 8, names)]
+    assert "direct" not in [n for _, n in selection.modelled_times("all_gather", 64, 9, names)]
+    ranked = selection.modelled_times("all_gather", 64, 3, names)
+    assert dict((n, t) for t, n in ranked)["direct"] == ranked[0][0]         # a tie at p = 3 ...
+    assert selection.choose("all_gather", "auto", 64, 3)[0] not in selection.FRONTIER   # ... the classic wins
+
+
+def test_tuning_table_is_followed(plain_env, tmp_path):
+    table = tmp_path / "table.csv"
+    table.write_text("collective,nranks,min_bytes,max_bytes,algorithm\n"
+                     "all_reduce,4,0,65535,ring\n"
+                     "all_reduce,4,65536,1048576,swing_bandwidth\n"
+                     "all_gather_into_tensor,3,0,100,pat\n")
+    plain_env.setenv("RINGCOLL_TUNING", str(table))
+    assert selection.choose("all_reduce", "auto", 4096, 4) == ("ring", f"auto: tuning table {table}:2")
+    assert selection.choose("all_reduce", "auto", 65536, 4)[0] == "swing_bandwidth"
+    assert selection.choose("all_gather", "auto", 100, 3)[1].endswith(":4")
+    assert "rule" in selection.choose("all_reduce", "auto", 2 << 20, 4)[1]        # no row: the rules
+    assert "model" in selection.choose("all_reduce", "auto", 4096, 16)[1]         # no row for p = 16
+    plain_env.setenv("RINGCOLL_ALGO", "all_reduce=rabenseifner")                   # the override still wins
+    assert selection.choose("all_reduce", "auto", 4096, 4) == ("rabenseifner", "RINGCOLL_ALGO")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("collective,world,min,max,algorithm\n", "line 1 must be the header"),
+    ("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,zero,10,ring\n", r":2: min_bytes must be an integer"),
+    ("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,0,10,rnig\n", r":2: all_reduce has no algorithm 'rnig'"),
+    ("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduse,4,0,10,ring\n", "collective must be one of"),
+])
+def test_bad_tuning_table_names_file_line_and_field(plain_env, tmp_path, text, message):
+    table = tmp_path / "table.csv"
+    table.write_text(text)
+    plain_env.setenv("RINGCOLL_TUNING", str(table))
+    with pytest.raises(ValueError, match=message):
+        selection.choose("all_reduce", "auto", 64, 4)
+
+
+def test_debug_log_names_the_source(plain_env, tmp_path, caplog):
+    table = tmp_path / "table.csv"
+    table.write_text("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,0,100,direct\n")
+    plain_env.setenv("RINGCOLL_TUNING", str(table))
+    with caplog.at_level("INFO", logger="ringcoll"):
+        for world, numel in ((4, 10), (4, 1000), (16, 10)):
+            ringcoll.simulate("all_reduce", "auto", world, numel=numel)
+    sources = [r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage()]
+    assert "direct (auto: tuning table" in sources[0]
+    assert "(auto: rule measured up to p=4" in sources[1]
+    assert "(auto: model (default machine)" in sources[2]
