@@ -303,3 +303,100 @@ def test_debug_log_names_the_source(plain_env, tmp_path, caplog):
     assert "direct (auto: tuning table" in sources[0]
     assert "(auto: rule measured up to p=4" in sources[1]
     assert "(auto: model (default machine)" in sources[2]
+
+
+# -- real gloo ranks against the built-ins ------------------------------------------------------
+def gloo_values(rank, numel, dtype):
+    raw = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13) % 61 + 1
+    if dtype.is_floating_point:
+        return (raw.to(torch.float64) * (0.5 if rank % 2 else -0.25) + 0.1 * rank).to(dtype)
+    return raw.to(dtype)
+
+
+def compare_frontier_with_builtin(local_size):
+    """Every frontier algorithm of every collective against torch.distributed on this rank;
+    returns the problems and the bits of the replicated results (equal on every rank)."""
+    import os
+
+    import torch.distributed as dist
+
+    if local_size:
+        os.environ["RINGCOLL_LOCAL_SIZE"] = str(local_size)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    problems, bits = [], []
+    cases = [(torch.int64, R.SUM, world + 1), (torch.float32, R.SUM, 1000), (torch.bfloat16, R.MAX, 7),
+             (torch.float64, R.AVG, 1)]
+    try:
+        for dtype, op, numel in cases:
+            tag = f"{dtype} {op} numel {numel}"
+            for name in FRONTIER["all_reduce"]:
+                got, want = gloo_values(rank, numel, dtype), gloo_values(rank, numel, dtype)
+                ringcoll.all_reduce(got, op=op, algorithm=name)
+                dist.all_reduce(want, op=op)
+                if not torch.allclose(got.double(), want.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5):
+                    problems.append(f"all_reduce/{name} {tag}")
+                bits.append(got.view(torch.uint8).numpy().tobytes())
+            for name in FRONTIER["all_gather"]:
+                tensor = gloo_values(rank, numel, dtype)
+                got, want = torch.zeros(world * numel, dtype=dtype), torch.zeros(world * numel, dtype=dtype)
+                ringcoll.all_gather_into_tensor(got, tensor, algorithm=name)
+                dist.all_gather_into_tensor(want, tensor)
+                if not torch.equal(got, want):
+                    problems.append(f"all_gather/{name} {tag}")
+            if dtype != torch.bfloat16:        # gloo's reduce_scatter_tensor has no bfloat16 MAX
+                for name in FRONTIER["reduce_scatter"]:
+                    full = gloo_values(rank, world * numel, dtype)
+                    got, want = torch.zeros(numel, dtype=dtype), torch.zeros(numel, dtype=dtype)
+                    ringcoll.reduce_scatter_tensor(got, full, op=op, algorithm=name)
+                    dist.reduce_scatter_tensor(want, full.clone(), op=op)
+                    if not torch.allclose(got.double(), want.double(), rtol=1e-6, atol=1e-5):
+                        problems.append(f"reduce_scatter/{name} {tag}")
+            root = world - 1
+            for name in FRONTIER["broadcast"]:
+                got = gloo_values(rank, numel, dtype)
+                ringcoll.broadcast(got, src=root, algorithm=name)
+                if not torch.equal(got, gloo_values(root, numel, dtype)):
+                    problems.append(f"broadcast/{name} {tag}")
+            if op != R.AVG:
+                for name in FRONTIER["reduce"]:
+                    got, want = gloo_values(rank, numel, dtype), gloo_values(rank, numel, dtype)
+                    ringcoll.reduce(got, dst=root, op=op, algorithm=name)
+                    dist.reduce(want, dst=root, op=op)
+                    if rank == root and not torch.allclose(got.double(), want.double(), rtol=1e-2, atol=1e-5):
+                        problems.append(f"reduce/{name} {tag}")
+    finally:
+        os.environ.pop("RINGCOLL_LOCAL_SIZE", None)
+    return problems, bits
+
+
+@pytest.mark.parametrize("world,local_size", [(3, None), (4, 2), (5, 2)])
+def test_matches_builtin_on_gloo(clusters, world, local_size):
+    """Worlds 3 (odd, a prime: torus2d is the ring), 4 on two emulated nodes of 2, 5 on
+    uneven nodes (2, 2, 1)."""
+    answers = clusters(world).run(compare_frontier_with_builtin, local_size)
+    for rank, (problems, _) in enumerate(answers):
+        assert not problems, f"rank {rank}: {problems[:6]}"
+    for rank, (_, bits) in enumerate(answers):
+        assert bits == answers[0][1], f"rank {rank}'s all_reduce results differ in bits from rank 0's"
+
+
+def node_layouts(local_size):
+    import os
+
+    from ringcoll.collectives._common import group_context
+    from ringcoll.topology import node_layout
+
+    ctx = group_context(None)
+    found = {"hostname": node_layout(ctx)}
+    os.environ["RINGCOLL_LOCAL_SIZE"] = str(local_size)
+    found["local size"] = node_layout(ctx)
+    os.environ.pop("RINGCOLL_LOCAL_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
+    found["torchrun"] = node_layout(ctx)
+    os.environ.pop("LOCAL_WORLD_SIZE")
+    return found
+
+
+def test_node_layout_sources(clusters):
+    for found in clusters(4).run(node_layouts, 3):
+        assert found == {"hostname": (0, 0, 0, 0), "local size": (0, 0, 0, 1), "torchrun": (0, 0, 0, 1)}
