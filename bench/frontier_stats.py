@@ -16,7 +16,6 @@ on the default machine / the lower bound's time.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from collections import defaultdict, deque
 from typing import Dict, List, Sequence, Tuple
 
 from ringcoll import registry
-from ringcoll.schedule import Layout, Recv, Reduce, Send, Step
+from ringcoll.schedule import Layout, Reduce, Send, Step
 
 
 def port_time(schedules: Sequence[Sequence[Step]], itemsize: int, alpha: float, beta: float,
@@ -114,3 +113,111 @@ def schedules_of(collective: str, name: str, world: int, numel: int, params: dic
     algorithm = registry.get(collective, name)
     layout = Layout(numel, params)
     return [list(algorithm.schedule(rank, world, layout)) for rank in range(world)]
+
+
+#: (collective, algorithm, extra layout parameters, worlds) measured; hierarchical on nodes of 8
+CASES = [
+    ("all_reduce", "direct", {}, (64,)),
+    ("all_reduce", "swing_latency", {}, (64, 1024)),
+    ("all_reduce", "swing_bandwidth", {}, (64, 1024)),
+    ("all_reduce", "bine", {}, (64, 1024)),
+    ("all_reduce", "torus2d", {}, (64, 1024)),
+    ("all_reduce", "hierarchical", {"local_size": 8}, (64, 1024)),
+    ("all_reduce", "rabenseifner", {}, (64, 1024)),
+    ("all_reduce", "ring", {}, (64,)),
+    ("reduce_scatter", "direct", {}, (64,)),
+    ("reduce_scatter", "pat", {}, (64, 1024)),
+    ("reduce_scatter", "hierarchical", {"local_size": 8}, (64, 1024)),
+    ("reduce_scatter", "recursive_halving", {}, (64, 1024)),
+    ("all_gather", "direct", {}, (64,)),
+    ("all_gather", "pat", {}, (64, 1024)),
+    ("all_gather", "hierarchical", {"local_size": 8}, (64, 1024)),
+    ("all_gather", "bruck", {}, (64, 1024)),
+    ("broadcast", "bine", {"root": 0}, (64, 1024)),
+    ("broadcast", "hierarchical", {"root": 0, "local_size": 8}, (64, 1024)),
+    ("broadcast", "binomial", {"root": 0}, (64, 1024)),
+    ("reduce", "bine", {"root": 0}, (64, 1024)),
+    ("reduce", "hierarchical", {"root": 0, "local_size": 8}, (64, 1024)),
+    ("reduce", "binomial", {"root": 0}, (64, 1024)),
+]
+SIZES = (64 * 1024, 16 * 1024 * 1024)       # n in bytes (float32): the vector, or the gathered total
+ALPHA, BETA, GAMMA = 5e-6, 1 / 10e9, 1 / 20e9   # the simulator's and auto's default machine
+
+
+def bounds(collective: str, world: int, nbytes: int) -> Tuple[int, float, float]:
+    """Chan et al. 2007's lower bounds: messages on the critical path, bytes a rank must
+    send, bytes it must reduce (STUDY-NOTES §3)."""
+    share = (world - 1) / world * nbytes
+    wire = {"all_reduce": 2 * share, "broadcast": nbytes, "reduce": nbytes}.get(collective, share)
+    reduced = share if collective in ("all_reduce", "reduce_scatter", "reduce") else 0.0
+    return (world - 1).bit_length(), wire, reduced
+
+
+def statistics(collective: str, name: str, params: dict, world: int, nbytes: int) -> dict:
+    from ringcoll.topology import even_nodes
+
+    params = dict(params)
+    local = params.pop("local_size", None)
+    if local:
+        params["nodes"] = even_nodes(world, local)
+        os.environ["RINGCOLL_LOCAL_SIZE"] = str(local)       # the closed form reads it
+    try:
+        numel = nbytes // 4
+        schedules = schedules_of(collective, name, world, numel, params)
+        clock, _ = port_time(schedules, 4, ALPHA, BETA, GAMMA)
+        model = registry.get(collective, name).cost(world, nbytes).time(ALPHA, BETA, GAMMA)
+    finally:
+        os.environ.pop("RINGCOLL_LOCAL_SIZE", None)
+    rounds = max(sum(1 for st in s if st.comms) for s in schedules)
+    messages = max(sum(1 for st in s for c in st.comms if isinstance(c, Send)) for s in schedules)
+    sent = max(sum(c.buf.numel * 4 for st in s for c in st.comms if isinstance(c, Send)) for s in schedules)
+    reduced = max(sum(op.dst.numel * 4 * len(op.srcs) for st in s for op in st.local if isinstance(op, Reduce))
+                  for s in schedules)
+    lat, wire, red = bounds(collective, world, nbytes)
+    bound_time = lat * ALPHA + wire * BETA + red * GAMMA
+    return {"collective": collective, "algorithm": name, "world": world, "bytes": nbytes,
+            "local_size": local, "steps": rounds, "messages": messages,
+            "steps/lg p": rounds / lat, "messages/lg p": messages / lat,
+            "sent/bound": sent / wire, "reduced/bound": reduced / red if red else None,
+            "time_us": clock * 1e6, "model_us": model * 1e6, "time/bound": clock / bound_time}
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def main(argv=None) -> int:
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    started = time.perf_counter()
+    for collective, name, params, worlds in CASES:
+        for world in worlds:
+            for nbytes in SIZES:
+                rows.append(statistics(collective, name, params, world, nbytes))
+                print(f"{collective}/{name} p={world} n={nbytes}: {rows[-1]['time/bound']:.3g}x bound",
+                      file=sys.stderr)
+    with open(os.path.join(out, "frontier_stats.json"), "w") as handle:
+        json.dump({"machine": {"alpha": ALPHA, "beta": BETA, "gamma": GAMMA}, "rows": rows}, handle, indent=1)
+    columns = ["collective", "algorithm", "world", "bytes", "steps", "messages", "steps/lg p",
+               "sent/bound", "reduced/bound", "time_us", "model_us", "time/bound"]
+    lines = ["# Frontier algorithms: cost-only statistics against the lower bounds", "",
+             f"Port-limited clock (bench/frontier_stats.py), α = {ALPHA * 1e6:g} µs, "
+             f"{1 / BETA / 1e9:g} GB/s on the wire, {1 / GAMMA / 1e9:g} GB/s reducing; float32; "
+             "hierarchical on nodes of 8 ranks. Bounds: Chan et al. 2007 (⌈lg p⌉α, the bandwidth "
+             "and compute terms of STUDY-NOTES §3). `sent/bound`: the most bytes a rank sends ÷ the "
+             "β bound; `reduced/bound`: the most bytes a rank reduces ÷ (p-1)/p·n; `model_us`: the "
+             "registered closed form. Deterministic: no timing of this machine is involved. "
+             f"Computed in {time.perf_counter() - started:.0f} s.", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row[c]) for c in columns) + " |")
+    with open(os.path.join(out, "frontier_stats.md"), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -158,10 +158,10 @@ HIERARCHICAL = [c for c, names in FRONTIER.items() if "hierarchical" in names]
 
 
 @pytest.mark.parametrize("collective", HIERARCHICAL)
-@pytest.mark.parametrize("local_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("local_size", [1, 3, 4])
 def test_hierarchical_even_and_uneven_nodes(collective, local_size):
     """Nodes of local_size consecutive ranks, the last one smaller when it does not divide p."""
-    for world in tuple(range(1, 18)) + (32,):
+    for world in tuple(range(1, 18)):
         for numel in numels(world):
             got, want = simulated(collective, "hierarchical", world, numel, local_size=local_size)
             for rank, (g, w) in enumerate(zip(got, want)):

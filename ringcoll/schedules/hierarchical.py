@@ -17,10 +17,10 @@ import os
 from typing import Iterator, List, Sequence, Tuple
 
 from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunk_bounds, chunks, reduce, sendrecv, step
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunk_bounds, chunks, reduce, step
 from ..topology import Nodes, needs_nodes
 from .all_gather import span
-from .trees import binomial, relabel
+from .trees import binomial
 
 
 def members_of(nodes: Nodes) -> List[List[int]]:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import functools
 from typing import Iterator, List, Tuple
 
-from ..registry import Cost, register
+from ..registry import register
 from ..schedule import Buf, Layout, Step, chunks, reduce, sendrecv, step
-from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost
+from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 
 
@@ -88,16 +88,9 @@ def all_reduce_swing_latency(rank: int, world: int, layout: Layout) -> Iterator[
 
     Cost: lg p (α + nβ + nγ), plus 2α + 2nβ + nγ when p is not a power of two.
     """
-    data = Buf("data", 0, layout.numel)
-    scratch = Buf("scratch", 0, layout.numel)
-    yield from fold_in(rank, world, data, scratch)
-    me = folded_rank(rank, world)
-    if me is not None:
-        pof2 = largest_pof2(world)
-        for s in reversed(range(pof2.bit_length() - 1)):
-            peer = real_rank(swing_peer(me, s, pof2), world)
-            yield step(sendrecv(peer, data, peer, scratch), [reduce(data, scratch)])
-    yield from fold_out(rank, world, data)
+    pof2 = largest_pof2(world)
+    return whole_vector_exchanges(rank, world, layout, [lambda me, s=s: swing_peer(me, s, pof2)
+                                                        for s in reversed(range(pof2.bit_length() - 1))])
 
 
 def butterfly(rank: int, world: int, layout: Layout) -> Iterator[Step]:
