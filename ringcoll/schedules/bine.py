@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Iterator, List, Optional, Tuple
 
+from . import broadcast, reduce  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, reduce, step
 from .swing import _rabenseifner_cost, butterfly, swing_peer

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from . import all_gather, all_reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
 

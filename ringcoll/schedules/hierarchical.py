@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Iterator, List, Sequence, Tuple
 
+from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunk_bounds, chunks, reduce, step
 from ..topology import Nodes, needs_nodes

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Iterator, List
 
+from . import all_gather, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
 from ..selection import segment_bytes
