@@ -57,16 +57,24 @@ def _env_local_size(name: str) -> Optional[int]:
     return size
 
 
+def local_size_from_env() -> Optional[int]:
+    """Ranks per node from RINGCOLL_LOCAL_SIZE, else torchrun's LOCAL_WORLD_SIZE, else None."""
+    for name in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        size = _env_local_size(name)
+        if size is not None:
+            return size
+    return None
+
+
 def node_layout(ctx) -> Nodes:
     """The node of every rank of ``ctx``'s group (module docstring for the sources)."""
     if getattr(ctx, "nodes", None) is not None:
         return tuple(ctx.nodes)
     executor = ctx.executor
     global_ranks = executor.global_ranks if executor is not None else None
-    for name in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
-        size = _env_local_size(name)
-        if size is not None:
-            return even_nodes(ctx.world, size, global_ranks)
+    size = local_size_from_env()
+    if size is not None:
+        return even_nodes(ctx.world, size, global_ranks)
     if executor is not None and ctx.world > 1:
         nodes = getattr(executor, "nodes_by_host", None)
         if nodes is None:

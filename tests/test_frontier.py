@@ -400,3 +400,14 @@ def node_layouts(local_size):
 def test_node_layout_sources(clusters):
     for found in clusters(4).run(node_layouts, 3):
         assert found == {"hostname": (0, 0, 0, 0), "local size": (0, 0, 0, 1), "torchrun": (0, 0, 0, 1)}
+
+
+def test_bad_local_size_is_refused(plain_env):
+    plain_env.setenv("RINGCOLL_LOCAL_SIZE", "two")
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got 'two'"):
+        ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8)
+    plain_env.delenv("RINGCOLL_LOCAL_SIZE")
+    with pytest.raises(ValueError, match="local_size must be a positive int, got 0"):
+        ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=0)
+    with pytest.raises(ValueError, match="must give the node of each of the 4 ranks, got 3"):
+        ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=(0, 0, 1))

@@ -13,13 +13,12 @@ collectives, the root leads its own node).
 """
 from __future__ import annotations
 
-import os
 from typing import Iterator, List, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunk_bounds, chunks, reduce, step
-from ..topology import Nodes, needs_nodes
+from ..topology import Nodes, local_size_from_env, needs_nodes
 from .all_gather import span
 from .trees import binomial
 
@@ -153,11 +152,8 @@ def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
 
 
 def _env_local_size(world: int) -> int:
-    for name in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return world
+    """Ranks per node for the cost models: the environment's, else one node of all."""
+    return local_size_from_env() or world
 
 
 def _all_reduce_cost(world: int, nbytes: int) -> Cost:
