@@ -1,9 +1,23 @@
 """``algorithm="auto"``: the one table that picks an algorithm by collective, size and world.
 
-Each rule is (collective, largest message in bytes or None for any, world-size condition,
-algorithm, evidence). The first rule of a collective that matches wins. ``RINGCOLL_ALGO``
-overrides the table: ``RINGCOLL_ALGO=ring`` picks ``ring`` wherever the collective has one;
-``RINGCOLL_ALGO=all_reduce=rabenseifner,broadcast=binomial`` names it per collective.
+How ``auto`` decides, first source that answers:
+
+1. ``RINGCOLL_ALGO`` overrides everything: ``RINGCOLL_ALGO=ring`` picks ``ring`` wherever the
+   collective has one; ``RINGCOLL_ALGO=all_reduce=rabenseifner,broadcast=binomial`` names it
+   per collective.
+2. ``RINGCOLL_TUNING=table.csv``: the first row of that table (``ringcoll-bench --tune``
+   writes it: ``collective,nranks,min_bytes,max_bytes,algorithm``, bytes inclusive) for this
+   collective, world size and size.
+3. The measured rules, :data:`RULES`: each is (collective, largest message in bytes or None
+   for any, world-size condition, algorithm, evidence, ``measured_upto``). The first rule of a
+   collective that matches decides if the call's world is within what its evidence measured
+   (``world <= measured_upto``).
+4. Otherwise the model: the candidate with the least closed-form α-β-γ time (the cost each
+   algorithm registers) on the machine of ``RINGCOLL_MACHINE=machine.json`` (alpha, beta,
+   gamma), else :data:`DEFAULT_MACHINE`. ``direct`` is considered only at p <= 8; on a tie the
+   classic algorithm wins over a newer one.
+
+``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided.
 """
 from __future__ import annotations
 
@@ -28,6 +42,9 @@ class Rule:
     algorithm: str
     evidence: str
     world: Callable[[int], bool] = _any_world
+    #: the largest world size its evidence measured: the rule decides only up to there.
+    #: None: a default from the literature (MPICH), never measured here; the model decides.
+    measured_upto: Optional[int] = None
 
 
 KiB, MiB = 1024, 1024 * 1024
@@ -40,42 +57,50 @@ RULES = (
     Rule("all_reduce", 1 * MiB, "recursive_doubling",
          "up to 1 MiB: lg p whole-vector exchanges; p=4: 0.39-0.84 of the built-in from 4 KiB to "
          "1 MiB, best of the four at every size; p=3 (with the fold): 0.32-1.07, best at 4 of 5 "
-         "sizes."),
+         "sizes.",
+         measured_upto=4),
     Rule("all_reduce", None, "rabenseifner",
          "above 1 MiB at powers of two: 2 lg p messages with the ring's bytes; p=4: 1.02-1.09 at "
          "4-16 MiB and 0.87 at 64 MiB, where ring was 0.99-1.45 and recursive doubling 1.16-1.30.",
-         world=lambda world: world & (world - 1) == 0),
+         world=lambda world: world & (world - 1) == 0,
+         measured_upto=4),
     Rule("all_reduce", None, "ring",
          "above 1 MiB at other p: no fold (Rabenseifner's fold moves 2n more); p=3 at 64 MiB: ring "
-         "1.07-1.20 vs rabenseifner 1.41, recursive doubling 1.30, double_binary_tree 1.42."),
+         "1.07-1.20 vs rabenseifner 1.41, recursive doubling 1.30, double_binary_tree 1.42.",
+         measured_upto=3),
     # all_gather / reduce_scatter / gather / scatter: nbytes is the gathered (scattered) total
     Rule("all_gather", None, "recursive_doubling",
          "powers of two, any size: lg p messages, no fold; p=4 (ringcoll-bench 2026-12-02): 0.48-"
          "0.86 of the built-in from 1 MiB to 64 MiB (ring 0.53-1.20, bruck 0.58-1.16), 0.53-1.12 "
          "below (MPICH stops at 512 KiB; here the ring's p-1 rendezvous cost more).",
-         world=lambda world: world & (world - 1) == 0),
+         world=lambda world: world & (world - 1) == 0,
+         measured_upto=4),
     Rule("all_gather", 80 * KiB, "bruck",
          "first rule: MPICH's default: other worlds below 80 KiB take Bruck, ⌈lg p⌉ messages at "
          "any p. To be re-measured by ringcoll-bench."),
     Rule("all_gather", None, "ring",
          "MPICH's default above 80 KiB at other p; p=3 (ringcoll-bench 2026-12-02): ring 0.49-"
-         "0.97 of the built-in from 1 MiB to 64 MiB, best at 3 of 4 sizes (bruck 0.53-1.03)."),
+         "0.97 of the built-in from 1 MiB to 64 MiB, best at 3 of 4 sizes (bruck 0.53-1.03).",
+         measured_upto=3),
     Rule("reduce_scatter", None, "recursive_halving",
          "powers of two, any size: lg p messages and no fold; p=4 (ringcoll-bench 2026-12-02): "
          "0.34-0.51 of the built-in (which runs a whole all_reduce) from 1 MiB to 64 MiB, 0.40-0.96 "
          "below; pairwise 0.34-0.89, ring 0.52-0.87.",
-         world=lambda world: world & (world - 1) == 0),
+         world=lambda world: world & (world - 1) == 0,
+         measured_upto=4),
     Rule("reduce_scatter", 512 * KiB, "recursive_halving",
          "first rule: MPICH's default for commutative ops (every ReduceOp): recursive halving "
          "below 512 KiB, lg p messages. To be re-measured by ringcoll-bench."),
     Rule("reduce_scatter", None, "pairwise",
          "MPICH's default above 512 KiB: every block straight to its owner, no fold; p=3 "
-         "(ringcoll-bench 2026-12-02): 0.42-0.63 of the built-in from 4 MiB to 64 MiB, best there."),
+         "(ringcoll-bench 2026-12-02): 0.42-0.63 of the built-in from 4 MiB to 64 MiB, best there.",
+         measured_upto=3),
     Rule("gather", None, "linear",
          "p <= 8: the root posts every receive at once; p=4 (ringcoll-bench 2026-12-02): linear "
          "1.05-1.59 of the built-in from 4 KiB to 64 MiB, binomial 1.18-2.14 (each tree level "
          "costs a wake-up here).",
-         world=lambda world: world <= 8),
+         world=lambda world: world <= 8,
+         measured_upto=4),
     Rule("gather", None, "binomial",
          "p > 8: MPICH's default, ⌈lg p⌉ messages on the critical path. Not measured (p > 8 needs "
          "more cores)."),
@@ -83,7 +108,8 @@ RULES = (
          "p <= 8: the root posts every send at once; p=4 (ringcoll-bench 2026-12-02, run "
          "20261202T144510Z_np4): linear 1.40 of the built-in at 1 MiB and up and 1.34 at 64 MiB, "
          "binomial 1.66 and 1.75; 1.65 vs 1.93 up to 64 KiB.",
-         world=lambda world: world <= 8),
+         world=lambda world: world <= 8,
+         measured_upto=4),
     Rule("scatter", None, "binomial",
          "p > 8: MPICH's default scatter, ⌈lg p⌉ messages on the critical path. Not measured "
          "(p > 8 needs more cores)."),
@@ -100,12 +126,14 @@ RULES = (
          "ones, each a wake-up here; p=4 (ringcoll-bench 2026-12-02, 30 rounds): linear 1.13-1.76 "
          "of the built-in from 1 KiB to 1 MiB, binomial 1.34-2.27 (at p=2 they are one message "
          "alike).",
-         world=lambda world: world <= 8),
+         world=lambda world: world <= 8,
+         measured_upto=4),
     Rule("broadcast", None, "binomial",
          "p <= 8, above 1 MiB: lg p messages and the fewest bytes in all (p-1)n, which is what two "
          "cores can move; p=4 (ringcoll-bench 2026-12-02): 0.98-1.05 of the built-in from 1 MiB "
          "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56.",
-         world=lambda world: world <= 8),
+         world=lambda world: world <= 8,
+         measured_upto=4),
     Rule("broadcast", 256 * KiB, "binomial",
          "p > 8, up to 256 KiB: lg p messages (MPICH: binomial below 12 KiB or p < 8). Not "
          "measured (p > 8 needs more cores)."),
@@ -116,7 +144,8 @@ RULES = (
          "p <= 8: binomial measured fastest at every size; 2026-12-02 (comment above), 4 KiB to "
          "4 MiB, at p=4 and 8 (4 MiB: 9.9 ms vs rabenseifner 11.9 at p=4, 29.5 vs 42.3 at p=8). "
          "To be re-measured by ringcoll-bench.",
-         world=lambda world: world <= 8),
+         world=lambda world: world <= 8,
+         measured_upto=8),
     Rule("reduce", 64 * KiB, "binomial",
          "p > 8, up to 64 KiB: α-bound, lg p messages; the α-β-γ models cross between 12 and 64 "
          "KiB at α = 5 µs, 10 GB/s. Not measured (p > 8 needs more cores). To be re-measured by "
@@ -133,17 +162,20 @@ RULES = (
          "measured 2026-12-02, gloo on 2 cores, p=8, median of 15: 8 B blocks bruck 11.8 ms vs "
          "linear 10.1 vs pairwise 31.4, 64 B 17.2 vs 18.4 vs 30.6 (a tie with linear here, where "
          "α is process wake-ups; the lg p advantage grows with p). To be re-measured by ringcoll-bench.",
-         world=lambda world: world >= 8),
+         world=lambda world: world >= 8,
+         measured_upto=8),
     Rule("all_to_all", 256 * KiB, "linear",
          "blocks <= 256 KiB: all p-1 exchanges in flight at once (MPICH's medium-message "
          "isend/irecv); measured 2026-12-02, gloo on 2 cores, median of 15: linear 1.2-3x faster "
          "than pairwise at p=4 and 8 for every block from 8 B to 256 KiB (p=8, 4 KiB: 19.8 ms vs "
-         "33.3; 256 KiB: 15.4 vs 33.4). To be re-measured by ringcoll-bench."),
+         "33.3; 256 KiB: 15.4 vs 33.4). To be re-measured by ringcoll-bench.",
+         measured_upto=8),
     Rule("all_to_all", None, "pairwise",
          "blocks > 256 KiB: one exchange in flight per step bounds the memory and contention "
          "(MPICH's long-message choice); measured 2026-12-02, gloo on 2 cores, median of 7, p=8: "
          "1 MiB blocks pairwise 57.8 ms vs linear 60.4, 4 MiB 147 vs 252 (at p=4 linear still led: "
-         "35 vs 69 ms at 4 MiB). To be re-measured by ringcoll-bench."),
+         "35 vs 69 ms at 4 MiB). To be re-measured by ringcoll-bench.",
+         measured_upto=8),
     Rule("barrier", None, "dissemination",
          "the only barrier: ⌈lg p⌉ steps at any p, no fold (Hensgen-Finkel-Manber; MPICH's default)."),
 )
@@ -170,8 +202,10 @@ def _override(collective: str) -> Optional[str]:
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
            exclude: tuple = ()) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
-    or the first matching rule of the table; ``auto`` never picks a name in ``exclude``
-    (algorithms this call cannot run)."""
+    else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
+    where that rule was measured, else the least modelled time (:func:`model_choice`).
+    ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run). The reason
+    names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -181,11 +215,174 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
     names = [name for name in registry.algorithms(collective) if name not in exclude]
+    tuned = tuning_choice(collective, nbytes, world, names)
+    if tuned is not None:
+        return tuned
     for rule in RULES:
         if rule.collective == collective and rule.world(world) and (
                 rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
-            return rule.algorithm, f"auto: {rule.evidence.split(';')[0]}"
-    return names[0], "auto: no rule, first registered"
+            if rule.measured_upto is not None and world <= rule.measured_upto:
+                return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
+                                       f"{rule.evidence.split(';')[0]}"
+            break           # the rule that would decide was not measured here: the model does
+    return model_choice(collective, nbytes, world, names)
+
+
+# -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------
+
+TUNING_HEADER = ("collective", "nranks", "min_bytes", "max_bytes", "algorithm")
+_TUNING_NAMES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
+                 "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+                 "all_to_all_single": "all_to_all"}
+
+
+@dataclass(frozen=True)
+class TuningRow:
+    collective: str
+    nranks: int
+    min_bytes: int
+    max_bytes: int          # inclusive
+    algorithm: str
+    where: str              # path:line, for the reason
+
+
+_tuning_cache: dict = {}
+
+
+def load_tuning(path: str) -> tuple:
+    """The rows of a tuning table: a CSV with the header
+    ``collective,nranks,min_bytes,max_bytes,algorithm`` (``ringcoll-bench --tune`` writes it;
+    bytes inclusive, counted as ``auto`` counts them). ValueError naming the file, line and
+    field of anything wrong, an unregistered algorithm included."""
+    import csv
+
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError as error:
+        raise ValueError(f"RINGCOLL_TUNING names {path!r}, which cannot be read: {error}") from None
+    cached = _tuning_cache.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    rows = []
+    with open(path, newline="") as handle:
+        reader = csv.reader(handle)
+        header = tuple(field.strip() for field in next(reader, ()))
+        if header[:5] != TUNING_HEADER:
+            raise ValueError(f"{path}: line 1 must be the header {','.join(TUNING_HEADER)}, got {','.join(header)!r}")
+        for line, fields in enumerate(reader, 2):
+            if not fields or not "".join(fields).strip():
+                continue
+            if len(fields) < 5:
+                raise ValueError(f"{path}:{line}: needs 5 fields ({','.join(TUNING_HEADER)}), got {fields!r}")
+            collective = _TUNING_NAMES.get(fields[0].strip(), fields[0].strip())
+            numbers = []
+            for name, text in zip(TUNING_HEADER[1:4], fields[1:4]):
+                try:
+                    numbers.append(int(text))
+                except ValueError:
+                    raise ValueError(f"{path}:{line}: {name} must be an integer, got {text!r}") from None
+            algorithm = fields[4].strip()
+            if algorithm not in registry.algorithms(collective):       # ValueError for a bad collective
+                raise ValueError(f"{path}:{line}: {collective} has no algorithm {algorithm!r}; "
+                                 f"it has {registry.algorithms(collective)}")
+            rows.append(TuningRow(collective, *numbers, algorithm, f"{path}:{line}"))
+    _tuning_cache[path] = (stamp, tuple(rows))
+    return tuple(rows)
+
+
+def tuning_choice(collective: str, nbytes: int, world: int, names) -> Optional[tuple[str, str]]:
+    """The first row of the RINGCOLL_TUNING table for this collective, world and size whose
+    algorithm the call can run, or None (no table, or no row covers the call)."""
+    path = os.environ.get("RINGCOLL_TUNING", "").strip()
+    if not path:
+        return None
+    for row in load_tuning(path):
+        if row.collective == collective and row.nranks == world and \
+                row.min_bytes <= nbytes <= row.max_bytes and row.algorithm in names:
+            return row.algorithm, f"auto: tuning table {row.where}"
+    return None
+
+
+# -- the model: the least modelled time on the machine --------------------------------------
+
+#: the machine of the model when RINGCOLL_MACHINE names none: the simulator's default machine
+#: (α = 5 µs per message, 10 GB/s on the wire, 20 GB/s reducing), a modest cluster
+DEFAULT_MACHINE = {"alpha": 5e-6, "beta": 1 / 10e9, "gamma": 1 / 20e9}
+
+#: algorithms the model never considers above this world size: one step of p - 1 messages
+#: per rank is for small groups (it also needs p - 1 receive buffers)
+SMALL_WORLD_ONLY = {"direct": 8}
+
+#: algorithms added after the measured rules; on a tie in modelled time the classic wins
+FRONTIER = ("direct", "swing_latency", "swing_bandwidth", "bine", "pat", "torus2d", "hierarchical")
+
+_machine_cache: dict = {}
+
+
+def machine() -> tuple[dict, str]:
+    """The model's machine (alpha, beta, gamma in seconds per message / per byte) and where it
+    came from: the JSON file RINGCOLL_MACHINE names (``ringcoll.Machine.save`` writes one;
+    any JSON object with alpha, beta and gamma keys), else :data:`DEFAULT_MACHINE`."""
+    import json
+
+    path = os.environ.get("RINGCOLL_MACHINE", "").strip()
+    if not path:
+        return DEFAULT_MACHINE, "default machine"
+    cached = _machine_cache.get(path)
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError as error:
+        raise ValueError(f"RINGCOLL_MACHINE names {path!r}, which cannot be read: {error}") from None
+    if cached is not None and cached[0] == stamp:
+        return cached[1], path
+    with open(path) as handle:
+        try:
+            data = json.load(handle)
+        except ValueError as error:
+            raise ValueError(f"RINGCOLL_MACHINE: {path} is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"RINGCOLL_MACHINE: {path} must hold a JSON object with alpha, beta and gamma")
+    values = {}
+    for key in ("alpha", "beta", "gamma"):
+        value = data.get(key, 0.0 if key == "gamma" else None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"RINGCOLL_MACHINE: {path} needs a non-negative number {key!r}, got {value!r}")
+        values[key] = float(value)
+    _machine_cache[path] = (stamp, values)
+    return values, path
+
+
+def _model_bytes(collective: str, nbytes: int, world: int) -> int:
+    """The n of the cost models from the bytes ``auto`` sees (all_to_all: the largest block,
+    the cost models take what one rank sends in all)."""
+    return nbytes * world if collective == "all_to_all" else nbytes
+
+
+def modelled_times(collective: str, nbytes: int, world: int, names) -> list[tuple[float, str]]:
+    """(time on the model's machine, name) of every candidate, fastest first (ties: the
+    classic algorithm, then registration order)."""
+    values, _ = machine()
+    n = _model_bytes(collective, nbytes, world)
+    ranked = []
+    for index, name in enumerate(names):
+        if world > SMALL_WORLD_ONLY.get(name, world):
+            continue
+        seconds = registry.get(collective, name).cost(world, n).time(values["alpha"], values["beta"], values["gamma"])
+        ranked.append((round(seconds, 15), name in FRONTIER, index, name))
+    ranked.sort()
+    return [(seconds, name) for seconds, _, _, name in ranked]
+
+
+def model_choice(collective: str, nbytes: int, world: int, names) -> tuple[str, str]:
+    """The candidate with the least modelled time: its closed-form α-β-γ cost on the
+    machine of :func:`machine`."""
+    ranked = modelled_times(collective, nbytes, world, names)
+    if not ranked:
+        return names[0], "auto: no candidate the model may take, first registered"
+    (best_time, best), rest = ranked[0], ranked[1:]
+    _, source = machine()
+    runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.3g} us" if rest else ""
+    return best, f"auto: model ({source}): {best} {best_time * 1e6:.3g} us{runner_up}"
 
 
 def configure_logging() -> None:

@@ -14,6 +14,7 @@ from .plan import Plan
 from .registry import Algorithm, Cost, model
 from .schedule import Step
 from .simulator import SimStats, run_plans
+from .topology import even_nodes
 
 #: the registry's collective of each builder (the tensor-list forms share their algorithms)
 COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
@@ -129,7 +130,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
              machine: Machine = Machine(), data: bool = True, check: Optional[bool] = None,
-             record: Optional[bool] = None, **kwargs) -> Simulation:
+             record: Optional[bool] = None, local_size=None, **kwargs) -> Simulation:
     """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
@@ -147,6 +148,8 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     rank's result with the collective's definition computed from the inputs and raises
     naming the rank and the first wrong element. ``record`` (default: on up to 256 ranks)
     keeps the timeline that :meth:`Simulation.trace` and :meth:`Simulation.plot` draw.
+    ``local_size`` puts the ranks on nodes for the node-aware algorithms (ringcoll.topology):
+    an int for nodes of that many consecutive ranks, or a tuple giving each rank's node.
 
     >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)
     >>> sim.outputs[0][0]           # rank 0's reduced tensor
@@ -165,6 +168,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     if record is None:
         record = world <= 256
     build = BUILDERS[collective]
+    nodes = local_size if local_size is None or isinstance(local_size, tuple) else even_nodes(world, local_size)
+    if nodes is not None and len(nodes) != world:
+        raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
     plans, before, after = [], [], []
     for rank in range(world):
         if call is not None:
@@ -191,7 +197,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
-        plans.append(build(Context(rank, world), *args, **extra))
+        plans.append(build(Context(rank, world, nodes=nodes), *args, **extra))
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record)
     first = plans[0]

@@ -16,6 +16,7 @@ from ..ops import SUPPORTED_DTYPES
 from ..plan import Plan
 from ..schedule import Layout
 from ..selection import choose, segment_elements
+from ..topology import node_layout
 from ..work import submit
 
 log = logging.getLogger("ringcoll")
@@ -38,6 +39,7 @@ class Context:
     rank: Optional[int]
     world: Optional[int]
     executor: Optional[P2PExecutor] = None
+    nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.topology)
 
     def submit(self, plan: Optional[Plan], async_op: bool):
         if plan is None:
@@ -128,6 +130,8 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
         element_size = next(iter(buffers.values())).element_size()
         layout = Layout(layout.numel, {**layout.params,
                                        "segment": segment_elements(collective, algorithm.name, element_size)})
+    if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
+        layout = Layout(layout.numel, {**layout.params, "nodes": node_layout(ctx)})
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
                 result=result, describe=describe_as)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)

@@ -80,16 +80,23 @@ def all_reduce_recursive_doubling(rank: int, world: int, layout: Layout) -> Iter
 
     Cost: lg p (α + nβ + nγ), plus 2α + 2nβ + nγ when p is not a power of two.
     """
+    pof2 = largest_pof2(world)
+    return whole_vector_exchanges(rank, world, layout, [lambda me, bit=bit: me ^ bit for bit in
+                                                        (1 << k for k in range(_lg(pof2)))])
+
+
+def whole_vector_exchanges(rank: int, world: int, layout: Layout, partners) -> Iterator[Step]:
+    """Fold in (non-powers of two), then at each step exchange the whole vector with
+    ``partners[step](folded rank)`` (a folded rank) and reduce it in, then fold out: the
+    latency-optimal butterflies (recursive doubling, Swing's latency form)."""
     data = Buf("data", 0, layout.numel)
     scratch = Buf("scratch", 0, layout.numel)
     yield from fold_in(rank, world, data, scratch)
     me = folded_rank(rank, world)
     if me is not None:
-        mask = 1
-        while mask < largest_pof2(world):
-            peer = real_rank(me ^ mask, world)
+        for partner in partners:
+            peer = real_rank(partner(me), world)
             yield step(sendrecv(peer, data, peer, scratch), [reduce(data, scratch)])
-            mask <<= 1
     yield from fold_out(rank, world, data)
 
 

@@ -1,0 +1,344 @@
+"""Node-aware algorithms: work inside each node first, cross nodes with less, finish inside.
+
+Horovod's hierarchical all-reduce (local ncclReduceScatter, MPI all-reduce of the shard
+across nodes, local ncclAllGather; ``nccl_operations.cc``), the 2-D torus all-reduce (Sony
+on ABCI, arXiv 1811.05233; Google on TPU v3, arXiv 1811.06992) and leader-based rooted and
+gathering collectives (MPICH's SMP-aware collectives).
+
+The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.topology`: the
+simulator's ``local_size``, ``RINGCOLL_LOCAL_SIZE``, torchrun's ``LOCAL_WORLD_SIZE`` or the
+hostnames). Nodes may differ in size and need not hold consecutive ranks. A node's
+**members** are its ranks in rank order; its **leader** is its first member (for rooted
+collectives, the root leads its own node).
+"""
+from __future__ import annotations
+
+from typing import Iterator, List, Sequence, Tuple
+
+from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
+from ..registry import Cost, register
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunk_bounds, chunks, reduce, step
+from ..topology import Nodes, local_size_from_env, needs_nodes
+from .all_gather import span
+from .trees import binomial
+
+
+def members_of(nodes: Nodes) -> List[List[int]]:
+    """The ranks of each node, in rank order."""
+    members: List[List[int]] = [[] for _ in range(max(nodes, default=-1) + 1)]
+    for rank, node in enumerate(nodes):
+        members[node].append(rank)
+    return members
+
+
+def _nodes(layout: Layout, world: int) -> Nodes:
+    nodes = tuple(layout.get("nodes") or (0,) * world)
+    if len(nodes) != world:
+        raise ValueError(f"layout['nodes'] must give the node of each of the {world} ranks, got {len(nodes)}")
+    return nodes
+
+
+# -- rings and trees over a subset of the ranks ----------------------------------------------
+Piece = Tuple[Buf, ...]          # what one ring position contributes: one or more chunks
+
+
+def _piece(piece) -> Piece:
+    return piece if isinstance(piece, tuple) else (piece,)
+
+
+def ring_reduce_scatter(ring: Sequence[int], me: int, pieces: Sequence, slot: int = 0) -> Iterator[Step]:
+    """Reduce-scatter of ``pieces`` (one per ring position; a piece is a chunk or a tuple of
+    chunks) around ``ring`` (ranks in ring order; ``me`` this rank's position): at step s
+    position m sends its partial of piece m - s - 1 to the right and reduces the partial of
+    piece m - s - 2 from the left into its own, receiving into two scratch slots used in
+    turn (from element ``slot`` on); after len - 1 steps position m holds piece m reduced."""
+    size = len(ring)
+    right, left = ring[(me + 1) % size], ring[(me - 1) % size]
+    pieces = [_piece(p) for p in pieces]
+    width = max(sum(b.numel for b in p) for p in pieces)
+    for s in range(size - 1):
+        send, target = pieces[(me - s - 1) % size], pieces[(me - s - 2) % size]
+        start = slot + (s % 2) * width
+        comms = [Send(right, b) for b in send]
+        local = []
+        for b in target:
+            recv_buf = Buf("scratch", start, start + b.numel)
+            start += b.numel
+            comms.append(Recv(left, recv_buf))
+            local.append(reduce(b, recv_buf))
+        yield step(comms, local)
+
+
+def ring_all_gather(ring: Sequence[int], me: int, pieces: Sequence) -> Iterator[Step]:
+    """All-gather of ``pieces`` around ``ring``, position m starting with piece m: at step s
+    it sends piece m - s to the right and receives piece m - s - 1 from the left in place."""
+    size = len(ring)
+    right, left = ring[(me + 1) % size], ring[(me - 1) % size]
+    for s in range(size - 1):
+        yield step([Send(right, b) for b in _piece(pieces[(me - s) % size])] +
+                   [Recv(left, b) for b in _piece(pieces[(me - s - 1) % size])])
+
+
+def tree_broadcast(order: Sequence[int], me: int, data: Buf) -> Iterator[Step]:
+    """Binomial broadcast of ``data`` over the ranks ``order`` (order[0] the root; ``me``
+    this rank's index), largest subtree first."""
+    parent, children = binomial(me, len(order))
+    if parent is not None:
+        yield step([Recv(order[parent], data)])
+    for child in children:
+        yield step([Send(order[child], data)])
+
+
+def tree_reduce(order: Sequence[int], me: int, data: Buf, scratch: Buf) -> Iterator[Step]:
+    """Binomial reduce into ``data`` over the ranks ``order`` (order[0] the root), the
+    smallest subtree (ready first) taken first."""
+    parent, children = binomial(me, len(order))
+    for child in reversed(children):
+        yield step([Recv(order[child], scratch)], [reduce(data, scratch)])
+    if parent is not None:
+        yield step([Send(order[parent], data)])
+
+
+def runs(blocks: Sequence[Buf]) -> Piece:
+    """Blocks of one buffer merged where they touch: the fewest chunks that cover them."""
+    merged: List[Buf] = []
+    for b in blocks:
+        if merged and merged[-1].stop == b.start:
+            merged[-1] = Buf(b.name, merged[-1].start, b.stop)
+        else:
+            merged.append(b)
+    return tuple(merged)
+
+
+def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Iterator[Step]:
+    """Reduce-scatter inside each node, all-reduce of each shard across nodes, all-gather
+    inside each node, every phase a ring (see :func:`all_reduce_hierarchical`)."""
+    members = members_of(nodes)
+    mine = members[nodes[rank]]
+    local = mine.index(rank)
+    bounds = [chunk_bounds(numel, len(m)) for m in members]
+    own = chunks("data", numel, len(mine))
+    # 1. reduce-scatter inside the node: local rank l ends with chunk l of its node's cut
+    yield from ring_reduce_scatter(mine, local, own)
+    # 2. across nodes: the pieces where all nodes' cuts agree, each all-reduced by a ring of
+    # its owners, one per node, in node order; pieces in ascending order, so that ranks that
+    # own several (uneven nodes) meet their partners in the same order
+    cuts = sorted({b for node_bounds in bounds for b in node_bounds})
+    for lo, hi in zip(cuts, cuts[1:]):
+        if lo == hi:
+            continue
+        owners = [m[_owner(b, lo)] for m, b in zip(members, bounds)]
+        if rank in owners and len(owners) > 1:
+            me = owners.index(rank)
+            pieces = chunks("data", hi - lo, len(owners), lo)
+            yield from ring_reduce_scatter(owners, me, pieces)
+            yield from ring_all_gather(owners, me, pieces)
+    # 3. all-gather inside the node
+    yield from ring_all_gather(mine, local, own)
+
+
+def _owner(bounds: List[int], element: int) -> int:
+    """The chunk of a node's cut that holds ``element``."""
+    return next(i for i in range(len(bounds) - 1) if bounds[i] <= element < bounds[i + 1])
+
+
+def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
+    """Even nodes of ``local`` ranks, N = p / local of them."""
+    local = max(1, min(local, world))
+    count = -(-world // local)
+    inner = (local - 1) / local * nbytes
+    outer = (count - 1) / (count * local) * nbytes
+    return Cost(2 * (local - 1) + 2 * (count - 1), 2 * inner + 2 * outer, inner + outer)
+
+
+def _env_local_size(world: int) -> int:
+    """Ranks per node for the cost models: the environment's, else one node of all."""
+    return local_size_from_env() or world
+
+
+def _all_reduce_cost(world: int, nbytes: int) -> Cost:
+    return _two_level_cost(world, nbytes, _env_local_size(world))
+
+
+@register("all_reduce", "hierarchical", cost=_all_reduce_cost)
+@needs_nodes
+def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical all-reduce (Horovod's): (1) a ring reduce-scatter among the L ranks of
+    each node, local rank l ending with chunk l of the node's L chunks; (2) each chunk
+    all-reduced across the N nodes by a ring (reduce-scatter then all-gather) of the ranks
+    that own it, one per node; (3) a ring all-gather inside each node. Inter-node bytes per
+    rank fall by L. Uneven nodes cut the vector differently: phase 2 then runs on the
+    pieces where all the cuts agree, a rank that owns several pieces taking them in order.
+    Every element is reduced once, along chains, then copied: bitwise identical.
+
+    Cost: with N nodes of L ranks (p = NL), 2(L-1)α + 2(L-1)/L·nβ + (L-1)/L·nγ (inside) +
+    2(N-1)α + 2(N-1)/(NL)·nβ + (N-1)/(NL)·nγ (across) = 2(L+N-2)α + 2(p-1)/p·nβ +
+    (p-1)/p·nγ; L read from RINGCOLL_LOCAL_SIZE or LOCAL_WORLD_SIZE (else one node: the
+    ring's cost).
+    """
+    return two_level_all_reduce(rank, world, _nodes(layout, world), layout.numel)
+
+
+def torus_grid(world: int) -> Tuple[int, int]:
+    """(X, Y) with X·Y = p and Y the largest divisor of p not above √p: rows of X ranks."""
+    y = max(d for d in range(1, int(world ** 0.5) + 1) if world % d == 0) if world else 1
+    return world // y, y
+
+
+def _torus_cost(world: int, nbytes: int) -> Cost:
+    return _two_level_cost(world, nbytes, torus_grid(world)[0])
+
+
+@register("all_reduce", "torus2d", cost=_torus_cost)
+def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """2-D torus all-reduce on an X × Y grid, X·Y = p (rows of X consecutive ranks, Y the
+    largest divisor of p not above √p): a ring reduce-scatter along each row, a ring
+    all-reduce of each row chunk along its column, a ring all-gather along each row. Every
+    ring runs between grid neighbours. A prime p has only the 1 × p grid, where this is the
+    ring all-reduce (run as such, not refused). Same schedule as the hierarchical
+    all-reduce with the rows as nodes.
+
+    Cost: 2(X+Y-2)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
+    """
+    x, _ = torus_grid(world)
+    return two_level_all_reduce(rank, world, tuple(r // x for r in range(world)), layout.numel)
+
+
+# -- rooted and gathering collectives: leaders (MPICH's SMP-aware collectives) ----------------
+def _lg(size: int) -> int:
+    return (size - 1).bit_length()
+
+
+def _levels(world: int) -> Tuple[int, int]:
+    """(L, N): ranks per node and nodes, for the cost models (even nodes, L from the env)."""
+    local = max(1, min(_env_local_size(world), world))
+    return local, -(-world // local)
+
+
+def _rooted(rank: int, world: int, layout: Layout) -> Tuple[List[int], List[int]]:
+    """The leaders, the root's node first and the root leading it, and this rank's node in
+    tree order (its leader first)."""
+    nodes = _nodes(layout, world)
+    members = members_of(nodes)
+    root = layout["root"]
+    order = [nodes[root]] + [i for i in range(len(members)) if i != nodes[root]]
+    leaders = [root if i == nodes[root] else members[i][0] for i in order]
+    mine = members[nodes[rank]]
+    lead = root if nodes[rank] == nodes[root] else mine[0]
+    return leaders, [lead] + [r for r in mine if r != lead]
+
+
+def _broadcast_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    rounds = _lg(count) + _lg(local)
+    return Cost(rounds, rounds * nbytes, 0)
+
+
+@register("broadcast", "hierarchical", cost=_broadcast_cost)
+@needs_nodes
+def broadcast_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical broadcast: a binomial broadcast among the node leaders (the root leading
+    its node), then a binomial broadcast inside each node from its leader. Each byte
+    crosses between nodes ⌈lg N⌉ times in all instead of up to ⌈lg p⌉. Any nodes.
+
+    Cost: with N nodes of L ranks, (⌈lg N⌉ + ⌈lg L⌉)(α + nβ).
+    """
+    leaders, local = _rooted(rank, world, layout)
+    data = Buf("data", 0, layout.numel)
+    if rank in leaders:
+        yield from tree_broadcast(leaders, leaders.index(rank), data)
+    yield from tree_broadcast(local, local.index(rank), data)
+
+
+def _reduce_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    rounds = _lg(count) + _lg(local)
+    return Cost(rounds, rounds * nbytes, rounds * nbytes)
+
+
+@register("reduce", "hierarchical", cost=_reduce_cost)
+@needs_nodes
+def reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical reduce: a binomial reduce inside each node to its leader (the root
+    leading its own node), then a binomial reduce of the leaders' results to the root.
+    Any nodes.
+
+    Cost: with N nodes of L ranks, (⌈lg L⌉ + ⌈lg N⌉)(α + nβ + nγ).
+    """
+    leaders, local = _rooted(rank, world, layout)
+    data, scratch = Buf("data", 0, layout.numel), Buf("scratch", 0, layout.numel)
+    yield from tree_reduce(local, local.index(rank), data, scratch)
+    if rank in leaders:
+        yield from tree_reduce(leaders, leaders.index(rank), data, scratch)
+
+
+def _gathering(rank: int, world: int, layout: Layout, name: str):
+    """The leaders (each node's first member), this rank's node, and the blocks of ``name``
+    that each node's ranks own, merged into runs."""
+    members = members_of(_nodes(layout, world))
+    blocks = chunks(name, layout.numel, world)
+    leaders = [m[0] for m in members]
+    pieces = [runs([blocks[r] for r in m]) for m in members]
+    return leaders, members[_nodes(layout, world)[rank]], blocks, pieces
+
+
+def _all_gather_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    block = nbytes / world
+    return Cost(local - 1 + count - 1 + _lg(local),
+                (local - 1) * block + (count - 1) * local * block + _lg(local) * nbytes, 0)
+
+
+@register("all_gather", "hierarchical", cost=_all_gather_cost)
+@needs_nodes
+def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical all-gather (MPICH's SMP all-gather): each node's leader (its first rank)
+    receives its members' blocks straight into place in one step; the leaders pass their
+    nodes' blocks around a ring (a node's blocks merged into as few chunks as they allow);
+    each leader broadcasts the whole output inside its node down a binomial tree. Blocks
+    are only copied: bitwise identical. Any nodes.
+
+    Cost: with N nodes of L ranks, (L-1)(α + n/p·β) + (N-1)(α + L·n/p·β) + ⌈lg L⌉(α + nβ)
+    (n: the gathered total).
+    """
+    leaders, mine, output, pieces = _gathering(rank, world, layout, "output")
+    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    place = [] if own == output[rank] else [Copy(output[rank], own)]
+    leader = mine[0]
+    if rank == leader:
+        yield step([Recv(m, output[m]) for m in mine[1:]], place)
+        yield from ring_all_gather(leaders, leaders.index(rank), pieces)
+    else:
+        yield step([Send(leader, own)])
+    yield from tree_broadcast(mine, mine.index(rank), span(output, 0, world))
+
+
+def _reduce_scatter_cost(world: int, nbytes: int) -> Cost:
+    local, count = _levels(world)
+    block = nbytes / world
+    inner, across = _lg(local) * nbytes, (count - 1) * local * block
+    return Cost(_lg(local) + count - 1 + local - 1, inner + across + (local - 1) * block, inner + across)
+
+
+@register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost)
+@needs_nodes
+def reduce_scatter_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Hierarchical reduce-scatter: each node reduces its members' whole inputs to its leader
+    down a binomial tree (in scratch: the inputs are never written); the leaders run a ring
+    reduce-scatter of the nodes' blocks (node i's piece: the blocks of its ranks); each
+    leader hands every member its block in one step. Each block is reduced along one tree
+    ending on its owner. Any nodes.
+
+    Cost: with N nodes of L ranks, ⌈lg L⌉(α + nβ + nγ) + (N-1)(α + L·n/p·(β + γ)) +
+    (L-1)(α + n/p·β) (n: the input total).
+    """
+    leaders, mine, acc, pieces = _gathering(rank, world, layout, "acc")
+    whole = span(acc, 0, world)
+    yield step(local=[Copy(whole, Buf("input", 0, layout.numel))])
+    yield from tree_reduce(mine, mine.index(rank), whole, Buf("scratch", 0, layout.numel))
+    output = Buf("output", 0, acc[rank].numel)
+    if rank == mine[0]:
+        yield from ring_reduce_scatter(leaders, leaders.index(rank), pieces)
+        yield step([Send(m, acc[m]) for m in mine[1:]], [Copy(output, acc[rank])])
+    else:
+        yield step([Recv(mine[0], output)])

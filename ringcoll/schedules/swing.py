@@ -1,0 +1,139 @@
+"""Swing all-reduce (De Sensi et al., "Swing: Short-cutting Rings for Higher Bandwidth
+Allreduce", NSDI'24, arXiv 2401.09356) and the butterfly it shares with Bine (SC'25).
+
+At step s rank r pairs with ``r + ρ(s)`` if r is even and ``r - ρ(s)`` if r is odd (mod p),
+where ρ(s) = Σ_{i≤s} (-2)^i = 1, -1, 3, -5, 11, -21 ...: peer distances 1, 1, 3, 5, 11, 21
+instead of recursive doubling's 1, 2, 4, 8. On a torus or a ring the partners are fewer hops
+apart; in the flat α-β-γ model the cost is that of recursive doubling (latency form) or
+Rabenseifner (bandwidth form). Two forms, one name each:
+
+- ``swing_latency``: lg p steps exchanging the whole vector;
+- ``swing_bandwidth``: a reduce-scatter then an all-gather on the same pairs.
+
+The pairs are a perfect matching at every step, and the set of ranks reachable from r over
+steps s+1 .. lg p - 1 is the same for every member of that set (checked for p up to 2^20 by
+:func:`swing_blocks`), so these sets nest like the halves of recursive halving. Numbering
+the p blocks of the vector depth-first along that nesting makes every set one contiguous
+range of blocks: each message of the bandwidth form is one contiguous chunk (libswing
+reaches the same by remapping block indices).
+
+A world that is not a power of two folds its remainder in first (MPICH's fold,
+:mod:`.fold`): the algorithm runs on the pof2 folded ranks, with peers taken modulo pof2,
+and costs 2α + 2nβ + nγ more.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterator, List, Tuple
+
+from ..registry import register
+from ..schedule import Buf, Layout, Step, chunks, reduce, sendrecv, step
+from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
+from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
+
+
+def rho(s: int) -> int:
+    """ρ(s) = Σ_{i≤s} (-2)^i = (1 - (-2)^{s+1}) / 3."""
+    return (1 - (-2) ** (s + 1)) // 3
+
+
+def swing_peer(rank: int, s: int, world: int) -> int:
+    """Rank's partner at step s: rank + ρ(s) for even ranks, rank - ρ(s) for odd ones."""
+    return (rank + rho(s)) % world if rank % 2 == 0 else (rank - rho(s)) % world
+
+
+@functools.lru_cache(maxsize=64)
+def swing_blocks(world: int) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
+    """For a power-of-two world: ``blocks[r][s]`` is the range [lo, hi) of block positions
+    that rank r keeps after step s of the reduce-scatter, i.e. the blocks of the ranks it
+    reaches over steps s+1 .. lg p - 1 (the last step leaves it one block). Positions are
+    given depth-first: the set a step splits is cut into the half of its smallest member,
+    then the other half."""
+    steps = world.bit_length() - 1
+    blocks: List[List[Tuple[int, int]]] = [[(0, 0)] * steps for _ in range(world)]
+
+    def reach(rank: int, s: int) -> List[int]:
+        members = {rank}
+        for t in range(s + 1, steps):
+            members |= {swing_peer(x, t, world) for x in members}
+        return sorted(members)
+
+    def place(members: List[int], s: int, lo: int) -> None:
+        if s == steps:
+            return
+        first = reach(members[0], s)
+        taken = set(first)
+        second = [x for x in members if x not in taken]
+        if len(second) != len(first) or swing_peer(members[0], s, world) not in set(second):
+            raise AssertionError(f"swing: step {s} does not halve {members} at world {world}")
+        half = len(first)
+        for group, start in ((first, lo), (second, lo + half)):
+            for x in group:
+                blocks[x][s] = (start, start + half)
+            place(group, s + 1, start)
+
+    place(list(range(world)), 0, 0)
+    return tuple(tuple(b) for b in blocks)
+
+
+@register("all_reduce", "swing_latency", cost=_recursive_doubling_cost)
+def all_reduce_swing_latency(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Swing, latency-optimal: lg p steps, at each of which a rank exchanges its whole vector
+    with its Swing partner (rank ± ρ(s), module docstring) and reduces it in. The steps run
+    in the order s = lg p - 1 .. 0, far partner first: then the ranks combined so far are
+    the set reached over the remaining steps, and these sets nest, so partners reduce the
+    same two operands (commutative ops) and every rank ends with the same bits. (In the
+    paper's order, s = 0 first, they do not nest from p = 8 on: float sums would differ
+    across ranks.) Same pairs, same cost. Non-powers of two fold first (MPICH).
+
+    Cost: lg p (α + nβ + nγ), plus 2α + 2nβ + nγ when p is not a power of two.
+    """
+    pof2 = largest_pof2(world)
+    return whole_vector_exchanges(rank, world, layout, [lambda me, s=s: swing_peer(me, s, pof2)
+                                                        for s in reversed(range(pof2.bit_length() - 1))])
+
+
+def butterfly(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """The Swing / Bine butterfly all-reduce (see :func:`all_reduce_swing_bandwidth`)."""
+    data = Buf("data", 0, layout.numel)
+    yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
+    me = folded_rank(rank, world)
+    if me is not None:
+        pof2 = largest_pof2(world)
+        blocks = swing_blocks(pof2)
+        data_chunks = chunks("data", layout.numel, pof2)
+
+        def span(lo: int, hi: int) -> Buf:
+            return Buf("data", data_chunks[lo].start, data_chunks[hi - 1].stop)
+
+        steps = pof2.bit_length() - 1
+        partners = [swing_peer(me, s, pof2) for s in range(steps)]
+        # reduce-scatter: keep the blocks of the ranks this rank still reaches
+        for s, q in enumerate(partners):
+            keep, give = span(*blocks[me][s]), span(*blocks[q][s])
+            recv_buf = Buf("scratch", 0, keep.numel)
+            yield step(sendrecv(real_rank(q, world), give, real_rank(q, world), recv_buf),
+                       [reduce(keep, recv_buf)])
+        # all-gather: the same pairs in reverse order swap what they own
+        for s in reversed(range(steps)):
+            q = partners[s]
+            yield step(sendrecv(real_rank(q, world), span(*blocks[me][s]),
+                                real_rank(q, world), span(*blocks[q][s])))
+    yield from fold_out(rank, world, data)
+
+
+@register("all_reduce", "swing_bandwidth", cost=_rabenseifner_cost)
+def all_reduce_swing_bandwidth(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Swing, bandwidth-optimal: a reduce-scatter then an all-gather on Swing's pairs. The
+    vector is cut into pof2 blocks numbered depth-first along the nested reach sets
+    (:func:`swing_blocks`). Reduce-scatter: at step s each rank sends its partner the
+    blocks the partner reaches from then on, keeps those it reaches itself and reduces
+    the partner's copy of them in; after lg p steps it owns one block, fully reduced (each
+    block is reduced once, by one chain, so the result is bitwise identical everywhere).
+    All-gather: the same pairs in reverse order swap what they own. Non-powers of two fold
+    first (MPICH).
+
+    Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus 2α + 2nβ + nγ when p is not a power of
+    two (Rabenseifner's).
+    """
+    return butterfly(rank, world, layout)

@@ -1,0 +1,413 @@
+"""The frontier algorithms (direct, Swing, Bine, PAT, 2-D torus, hierarchical): exact results
+in the simulator at every world size, their closed-form costs against the port-limited
+clock, node layouts; the built-in comparisons on gloo run in the collective's own test file,
+which takes every registered algorithm."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll import registry
+from ringcoll.bench.frontier_stats import port_time, schedules_of
+from ringcoll.simulate import rank_data
+
+R = ringcoll.ReduceOp
+WORLDS = tuple(range(1, 18)) + (32, 64)
+FRONTIER = {
+    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine", "torus2d", "hierarchical"),
+    "reduce_scatter": ("direct", "pat", "hierarchical"),
+    "all_gather": ("direct", "pat", "hierarchical"),
+    "broadcast": ("bine", "hierarchical"),
+    "reduce": ("bine", "hierarchical"),
+}
+#: a machine whose α, β and γ are of the same order at the sizes below, so a wrong term shows
+MACHINE = dict(alpha=5e-6, beta=1e-9, gamma=3e-10)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def numels(world):
+    return sorted({0, 1, max(world - 1, 0), world + 1, 1000})
+
+
+def xor_of(world, numel):
+    return functools.reduce(torch.bitwise_xor, [rank_data(r, numel) for r in range(world)])
+
+
+def params_for(collective, world):
+    return {"root": world // 2} if collective in ("broadcast", "reduce") else {}
+
+
+def simulated(collective, algorithm, world, numel, **kwargs):
+    """Each rank's result of ``collective`` on rank_data inputs (block numel for the list-style
+    collectives), and the exact expectation."""
+    if collective == "all_reduce":
+        sim = ringcoll.simulate("all_reduce", algorithm, world, numel=numel, op=R.BXOR, **kwargs)
+        return [out[0] for out in sim.outputs], [xor_of(world, numel)] * world
+    if collective == "reduce_scatter":
+        full = [rank_data(r, world * numel) for r in range(world)]
+        sim = ringcoll.simulate("reduce_scatter_tensor", algorithm, world, op=R.BXOR,
+                                call=lambda r: ((torch.zeros(numel, dtype=torch.int64), full[r]), {}), **kwargs)
+        total = functools.reduce(torch.bitwise_xor, full)
+        return [out[0] for out in sim.outputs], [total[r * numel:(r + 1) * numel] for r in range(world)]
+    if collective == "all_gather":
+        sim = ringcoll.simulate("all_gather_into_tensor", algorithm, world,
+                                call=lambda r: ((torch.zeros(world * numel, dtype=torch.int64),
+                                                 rank_data(r, numel) * (r + 3)), {}), **kwargs)
+        want = torch.cat([rank_data(r, numel) * (r + 3) for r in range(world)])
+        return [torch.cat([v.reshape(-1) for v in out]) if numel else want[:0] for out in sim.outputs], [want] * world
+    root = world // 2
+    if collective == "broadcast":
+        sim = ringcoll.simulate("broadcast", algorithm, world, numel=numel, src=root, **kwargs)
+        return [out[0] for out in sim.outputs], [rank_data(root, numel)] * world
+    sim = ringcoll.simulate("reduce", algorithm, world, numel=numel, dst=root, op=R.BXOR, **kwargs)
+    return [sim.outputs[root][0]], [xor_of(world, numel)]
+
+
+CASES = [(c, a) for c, names in FRONTIER.items() for a in names]
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_exact_at_every_world_and_size(collective, algorithm):
+    for world in WORLDS:
+        for numel in numels(world):
+            got, want = simulated(collective, algorithm, world, numel)
+            for rank, (g, w) in enumerate(zip(got, want)):
+                assert torch.equal(g, w), f"{collective}/{algorithm} world {world} numel {numel} rank {rank}"
+
+
+@pytest.mark.parametrize("algorithm", FRONTIER["all_reduce"])
+@pytest.mark.parametrize("world", [3, 6, 8, 12, 16])
+def test_float_all_reduce_bitwise_identical(algorithm, world):
+    inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    sim = ringcoll.simulate("all_reduce", algorithm, world, inputs=inputs)
+    torch.testing.assert_close(sim.outputs[0][0], sum(inputs), rtol=1e-5, atol=1e-5)
+    for rank, (got,) in enumerate(sim.outputs):
+        assert torch.equal(got.view(torch.int32), sim.outputs[0][0].view(torch.int32)), f"rank {rank}"
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_closed_form_equals_the_port_clock(collective, algorithm):
+    """Every rank has one send and one receive port: the registered cost, evaluated on a
+    machine, equals the time of the schedules on that clock (sizes divisible by p)."""
+    for world in WORLDS:
+        numel = world * 96
+        schedules = schedules_of(collective, algorithm, world, numel, params_for(collective, world))
+        clock, _ = port_time(schedules, 4, **MACHINE)
+        model = registry.get(collective, algorithm).cost(world, numel * 4).time(*MACHINE.values())
+        assert clock == pytest.approx(model, rel=1e-9, abs=1e-15), f"{collective}/{algorithm} world {world}"
+
+
+def test_docstrings_state_schedule_cost_and_source():
+    for collective, names in FRONTIER.items():
+        for name in names:
+            doc = registry.get(collective, name).doc
+            assert "Cost:" in doc and len(doc) > 200, f"{collective}/{name}"
+
+
+def test_swing_pairs_nest_and_bine_trees_span():
+    from ringcoll.schedules.bine import bine_tree
+    from ringcoll.schedules.swing import swing_blocks, swing_peer
+
+    assert [swing_peer(0, s, 1024) for s in range(5)] == [1, 1023, 3, 1019, 11]
+    for k in range(1, 11):
+        blocks = swing_blocks(1 << k)
+        assert sorted(b[-1] for b in blocks) == [(i, i + 1) for i in range(1 << k)]
+    for world in range(1, 300):
+        parent, _ = bine_tree(world)
+        for vrank in range(world):          # every vrank reaches the root
+            seen, up = 0, vrank
+            while parent[up] is not None:
+                up, seen = parent[up], seen + 1
+                assert seen <= world
+            assert up == 0
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("segment_bytes", [8, 24, 100000])
+def test_pat_bounds_its_aggregation(monkeypatch, collective, segment_bytes):
+    """Blocks of 8 bytes (int64), segments of 1, 3 or many blocks: exact, and the messages
+    and the time are what the closed form says."""
+    monkeypatch.setenv("RINGCOLL_SEGMENT", str(segment_bytes))
+    per_message = max(1, segment_bytes // 8)
+    for world in (2, 5, 8, 13, 16):
+        got, want = simulated(collective, "pat", world, 1)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"world {world}"
+        schedules = schedules_of(collective, "pat", world, world * 2, {"segment": per_message * 2})
+        clock, _ = port_time(schedules, 4, **MACHINE)
+        cost = registry.get(collective, "pat").cost(world, world * 8)
+        assert clock == pytest.approx(cost.time(*MACHINE.values()), rel=1e-9)
+        messages = sum(len([c for c in st.comms if type(c).__name__ == "Send"]) for st in schedules[0])
+        assert messages == cost.alpha
+        if per_message == 1:
+            assert messages == world - 1
+        elif per_message > world:
+            assert messages == (world - 1).bit_length()
+
+
+HIERARCHICAL = [c for c, names in FRONTIER.items() if "hierarchical" in names]
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+@pytest.mark.parametrize("local_size", [1, 3, 4])
+def test_hierarchical_even_and_uneven_nodes(collective, local_size):
+    """Nodes of local_size consecutive ranks, the last one smaller when it does not divide p."""
+    for world in tuple(range(1, 18)):
+        for numel in numels(world):
+            got, want = simulated(collective, "hierarchical", world, numel, local_size=local_size)
+            for rank, (g, w) in enumerate(zip(got, want)):
+                assert torch.equal(g, w), f"{collective} L={local_size} world {world} numel {numel} rank {rank}"
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+def test_hierarchical_nodes_of_scattered_ranks(collective):
+    """Nodes as hostname grouping may give them: ranks interleaved, sizes 3, 2 and 1 ... ."""
+    for nodes in [(0, 1, 0, 1, 0, 2), (2, 2, 1, 0, 1, 2, 0), (0, 1, 2, 3, 0), (1, 0)]:
+        world = len(nodes)
+        for numel in (1, world + 2, 1000):
+            got, want = simulated(collective, "hierarchical", world, numel, local_size=nodes)
+            assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{collective} nodes {nodes} numel {numel}"
+
+
+@pytest.mark.parametrize("collective", HIERARCHICAL)
+def test_hierarchical_cost_equals_the_port_clock(monkeypatch, collective):
+    from ringcoll.topology import even_nodes
+
+    for local_size in (2, 4):
+        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", str(local_size))
+        for world in (4, 8, 12, 16, 32):
+            numel = world * 96
+            params = {**params_for(collective, world), "nodes": even_nodes(world, local_size)}
+            clock, _ = port_time(schedules_of(collective, "hierarchical", world, numel, params), 4, **MACHINE)
+            model = registry.get(collective, "hierarchical").cost(world, numel * 4).time(*MACHINE.values())
+            assert clock == pytest.approx(model, rel=1e-9), f"{collective} L={local_size} world {world}"
+
+
+def test_torus_grid():
+    from ringcoll.schedules.hierarchical import torus_grid
+
+    assert [torus_grid(p) for p in (1, 2, 6, 12, 16, 17, 64, 1024)] == \
+        [(1, 1), (2, 1), (3, 2), (4, 3), (4, 4), (17, 1), (8, 8), (32, 32)]
+    assert ringcoll.simulate("all_reduce", "torus2d", 12, numel=120).stats.steps == 2 * (4 - 1) + 2 * (3 - 1)
+
+
+# -- auto: measured rules, tuning table, model ------------------------------------------------
+from ringcoll import selection  # noqa: E402
+
+
+@pytest.fixture
+def plain_env(monkeypatch):
+    for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
+                 "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_measured_rules_decide_only_where_they_were_measured(plain_env):
+    name, why = selection.choose("all_reduce", "auto", 4096, 4)
+    assert name == "recursive_doubling" and "rule measured up to p=4" in why
+    for world in (5, 16, 64):               # beyond the measurements: the model
+        name, why = selection.choose("all_reduce", "auto", 4096, world)
+        assert "auto: model (default machine)" in why
+        best = min(ringcoll.algorithms("all_reduce"),
+                   key=lambda n: float("inf") if n == "direct" and world > 8 else
+                   registry.get("all_reduce", n).cost(world, 4096).time(5e-6, 1e-10, 5e-11))
+        want = registry.get("all_reduce", best).cost(world, 4096).time(5e-6, 1e-10, 5e-11)
+        got = registry.get("all_reduce", name).cost(world, 4096).time(5e-6, 1e-10, 5e-11)
+        assert got == pytest.approx(want)
+    # an unmeasured literature rule that would decide hands over to the model
+    assert "model" in selection.choose("all_gather", "auto", 1024, 3)[1]
+    for rule in selection.RULES:
+        assert rule.measured_upto is None or rule.measured_upto >= 2, rule
+
+
+def test_model_follows_the_machine(plain_env, tmp_path):
+    """A machine where messages cost nothing and bytes everything takes the fewest bytes; one
+    where a message costs a second takes the fewest messages."""
+    latency, bandwidth = tmp_path / "latency.json", tmp_path / "bandwidth.json"
+    latency.write_text('{"alpha": 1.0, "beta": 1e-12, "gamma": 0}')
+    bandwidth.write_text('{"alpha": 0, "beta": 1e-9, "gamma": 1e-9}')
+    plain_env.setenv("RINGCOLL_MACHINE", str(latency))
+    name, why = selection.choose("all_reduce", "auto", 1 << 20, 16)
+    assert str(latency) in why and registry.get("all_reduce", name).cost(16, 1 << 20).alpha == 4
+    assert selection.choose("all_gather", "auto", 1 << 20, 12)[0] in ("bruck", "pat")
+    plain_env.setenv("RINGCOLL_MACHINE", str(bandwidth))
+    name, _ = selection.choose("all_reduce", "auto", 1 << 20, 16)
+    assert registry.get("all_reduce", name).cost(16, 1 << 20).beta == pytest.approx(2 * 15 / 16 * (1 << 20))
+    assert selection.choose("all_reduce", "auto", 64, 5)[0] != "direct"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"alpha": "fast"}')
+    plain_env.setenv("RINGCOLL_MACHINE", str(bad))
+    with pytest.raises(ValueError, match="needs a non-negative number 'alpha'"):
+        selection.choose("all_reduce", "auto", 64, 16)
+
+
+def test_direct_only_for_small_worlds(plain_env):
+    """The model weighs direct only at p <= 8 (under one port per rank its p - 1 messages
+    serialise, so it ties at best: the classic algorithm then wins)."""
+    names = ringcoll.algorithms("all_gather")
+    assert "direct" in [n for _, n in selection.modelled_times("all_gather", 64, 8, names)]
+    assert "direct" not in [n for _, n in selection.modelled_times("all_gather", 64, 9, names)]
+    ranked = selection.modelled_times("all_gather", 64, 3, names)
+    assert dict((n, t) for t, n in ranked)["direct"] == ranked[0][0]         # a tie at p = 3 ...
+    assert selection.choose("all_gather", "auto", 64, 3)[0] not in selection.FRONTIER   # ... the classic wins
+
+
+def test_tuning_table_is_followed(plain_env, tmp_path):
+    table = tmp_path / "table.csv"
+    table.write_text("collective,nranks,min_bytes,max_bytes,algorithm\n"
+                     "all_reduce,4,0,65535,ring\n"
+                     "all_reduce,4,65536,1048576,swing_bandwidth\n"
+                     "all_gather_into_tensor,3,0,100,pat\n")
+    plain_env.setenv("RINGCOLL_TUNING", str(table))
+    assert selection.choose("all_reduce", "auto", 4096, 4) == ("ring", f"auto: tuning table {table}:2")
+    assert selection.choose("all_reduce", "auto", 65536, 4)[0] == "swing_bandwidth"
+    assert selection.choose("all_gather", "auto", 100, 3)[1].endswith(":4")
+    assert "rule" in selection.choose("all_reduce", "auto", 2 << 20, 4)[1]        # no row: the rules
+    assert "model" in selection.choose("all_reduce", "auto", 4096, 16)[1]         # no row for p = 16
+    plain_env.setenv("RINGCOLL_ALGO", "all_reduce=rabenseifner")                   # the override still wins
+    assert selection.choose("all_reduce", "auto", 4096, 4) == ("rabenseifner", "RINGCOLL_ALGO")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("collective,world,min,max,algorithm\n", "line 1 must be the header"),
+    ("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,zero,10,ring\n", r":2: min_bytes must be an integer"),
+    ("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,0,10,rnig\n", r":2: all_reduce has no algorithm 'rnig'"),
+    ("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduse,4,0,10,ring\n", "collective must be one of"),
+])
+def test_bad_tuning_table_names_file_line_and_field(plain_env, tmp_path, text, message):
+    table = tmp_path / "table.csv"
+    table.write_text(text)
+    plain_env.setenv("RINGCOLL_TUNING", str(table))
+    with pytest.raises(ValueError, match=message):
+        selection.choose("all_reduce", "auto", 64, 4)
+
+
+def test_debug_log_names_the_source(plain_env, tmp_path, caplog):
+    table = tmp_path / "table.csv"
+    table.write_text("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,0,100,direct\n")
+    plain_env.setenv("RINGCOLL_TUNING", str(table))
+    with caplog.at_level("INFO", logger="ringcoll"):
+        for world, numel in ((4, 10), (4, 1000), (16, 10)):
+            ringcoll.simulate("all_reduce", "auto", world, numel=numel)
+    sources = [r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage()]
+    assert "direct (auto: tuning table" in sources[0]
+    assert "(auto: rule measured up to p=4" in sources[1]
+    assert "(auto: model (default machine)" in sources[2]
+
+
+# -- real gloo ranks against the built-ins ------------------------------------------------------
+def gloo_values(rank, numel, dtype):
+    raw = (torch.arange(numel, dtype=torch.int64) * 7 + rank * 13) % 61 + 1
+    if dtype.is_floating_point:
+        return (raw.to(torch.float64) * (0.5 if rank % 2 else -0.25) + 0.1 * rank).to(dtype)
+    return raw.to(dtype)
+
+
+def compare_frontier_with_builtin(local_size):
+    """Every frontier algorithm of every collective against torch.distributed on this rank;
+    returns the problems and the bits of the replicated results (equal on every rank)."""
+    import os
+
+    import torch.distributed as dist
+
+    if local_size:
+        os.environ["RINGCOLL_LOCAL_SIZE"] = str(local_size)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    problems, bits = [], []
+    cases = [(torch.int64, R.SUM, world + 1), (torch.float32, R.SUM, 1000), (torch.bfloat16, R.MAX, 7),
+             (torch.float64, R.AVG, 1)]
+    try:
+        for dtype, op, numel in cases:
+            tag = f"{dtype} {op} numel {numel}"
+            for name in FRONTIER["all_reduce"]:
+                got, want = gloo_values(rank, numel, dtype), gloo_values(rank, numel, dtype)
+                ringcoll.all_reduce(got, op=op, algorithm=name)
+                dist.all_reduce(want, op=op)
+                if not torch.allclose(got.double(), want.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5):
+                    problems.append(f"all_reduce/{name} {tag}")
+                bits.append(got.view(torch.uint8).numpy().tobytes())
+            for name in FRONTIER["all_gather"]:
+                tensor = gloo_values(rank, numel, dtype)
+                got, want = torch.zeros(world * numel, dtype=dtype), torch.zeros(world * numel, dtype=dtype)
+                ringcoll.all_gather_into_tensor(got, tensor, algorithm=name)
+                dist.all_gather_into_tensor(want, tensor)
+                if not torch.equal(got, want):
+                    problems.append(f"all_gather/{name} {tag}")
+            if dtype != torch.bfloat16:        # gloo's reduce_scatter_tensor has no bfloat16 MAX
+                for name in FRONTIER["reduce_scatter"]:
+                    full = gloo_values(rank, world * numel, dtype)
+                    got, want = torch.zeros(numel, dtype=dtype), torch.zeros(numel, dtype=dtype)
+                    ringcoll.reduce_scatter_tensor(got, full, op=op, algorithm=name)
+                    dist.reduce_scatter_tensor(want, full.clone(), op=op)
+                    if not torch.allclose(got.double(), want.double(), rtol=1e-6, atol=1e-5):
+                        problems.append(f"reduce_scatter/{name} {tag}")
+            root = world - 1
+            for name in FRONTIER["broadcast"]:
+                got = gloo_values(rank, numel, dtype)
+                ringcoll.broadcast(got, src=root, algorithm=name)
+                if not torch.equal(got, gloo_values(root, numel, dtype)):
+                    problems.append(f"broadcast/{name} {tag}")
+            if op != R.AVG:
+                for name in FRONTIER["reduce"]:
+                    got, want = gloo_values(rank, numel, dtype), gloo_values(rank, numel, dtype)
+                    ringcoll.reduce(got, dst=root, op=op, algorithm=name)
+                    dist.reduce(want, dst=root, op=op)
+                    if rank == root and not torch.allclose(got.double(), want.double(), rtol=1e-2, atol=1e-5):
+                        problems.append(f"reduce/{name} {tag}")
+    finally:
+        os.environ.pop("RINGCOLL_LOCAL_SIZE", None)
+    return problems, bits
+
+
+@pytest.mark.parametrize("world,local_size", [(3, None), (4, 2), (5, 2)])
+def test_matches_builtin_on_gloo(clusters, world, local_size):
+    """Worlds 3 (odd, a prime: torus2d is the ring), 4 on two emulated nodes of 2, 5 on
+    uneven nodes (2, 2, 1)."""
+    answers = clusters(world).run(compare_frontier_with_builtin, local_size)
+    for rank, (problems, _) in enumerate(answers):
+        assert not problems, f"rank {rank}: {problems[:6]}"
+    for rank, (_, bits) in enumerate(answers):
+        assert bits == answers[0][1], f"rank {rank}'s all_reduce results differ in bits from rank 0's"
+
+
+def node_layouts(local_size):
+    import os
+
+    from ringcoll.collectives._common import group_context
+    from ringcoll.topology import node_layout
+
+    ctx = group_context(None)
+    found = {"hostname": node_layout(ctx)}
+    os.environ["RINGCOLL_LOCAL_SIZE"] = str(local_size)
+    found["local size"] = node_layout(ctx)
+    os.environ.pop("RINGCOLL_LOCAL_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
+    found["torchrun"] = node_layout(ctx)
+    os.environ.pop("LOCAL_WORLD_SIZE")
+    return found
+
+
+def test_node_layout_sources(clusters):
+    for found in clusters(4).run(node_layouts, 3):
+        assert found == {"hostname": (0, 0, 0, 0), "local size": (0, 0, 0, 1), "torchrun": (0, 0, 0, 1)}
+
+
+def test_bad_local_size_is_refused(plain_env):
+    plain_env.setenv("RINGCOLL_LOCAL_SIZE", "two")
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got 'two'"):
+        ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8)
+    plain_env.delenv("RINGCOLL_LOCAL_SIZE")
+    with pytest.raises(ValueError, match="local_size must be a positive int, got 0"):
+        ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=0)
+    with pytest.raises(ValueError, match="must give the node of each of the 4 ranks, got 3"):
+        ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=(0, 0, 1))
