@@ -16,9 +16,12 @@ from .ops import ReduceOp
 from .selection import configure_logging
 from .simulate import simulate
 from .work import Work
+from .backend import Options, register as _register_backend
+from .hooks import ddp_comm_hook
 
 configure_logging()
+_register_backend()
 
 __version__ = "0.1.0"
-__all__ = ["ReduceOp", "Work", "algorithms", "get_timeout", "launch", "set_timeout",
+__all__ = ["Options", "ReduceOp", "ddp_comm_hook", "Work", "algorithms", "get_timeout", "launch", "set_timeout",
            "simulate", *collectives.__all__]
