@@ -33,7 +33,8 @@ from . import registry
 from .collectives._common import BUILDERS, Context
 from .executor import P2PExecutor, get_timeout
 from .ops import RedOpType
-from .work import Work, submit
+from .collectives.p2p import _SendRecvWork
+from .work import Work, submit, timeout_seconds
 
 NAME = "ringcoll"
 
@@ -89,34 +90,14 @@ def _reals(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return [_real(t) for t in tensors]
 
 
-def _timeout_seconds(timeout) -> Optional[float]:
-    if timeout is None:
-        return None
-    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-    return seconds if seconds > 0 else None
-
-
-class _StagedRecvWork(Work):
+class _StagedRecvWork(_SendRecvWork):
     """A receive of a CUDA tensor over gloo: the wire is a host buffer, copied in on wait."""
 
     def __init__(self, inner: dist.Work, wire: torch.Tensor, tensor: torch.Tensor):
-        super().__init__([tensor])
-        self._inner, self._wire, self._tensor, self._lock = inner, wire, tensor, threading.Lock()
-
-    def wait(self, timeout=None) -> bool:
-        with self._lock:
-            if not self.is_completed():
-                try:
-                    self._inner.wait() if _timeout_seconds(timeout) is None else self._inner.wait(timeout)
-                    self._tensor.copy_(self._wire)
-                except BaseException as error:  # noqa: BLE001 - kept for every waiter
-                    self._finish(error)
-                else:
-                    self._finish()
-        return super().wait()
+        super().__init__([inner], lambda: tensor.copy_(wire), [tensor])
 
     def _source_rank(self) -> int:
-        return self._inner._source_rank()
+        return self._works[0]._source_rank()
 
 
 class ProcessGroupRingcoll(dist.ProcessGroup):
@@ -220,7 +201,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         raises here, before any tensor is touched."""
         ctx = self._context(tensor)
         plan = BUILDERS[collective](ctx, *args, algorithm=self.options.algorithm(collective), **kwargs)
-        group_limit = _timeout_seconds(self._timeout)
+        group_limit = timeout_seconds(self._timeout)
         if plan.timeout is None and group_limit is not None:
             plan.timeout = min(group_limit, get_timeout())
         return ctx.executor, plan
@@ -269,8 +250,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return self._submit(planned, list(output_lists))
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
-        planned = [self._plan("all_gather_into_tensor", input, _real(output), _real(input))]
-        return self._submit(planned, [output])
+        return self.all_gather_single_coalesced([output], [input], opts)
 
     _allgather_base = all_gather_single
 
@@ -287,9 +267,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return self._submit(planned, list(outputs))
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
-        opts = opts or dist.ReduceScatterOptions()
-        planned = [self._plan("reduce_scatter_tensor", output, _real(output), _real(input), _op(opts))]
-        return self._submit(planned, [output])
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -331,7 +309,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         names GPUs for NCCL's barrier; tokens here never need one). ``opts.timeout``, when
         set, bounds each step."""
         timeout = getattr(opts, "timeout", None) if opts is not None else None
-        seconds = _timeout_seconds(timeout)
+        seconds = timeout_seconds(timeout)
         planned = [self._plan("barrier", None, None,
                               datetime.timedelta(seconds=seconds) if seconds is not None else None)]
         return self._submit(planned, [])
@@ -350,17 +328,19 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
             return self._gloo.send([t.to("cpu") if t.is_cuda else t for t in tensors], dst, tag)
         return self._p2p_group(tensors[0]).send(list(tensors), dst, tag)
 
-    def recv(self, tensors, src: int, tag: int):
+    def _receive(self, tensors, post):
+        """``post(group, tensors)`` on the inner group; a CUDA tensor over gloo through a host
+        buffer."""
         if len(tensors) == 1 and self._staged(tensors[0]):
             wire = torch.empty(tensors[0].shape, dtype=tensors[0].dtype)
-            return _StagedRecvWork(self._gloo.recv([wire], src, tag), wire, tensors[0])
-        return self._p2p_group(tensors[0]).recv(list(tensors), src, tag)
+            return _StagedRecvWork(post(self._gloo, [wire]), wire, tensors[0])
+        return post(self._p2p_group(tensors[0]), list(tensors))
+
+    def recv(self, tensors, src: int, tag: int):
+        return self._receive(tensors, lambda group, wires: group.recv(wires, src, tag))
 
     def recv_anysource(self, tensors, tag: int):
-        if len(tensors) == 1 and self._staged(tensors[0]):
-            wire = torch.empty(tensors[0].shape, dtype=tensors[0].dtype)
-            return _StagedRecvWork(self._gloo.recv_anysource([wire], tag), wire, tensors[0])
-        return self._p2p_group(tensors[0]).recv_anysource(list(tensors), tag)
+        return self._receive(tensors, lambda group, wires: group.recv_anysource(wires, tag))
 
 
 def create(opts, pg_options=None) -> ProcessGroupRingcoll:

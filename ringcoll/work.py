@@ -20,7 +20,7 @@ def _unwrap(future: torch.futures.Future):
     return future.wait()
 
 
-def _seconds(timeout) -> Optional[float]:
+def timeout_seconds(timeout) -> Optional[float]:
     """A wait's timeout in seconds, or None for none: torch's C++ callers pass timedelta(0)
     (kNoTimeout) and its options use negative values for "unset"."""
     if timeout is None:
@@ -55,7 +55,7 @@ class Work(dist.Work):
         self._done.set()
 
     def wait(self, timeout=None) -> bool:
-        seconds = _seconds(timeout)
+        seconds = timeout_seconds(timeout)
         if not self._done.wait(seconds):
             raise RuntimeError(f"ringcoll: Work.wait timed out after {seconds:g} s; the collective "
                                f"has not completed")
