@@ -478,7 +478,7 @@ def test_every_collective_matches_gloo(clusters, check):
 
 # -- options, logging, errors ----------------------------------------------------------------
 def options_and_log() -> dict:
-    """What pg_options choose, what the log says, and a bad argument's error."""
+    """What pg_options choose, what the log says, and bad arguments' errors."""
     import logging
 
     log = logging.getLogger("ringcoll")
@@ -497,12 +497,17 @@ def options_and_log() -> dict:
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
-    try:
-        dist.all_reduce(torch.ones(2, dtype=torch.complex64), op=R.BAND, group=group)
-        error = "no error"
-    except (TypeError, ValueError, RuntimeError) as caught:
-        error = f"{type(caught).__name__}: {caught}"
-    return {"runs": counting.runs, "log": records, "error": error, "name": group.name(),
+    errors = []
+    integers = torch.arange(4)
+    for call in (lambda: dist.all_reduce(integers, op=R.AVG, group=group),
+                 lambda: dist.all_gather([torch.empty(4, dtype=torch.int64)], integers, group=group)):
+        try:
+            call()
+            errors.append("no error")
+        except (TypeError, ValueError) as caught:
+            errors.append(f"{type(caught).__name__}: {caught}")
+    errors.append(integers.tolist())
+    return {"runs": counting.runs, "log": records, "errors": errors, "name": group.name(),
             "backend": dist.get_backend(group), "group_name": group.group_name}
 
 
@@ -514,7 +519,11 @@ def test_options_fix_algorithms_and_every_call_logs(clusters):
     assert result["log"][0].startswith("all_reduce/ring 10xfloat32 SUM: world 2, rank 0 -> ring"), result["log"]
     assert "broadcast/binomial" in result["log"][1] and "-> recursive_doubling (auto" in result["log"][2]
     assert result["name"] == "ringcoll" and result["backend"] == "ringcoll" and result["group_name"]
-    assert "ringcoll" not in result["error"] or "no error" != result["error"], result["error"]
+    # ringcoll's own checks reach the caller, before any tensor is touched
+    avg, gather, untouched = result["errors"]
+    assert avg.startswith("ValueError: op=ReduceOp.AVG needs a floating-point tensor"), avg
+    assert gather.startswith("ValueError: tensor_list must hold one tensor per rank"), gather
+    assert untouched == [0, 1, 2, 3]
 
 
 def test_options_check_names():

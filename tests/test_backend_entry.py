@@ -107,3 +107,15 @@ def test_registered_on_import():
     assert "RINGCOLL" in dist.Backend._plugins
     assert dist.Backend.backend_capability["ringcoll"] == ["cpu", "cuda"]
     assert dist.Backend._plugins["RINGCOLL"].extended_api
+
+
+def test_torch_suite_slice_runs_on_ringcoll():
+    """One test of torch's own distributed suite through the runner (the whole slice is a
+    script: its committed result is bench/results/torch_suite.txt)."""
+    runner = os.path.join(os.path.dirname(__file__), "torch_suite", "run_torch_dist_suite.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOLL_")}
+    env.update(WORLD_SIZE="2", IMPERSONATE="gloo", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, runner, "-v", "-k", "*.test_all_reduce_sum"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Ran 1 test" in text and "OK" in text, text[-3000:]
