@@ -8,6 +8,7 @@ order on every rank), so the two backends run the same code in the same processe
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import time
 
@@ -275,7 +276,8 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def compare_reductions() -> list:
     """all_reduce, reduce and reduce_scatter(_tensor) for every op x dtype at a size the world
-    does not divide, and edge sizes; ringcoll's group against gloo's. The mismatches."""
+    does not divide, and edge sizes, and sparse all_reduce; ringcoll's group against gloo's.
+    The mismatches."""
     rank, world = dist.get_rank(), dist.get_world_size()
     group = ringcoll_group()
     bad = []
@@ -308,6 +310,16 @@ def compare_reductions() -> list:
                             [torch.empty(0, dtype=dtype) for _ in range(world)], op=real_op, group=group)
         if not same(out, expect):
             bad.append(f"reduce_scatter {dtype} {op} {numel}: {out[:4]} vs {expect[:4]}")
+    # sparse COO SUM (DDP's sparse gradients), plain and hybrid, overlapping indices
+    for shape, dense in (((7,), ()), ((5, 3), (3,))):
+        indices = torch.tensor([[rank % shape[0], (rank + 2) % shape[0], 4]])
+        values = torch.arange(3 * math.prod(dense), dtype=torch.float32).view((3,) + dense) + rank
+        ours = torch.sparse_coo_tensor(indices, values, shape)
+        ref = ours.clone()
+        dist.all_reduce(ours, group=group)
+        dist.all_reduce(ref)
+        if not torch.equal(ours.to_dense(), ref.to_dense()):
+            bad.append(f"sparse all_reduce {shape}: {ours.to_dense()} vs {ref.to_dense()}")
     return bad
 
 
