@@ -56,6 +56,9 @@ class Counting:
         def run(executor, plan):
             key = f"{plan.collective}/{plan.algorithm.name}"
             outer.runs[key] = outer.runs.get(key, 0) + 1
+            words = plan.describe.split()          # "reduce_scatter_tensor/ring 40xfloat32 AVG"
+            if plan.op is not None and len(words) > 2:
+                outer.runs.setdefault("ops", set()).add(words[2])
             return outer._run(executor, plan)
 
         P2PExecutor.run = run
@@ -173,10 +176,11 @@ def allreduce_sum_once() -> int:
 # -- FSDP2 -----------------------------------------------------------------------------------
 def fsdp_losses(steps: int, dtype_name: str, hsdp: bool = False) -> dict:
     """Loss after each step of FSDP2 (fully_shard) training on gloo and on ringcoll; with
-    ``hsdp`` a 2-D mesh (replicate x shard, 2 x world/2). bfloat16 runs set a gradient divide
+    ``hsdp`` a 2-D mesh (replicate x shard, 2 x world/2): ``init_device_mesh`` on a cluster
+    whose default group is ringcoll, against the same mesh of gloo groups. bfloat16 runs set a gradient divide
     factor, so the reduce-scatter is PREMUL_SUM on ringcoll (gloo, which lacks PREMUL_SUM,
     runs the same factor as SUM then a division)."""
-    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -184,13 +188,12 @@ def fsdp_losses(steps: int, dtype_name: str, hsdp: bool = False) -> dict:
     out = {}
     with Counting() as counting:
         for name in ("gloo", "ringcoll"):
-            if hsdp:
+            if hsdp and name == "ringcoll":     # the default group is ringcoll: unmodified mesh code
+                mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+            elif hsdp:                          # the same mesh of gloo groups
                 shard = world // 2
-                rows = [list(range(r * shard, (r + 1) * shard)) for r in range(2)]
-                cols = [list(range(c, world, shard)) for c in range(shard)]
-                make = gloo_group if name == "gloo" else ringcoll_group
-                shard_groups = [make(ranks) for ranks in rows]
-                replicate_groups = [make(ranks) for ranks in cols]
+                shard_groups = [gloo_group(range(r * shard, (r + 1) * shard)) for r in range(2)]
+                replicate_groups = [gloo_group(range(c, world, shard)) for c in range(shard)]
                 mesh = DeviceMesh.from_group(
                     [replicate_groups[rank % shard], shard_groups[rank // shard]], "cpu",
                     mesh=torch.arange(world).view(2, shard), mesh_dim_names=("replicate", "shard"))
@@ -203,8 +206,10 @@ def fsdp_losses(steps: int, dtype_name: str, hsdp: bool = False) -> dict:
                     fully_shard(layer, mesh=mesh, mp_policy=policy)
             fully_shard(model, mesh=mesh, mp_policy=policy)
             if dtype == torch.bfloat16 and not hsdp:
-                model.set_gradient_divide_factor(2.0 * world)
-                model.set_force_sum_reduction_for_comms(name == "gloo")
+                for module in model.modules():      # each fully_shard'ed layer has its own groups
+                    if hasattr(module, "set_gradient_divide_factor"):
+                        module.set_gradient_divide_factor(2.0 * world)
+                        module.set_force_sum_reduction_for_comms(name == "gloo")
             opt = torch.optim.Adam(model.parameters(), lr=1e-2)
             losses = []
             x, y = batch(0, rank)          # one batch per rank: the loss must fall
@@ -219,11 +224,24 @@ def fsdp_losses(steps: int, dtype_name: str, hsdp: bool = False) -> dict:
     return out
 
 
-@pytest.mark.parametrize("world,dtype_name,hsdp", [
-    (2, "float32", False), (2, "bfloat16", False), (4, "float32", False), (4, "bfloat16", False),
-    (4, "float32", True)])
-def test_fsdp2_loss_trajectory_matches_gloo(clusters, world, dtype_name, hsdp):
-    per_rank = clusters(world).run(fsdp_losses, 6, dtype_name, hsdp)
+@pytest.fixture(scope="module")
+def ringcoll_default():
+    """4 ranks whose default group is ringcoll (``ringcoll.launch(4, "ringcoll")``)."""
+    with ringcoll.launch(4, "ringcoll", timeout=float(os.environ.get("RINGCOLL_TEST_TIMEOUT", 120)),
+                         threads=1, env={"RINGCOLL_TIMEOUT": "60"}) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("world,dtype_name", [(2, "float32"), (2, "bfloat16"), (4, "float32"), (4, "bfloat16")])
+def test_fsdp2_loss_trajectory_matches_gloo(clusters, world, dtype_name):
+    check_fsdp(clusters(world).run(fsdp_losses, 6, dtype_name), dtype_name, hsdp=False)
+
+
+def test_hsdp_on_init_device_mesh_matches_gloo(ringcoll_default):
+    check_fsdp(ringcoll_default.run(fsdp_losses, 6, "float32", True), "float32", hsdp=True)
+
+
+def check_fsdp(per_rank, dtype_name, hsdp):
     tolerance = 1e-4 if dtype_name == "float32" else 3e-2
     for rank, result in enumerate(per_rank):
         ours, theirs = result["ringcoll"], result["gloo"]
@@ -233,6 +251,8 @@ def test_fsdp2_loss_trajectory_matches_gloo(clusters, world, dtype_name, hsdp):
     runs = per_rank[0]["runs"]
     assert runs.get("all_gather/recursive_doubling", 0) > 0, runs
     assert any(key.startswith("reduce_scatter/") for key in runs), runs
+    # the reduce ops FSDP2 picks reached ringcoll's schedules: AVG, or PREMUL_SUM with a factor
+    assert ("PREMUL_SUM" if dtype_name == "bfloat16" else "AVG") in runs["ops"], runs
     if hsdp:
         assert any(key.startswith("all_reduce/") for key in runs), runs
 
