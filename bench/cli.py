@@ -154,6 +154,10 @@ def parser() -> argparse.ArgumentParser:
                         "collective and size band the fastest algorithm measured (default file: "
                         "<stem>_tuning.csv in the results directory)")
     p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
+    p.add_argument("--workload", choices=("ddp", "fsdp"),
+                   help="time a training step (DDP or FSDP2) on backend 'ringcoll' vs 'gloo' instead")
+    p.add_argument("--width", type=int, default=1024, help="--workload: the MLP's width")
+    p.add_argument("--batch", type=int, default=32, help="--workload: samples per rank and step")
     return p
 
 
@@ -405,6 +409,10 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
             raise SystemExit(f"ringcoll-bench: {flag} must be >= 0, got {value}")
     if options.iters == 0:
         raise SystemExit("ringcoll-bench: -n/--iters must be >= 1")
+    if options.workload:
+        from .workloads import run as run_workload
+
+        return run_workload(options)
     try:
         _, rows, _ = run(options, cluster)
     except OptionError as error:

@@ -18,9 +18,13 @@ from .selection import configure_logging
 from .simulate import simulate
 from .study.fit import fit
 from .work import Work
+from .backend import Options, register as _register_backend
+from .hooks import ddp_comm_hook
 
 configure_logging()
+_register_backend()
 
 __version__ = "0.1.0"
-__all__ = ["Cost", "Machine", "ReduceOp", "Work", "algorithms", "fit", "register", "get_timeout", "launch", "set_timeout",
+__all__ = ["Cost", "Machine", "Options", "ReduceOp", "Work", "algorithms", "ddp_comm_hook", "fit", "register",
+           "get_timeout", "launch", "set_timeout",
            "simulate", *collectives.__all__]

@@ -33,7 +33,7 @@ import traceback
 import weakref
 from typing import Any, Callable, List, Optional
 
-_BACKENDS = ("gloo", "nccl")
+_BACKENDS = ("gloo", "nccl", "ringcoll")     # "ringcoll": this package as the torch backend
 
 
 class RemoteTraceback(Exception):

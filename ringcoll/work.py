@@ -7,6 +7,7 @@ pending, a synchronous call runs inline on the caller's thread; otherwise, and f
 """
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 from typing import Callable, Optional
@@ -15,32 +16,58 @@ import torch
 import torch.distributed as dist
 
 
+def _unwrap(future: torch.futures.Future):
+    return future.wait()
+
+
+def timeout_seconds(timeout) -> Optional[float]:
+    """A wait's timeout in seconds, or None for none: torch's C++ callers pass timedelta(0)
+    (kNoTimeout) and its options use negative values for "unset"."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return seconds if seconds > 0 else None
+
+
 class Work(dist.Work):
     """A pending collective, as torch.distributed's Work: ``wait()`` completes it and
-    re-raises its error (unlike a Work made by ``_create_work_from_future``, which loses it)."""
+    re-raises its error (unlike a Work made by ``_create_work_from_future``, which loses it),
+    ``wait(timeout)`` gives up after ``timeout`` and ``get_future()`` resolves to the result.
+
+    ``Future.set_exception`` stores the error as a value only Python unwraps, so C++ holders
+    (DDP's reducer) would see success; the future handed out is a ``then`` of the one
+    completed here, whose callback re-raises: that makes the error a real C++ future error."""
 
     def __init__(self, result=None):
         super().__init__()
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._base: torch.futures.Future = torch.futures.Future()
+        self._future: torch.futures.Future = self._base.then(_unwrap)
+        self._done = threading.Event()
         self._result = result
         self._error: Optional[BaseException] = None
 
     def _finish(self, error: Optional[BaseException] = None) -> None:
         self._error = error
         if error is None:
-            self._future.set_result(self._result)
+            self._base.set_result(self._result)
         else:
-            self._future.set_exception(error)
+            self._base.set_exception(error)
+        self._done.set()
 
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - the step timeout bounds every wait
-        self._future.wait()
+    def wait(self, timeout=None) -> bool:
+        seconds = timeout_seconds(timeout)
+        if not self._done.wait(seconds):
+            raise RuntimeError(f"ringcoll: Work.wait timed out after {seconds:g} s; the collective "
+                               f"has not completed")
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._done.is_set()
 
     def is_success(self) -> bool:
-        return self._future.done() and self._error is None
+        return self._done.is_set() and self._error is None
 
     def exception(self) -> Optional[BaseException]:
         return self._error
