@@ -18,6 +18,7 @@ from .topology import even_nodes
 
 #: the registry's collective of each builder (the tensor-list forms share their algorithms)
 COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+                 "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
                  "all_to_all_single": "all_to_all"}
 #: the builder a registry collective is simulated through by default
 BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",

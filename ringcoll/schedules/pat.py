@@ -139,7 +139,7 @@ def reduce_scatter_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         local = []
         for slot, o in zip(arriving, offsets):
             b = (rank + o) % world
-            if partial[b] is inputs[b]:         # first contribution: into scratch, input untouched
+            if partial[b] == inputs[b]:         # first contribution: into scratch, input untouched
                 local.append(reduce(slot, inputs[b], out=acc[b]))
                 partial[b] = acc[b]
             else:

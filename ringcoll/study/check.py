@@ -90,13 +90,13 @@ def check_results(collective: str, before: List[Tuple[tuple, dict]], after: List
         root = _root(kw0, "dst", "group_dst", args0[1] if len(args0) > 1 else None)
         want = _reduce([a[0] for a, _ in before], _op(kw0, args0, 2))
         _compare(fail_at(root), after[root][0], want, world)
-    elif collective in ("all_gather_into_tensor", "all_gather"):
+    elif collective in ("all_gather_into_tensor", "all_gather_single", "all_gather"):
         want = torch.cat([a[1].reshape(-1) for a, _ in before])
         for rank in range(world):
             out = after[rank][0]
             got = out.reshape(-1) if isinstance(out, torch.Tensor) else torch.cat([t.reshape(-1) for t in out])
             _compare(fail_at(rank), got, want, 1)
-    elif collective in ("reduce_scatter_tensor", "reduce_scatter"):
+    elif collective in ("reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter"):
         def blocks(arg):
             if isinstance(arg, torch.Tensor):
                 return list(arg.reshape(-1).chunk(world)) if arg.numel() else [arg.reshape(-1)] * world
