@@ -11,14 +11,15 @@ from .registry import algorithms
 from .cluster import launch
 from . import collectives
 from .collectives import *  # noqa: F401,F403 - the drop-ins, one module each
-from .executor import get_timeout, set_timeout
+from .executor import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging
 from .simulate import simulate
-from .work import Work
+from .work import WaitTimeout, Work
 
 configure_logging()
 
 __version__ = "0.1.0"
-__all__ = ["ReduceOp", "Work", "algorithms", "get_timeout", "launch", "set_timeout",
+__all__ = ["GroupFailedError", "MismatchError", "PeerError", "ReduceOp", "WaitTimeout", "Work",
+           "algorithms", "get_timeout", "launch", "set_timeout",
            "simulate", *collectives.__all__]
