@@ -298,15 +298,22 @@ class P2PExecutor:
         seq = plan.seq if plan.seq is not None else self.begin_call()
         transport = self.transport(plan.device)
         timeout = self.timeout(plan)
-        transport.ready(time.monotonic() + timeout)
+        call = f"call #{seq} {plan.describe}"
+        steps = plan.steps()
+        try:
+            transport.ready(time.monotonic() + timeout)
+        except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
+            first = next((st.comms for st in steps if st.comms), ())
+            failure = self._peer_error(call, 0, len(steps), TransferError(first, error, timed_out=True,
+                                                                          batch=True), timeout)
+            self._failed(failure, [])
+            raise failure from error
         if self.check:
             self._check(plan, seq, transport, timeout)
-        steps = plan.steps()
         buffers = self._buffers(plan, steps)
         for before in plan.before:
             before()
-        self._run_steps(plan, steps, buffers, transport, call_tag(seq, fingerprint(plan)), timeout,
-                        f"call #{seq} {plan.describe}")
+        self._run_steps(plan, steps, buffers, transport, call_tag(seq, fingerprint(plan)), timeout, call)
         for after in plan.after:
             after()
 
@@ -353,7 +360,9 @@ class P2PExecutor:
             return f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of {item.buf!r}"
 
         peers = sorted({item.peer for item in error.items})
-        if error.batch and len(error.items) > 1:
+        if not error.items:
+            subject = "the group's set-up"
+        elif error.batch and len(error.items) > 1:
             subject = (f"a batch of {len(error.items)} transfers (NCCL reports a batch as a whole: "
                        f"{'; '.join(name(item) for item in error.items)})")
         else:

@@ -25,9 +25,11 @@ swap in a fake that records which thread, device and stream each operation used.
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 import time
 from datetime import timedelta
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -203,10 +205,11 @@ class NcclComm:
     def __init__(self, pg, device: torch.device):
         self.pg, self.device = pg, device
 
-    def connect(self) -> None:
+    def connect(self, deadline: float) -> None:
         """Create the communicator now, on every rank of the group (each calls this in its
         first call on the group), so no rank is left blocked in NCCL's lazy set-up by a peer
-        whose first operation has no transfers."""
+        whose first operation has no transfers: eagerly where the backend can, else by a
+        one-element all-reduce, polled until ``deadline``."""
         backend = self.pg._get_backend(self.device) if hasattr(self.pg, "_get_backend") else self.pg
         connect = getattr(backend, "eager_connect_single_device", None)
         if connect is not None:
@@ -215,7 +218,12 @@ class NcclComm:
                 return
             except RuntimeError:
                 pass                      # not supported by this build: post a collective
-        self.pg.allreduce([torch.zeros(1, device=self.device)]).wait()
+        work = self.pg.allreduce([torch.zeros(1, device=self.device)])
+        if not poll(work, deadline):
+            self.abort()
+            raise TimeoutError("Timed out waiting for NCCL's communicator set-up (a collective of every "
+                               "rank of the group, at its first call)")
+        work.wait()
 
     def batch(self, ops: Sequence) -> object:
         """``ops``: (is_send, bytes, peer); one Work for the whole batch."""
@@ -236,18 +244,29 @@ class NcclComm:
 
 class _ShimWork:
     """One Work for a batch of gloo transfers, with NCCL's wait(): it does not block the host
-    (it would only order a stream); it raises once the batch has failed."""
+    (it would only order a stream); it raises once the batch has failed. gloo's own works only
+    learn of their completion inside a blocking wait (and a wait that times out tears the
+    pair's connection down), so the shim's one waiter thread waits on them, batch by batch."""
 
     def __init__(self, works):
         self._works = works
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+
+    def _settle(self) -> None:
+        try:
+            for work in self._works:
+                work.wait()
+        except BaseException as error:  # noqa: BLE001 - kept for wait()
+            self._error = error
+        self._done.set()
 
     def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
+        return self._done.is_set()
 
-    def wait(self, timeout=None) -> bool:
-        for work in self._works:
-            if work.is_completed():
-                work.wait()               # re-raises a failed transfer's error
+    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - NCCL: orders a stream, never blocks
+        if self._done.is_set() and self._error is not None:
+            raise self._error
         return True
 
 
@@ -263,25 +282,41 @@ class NcclShim:
         self.connected = False
         self.aborted = False
         self.log: list = []              # what happened, for tests: ("connect"|"batch"|"abort", ...)
+        self._pending: "queue.Queue[_ShimWork]" = queue.Queue()
+        self._waiter: Optional[threading.Thread] = None
 
-    def connect(self) -> None:
+    def connect(self, deadline: float = None) -> None:
         if not self.connected:
             self.log.append(("connect",))
-            self.pg.allreduce([torch.zeros(1)]).wait()
+            work = self.pg.allreduce([torch.zeros(1)])
+            try:
+                work.wait(timedelta(seconds=_remaining(deadline)) if deadline is not None else timedelta(0))
+            except RuntimeError as error:
+                raise TimeoutError(f"Timed out waiting for the communicator set-up (a collective of every "
+                                   f"rank of the group, at its first operation): {error}") from error
             self.connected = True
 
     def batch(self, ops: Sequence) -> _ShimWork:
         if self.aborted:
             raise RuntimeError("NCCL communicator was aborted")
-        self.connect()                     # NCCL: a lazy set-up every rank must join
+        self.connect()                     # NCCL: a lazy set-up every rank must join (the
+                                           # batched transport connects first, with a deadline)
         for _, tensor, _ in ops:
             if tensor.dtype not in NCCL_DTYPES:
                 raise RuntimeError(f"Input tensor data type is not supported for NCCL process group: "
                                    f"{_c10_name(tensor.dtype)}")
         self.log.append(("batch", tuple((is_send, peer, t.numel()) for is_send, t, peer in ops)))
-        works = [(self.pg.send if is_send else self.pg.recv)([tensor], peer, self.SHIM_TAG)
-                 for is_send, tensor, peer in ops]
-        return _ShimWork(works)
+        work = _ShimWork([(self.pg.send if is_send else self.pg.recv)([tensor], peer, self.SHIM_TAG)
+                          for is_send, tensor, peer in ops])
+        if self._waiter is None:
+            self._waiter = threading.Thread(target=self._wait_all, name="ringcoll-shim", daemon=True)
+            self._waiter.start()
+        self._pending.put(work)
+        return work
+
+    def _wait_all(self) -> None:
+        while True:
+            self._pending.get()._settle()
 
     def abort(self) -> None:
         self.aborted = True
@@ -293,21 +328,30 @@ def _c10_name(dtype: torch.dtype) -> str:
             torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
 
 
+def poll(work, deadline: float, pause: float = 20e-6, longest: float = 1e-3) -> bool:
+    """Block the host until ``work`` completes (True) or ``deadline`` passes (False), polling
+    ``is_completed()`` with a pause that doubles from 20 us to 1 ms."""
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, longest)
+    return True
+
+
 class BatchedTransport:
     """NCCL-shaped: one batch per step; see the module docstring."""
 
     batched = True
-
-    #: host polling interval bounds while a batch is in flight, seconds
-    POLL_MIN, POLL_MAX = 20e-6, 1e-3
 
     def __init__(self, comm):
         self.comm = comm
         self._ready = False
 
     def ready(self, deadline: float) -> None:
+        """Set the communicator up (see NcclComm.connect); TimeoutError after ``deadline``."""
         if not self._ready:
-            self.comm.connect()
+            self.comm.connect(deadline)
             self._ready = True
 
     def post(self, transfers: Sequence, tag: int):   # noqa: ARG002 - NCCL ignores tags
@@ -320,15 +364,11 @@ class BatchedTransport:
 
     def wait(self, handle, deadline: float) -> None:
         items, work = handle
-        pause = self.POLL_MIN
-        while not work.is_completed():
-            if time.monotonic() >= deadline:
-                self.comm.abort()
-                raise TransferError(items, TimeoutError("the batch did not complete within the timeout; "
-                                                        "the communicator was aborted"),
-                                    timed_out=True, batch=True)
-            time.sleep(pause)
-            pause = min(pause * 2, self.POLL_MAX)
+        if not poll(work, deadline):
+            self.comm.abort()
+            raise TransferError(items, TimeoutError("the batch did not complete within the timeout; "
+                                                    "the communicator was aborted"),
+                                timed_out=True, batch=True)
         try:
             work.wait()                   # NCCL: orders the current stream; raises a failure
         except Exception as error:  # noqa: BLE001
