@@ -215,7 +215,6 @@ class P2PExecutor:
         self.rank, self.world = rank, world
         self.backend = str(backend).lower()
         self.device_backends = _device_backends(config)
-        self.host_transport = self.backend != "nccl"
         self.window = int(os.environ.get("RINGCOLL_WINDOW", DEFAULT_WINDOW))
         self.transport_mode = os.environ.get("RINGCOLL_TRANSPORT", "auto").strip().lower() or "auto"
         if self.transport_mode not in ("auto", "host", "batched"):
