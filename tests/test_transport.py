@@ -15,6 +15,7 @@ The whole catalogue runs through the batched transport with ``pytest --transport
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -26,7 +27,8 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll import transport, work as work_module
-from ringcoll.collectives._common import Context, check_device
+from ringcoll.collectives import BUILDERS
+from ringcoll.collectives._common import Context, check_device, executor_context
 from ringcoll.executor import P2PExecutor, group_timeout
 from ringcoll.schedule import Buf, Recv, Send
 from ringcoll.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError,
@@ -155,11 +157,38 @@ def batched_semantics():
     return out
 
 
+def raw_groups():
+    """Both transports on a raw gloo group that c10d does not know (the backend's inner group),
+    through the builders and ``executor_context``, as the backend runs them."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    results = {}
+    for mode in ("host", "batched"):
+        raw = dist.ProcessGroupGloo(dist.PrefixStore(f"raw-{mode}", store), rank, world, timedelta(seconds=30))
+        saved = os.environ.get("RINGCOLL_TRANSPORT")
+        os.environ["RINGCOLL_TRANSPORT"] = mode
+        try:
+            executor = P2PExecutor(raw, rank=rank, world=world, backend="gloo")
+        finally:
+            os.environ["RINGCOLL_TRANSPORT"] = saved
+        x = data(11, rank, torch.int16)
+        executor.run(BUILDERS["all_reduce"](executor_context(executor), x, algorithm="rabenseifner"))
+        results[mode] = (type(executor.transport(x.device)).__name__, executor.timeout(
+            BUILDERS["barrier"](executor_context(executor))),
+            torch.equal(x, sum(data(11, r) for r in range(world)).to(torch.int16)))
+    return results
+
+
 @pytest.fixture(scope="module")
 def batched_cluster():
     with ringcoll.launch(3, threads=1, timeout=120, env={"RINGCOLL_TRANSPORT": "batched",
                                                          "RINGCOLL_TIMEOUT": "60"}) as cluster:
         yield cluster
+
+
+def test_both_transports_run_on_a_raw_group(batched_cluster):
+    for results in batched_cluster.run(raw_groups):
+        assert results == {"host": ("HostTransport", 60.0, True), "batched": ("BatchedTransport", 60.0, True)}
 
 
 def test_every_collective_and_algorithm_through_the_batched_transport(batched_cluster):
