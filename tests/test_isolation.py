@@ -151,6 +151,47 @@ def test_call_tags_are_disjoint_from_user_tags_and_name_the_call():
     assert call_tag(5, prints[0]) != call_tag(5 + 1, prints[0]) != call_tag(5 + 4096 + 1, prints[1])
 
 
+def _broadcast_pair(values, group, fail: bool):
+    """A composite call as an object collective makes one: a size, then the data, with a check
+    of its own on the root after the numbers are reserved."""
+    from ringcoll.collectives._common import reserve_calls
+
+    with reserve_calls(group, 2):
+        if fail:
+            raise ValueError("the root's objects cannot be pickled")
+        size = torch.tensor([values.numel()])
+        ringcoll.broadcast(size, src=0, group=group)
+        ringcoll.broadcast(values, src=0, group=group)
+
+
+def composite():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(SCENARIO_TIMEOUT)
+    group = dist.new_group(list(range(world)))
+    values = torch.full((3,), 7.0 if rank == 0 else -1.0)
+    try:
+        if rank == 0:                       # fails its check, then makes the same call again
+            try:
+                _broadcast_pair(values, group, fail=True)
+            except ValueError:
+                pass
+            values.fill_(8.0)
+        _broadcast_pair(values, group, fail=False)
+        return "returned", values.tolist()
+    except RuntimeError as error:
+        return type(error).__name__, values.tolist()
+    finally:
+        ringcoll.set_timeout(previous)
+
+
+def test_a_composite_call_failing_its_own_check_on_the_root_cannot_match_the_next_one(clusters):
+    results = clusters(3).run(composite)
+    assert results[0][0] == "PeerError", results
+    for outcome, values in results[1:]:     # never the root's second call's data (8.0)
+        assert outcome == "PeerError" and values == [-1.0] * 3, results
+
+
 # -- timeouts -------------------------------------------------------------------------------
 def stalls():
     """On a cluster whose groups were made with timeout=3 s and no RINGCOLL_TIMEOUT."""

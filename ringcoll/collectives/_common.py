@@ -1,6 +1,7 @@
 """What every collective shares: argument checks, the group context, running a plan."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import weakref
@@ -64,6 +65,14 @@ def executor_context(executor: P2PExecutor) -> Context:
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def _executor(group) -> P2PExecutor:
+    """The executor of a registered group this process belongs to (one per group)."""
+    executor = _executors.get(group)
+    if executor is None:
+        executor = _executors[group] = P2PExecutor(group)
+    return executor
+
+
 def group_context(group) -> Context:
     """The context of ``group`` (None: the default group) for this process."""
     if group is not None and not isinstance(group, dist.ProcessGroup) \
@@ -73,14 +82,32 @@ def group_context(group) -> Context:
         group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
         return Context(None, None)
-    executor = _executors.get(group)
-    if executor is None:
-        executor = _executors[group] = P2PExecutor(group)
+    executor = _executor(group)
     # The call takes its number here, once the group is known and before any check that
     # depends on this rank's role (the root's list, say): an argument error on one rank
     # only leaves the numbering aligned, so the others' pending call can never match this
     # rank's next one. A failed group raises here, at once.
     return executor_context(executor)
+
+
+@contextlib.contextmanager
+def reserve_calls(group, count: int):
+    """For a call made of ``count`` drop-in calls on ``group`` (an object collective: sizes,
+    then data) with checks of its own that not every rank makes (pickling on the root): take
+    the inner calls' numbers on entry, before those checks, so that when one rank fails them
+    its next call cannot match the others' pending inner calls; numbers left unused on exit
+    are dropped. Outside the group, nothing."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
+        yield
+        return
+    executor = _executor(group)
+    numbers = executor.reserve(count)
+    try:
+        yield
+    finally:
+        executor.unreserve(numbers)
 
 
 def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:
