@@ -409,7 +409,8 @@ def test_the_shim_keeps_nccls_dtype_list_and_the_transports_move_bytes():
     assert wire(torch.zeros(0, dtype=torch.int16)).numel() == 0
 
 
-def test_the_transport_follows_the_tensors_device_not_the_backend_string():
+def test_the_transport_follows_the_tensors_device_not_the_backend_string(monkeypatch):
+    monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)      # (pytest --transport batched)
     mixed = P2PExecutor(FakeNccl(), rank=0, world=2, backend="cpu:gloo,cuda:nccl")
     cuda = mixed.transport(torch.device("cuda", 0))
     assert isinstance(cuda, BatchedTransport) and isinstance(cuda.comm, NcclComm)
