@@ -12,12 +12,12 @@ from .machine import Machine
 from .cluster import launch
 from . import collectives
 from .collectives import *  # noqa: F401,F403 - the drop-ins, one module each
-from .executor import get_timeout, set_timeout
+from .executor import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging
 from .simulate import simulate
 from .study.fit import fit
-from .work import Work
+from .work import WaitTimeout, Work
 from .backend import Options, register as _register_backend
 from .hooks import ddp_comm_hook
 
@@ -25,6 +25,7 @@ configure_logging()
 _register_backend()
 
 __version__ = "0.1.0"
-__all__ = ["Cost", "Machine", "Options", "ReduceOp", "Work", "algorithms", "ddp_comm_hook", "fit", "register",
-           "get_timeout", "launch", "set_timeout",
+__all__ = ["Cost", "GroupFailedError", "Machine", "MismatchError", "Options", "PeerError", "ReduceOp",
+           "WaitTimeout", "Work", "algorithms", "ddp_comm_hook", "fit", "register", "get_timeout", "launch",
+           "set_timeout",
            "simulate", *collectives.__all__]

@@ -2,16 +2,39 @@
 
 Each step's sends and receives are posted together and waited on together (a blocking send
 before a receive deadlocks under gloo at every size), then the step's local operations run.
-One code path serves gloo (CPU tensors; CUDA tensors are staged through host memory) and
-NCCL (CUDA tensors; a step's transfers form one NCCL group via batch_isend_irecv).
+The transfers go through a transport (:mod:`ringcoll.transport`), chosen by the device of
+the call's tensors: NCCL's batched transport for CUDA tensors on a group with an NCCL
+backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend given), gloo's host transport
+otherwise (CUDA tensors staged through pinned host memory). ``RINGCOLL_TRANSPORT=batched``
+runs CPU tensors on gloo through the batched transport and its NCCL shim.
 
-A transfer that fails or does not complete within the timeout raises an error that names
-this rank, the peer, the step and the call.
+Isolation between calls. Every call on a group has a sequence number in that group (taken
+when the drop-in resolves its group, before any check that depends on this rank's role, so
+an argument error raised on one rank only leaves every rank's numbering aligned) and a
+fingerprint (collective, algorithm, element count, dtype, op, root). On gloo every message
+of the call carries a tag made of both, in [2**30, 2**31), away from user tags: a message of
+one call can only ever be received by the same call, and a mismatched call times out with
+an error instead of taking another call's data. NCCL ignores tags and matches by order, so
+there isolation rests on order (each rank posts calls in program order, through one queue,
+and a call's transfers in schedule order), on fail-stop (below), and on check mode
+(``RINGCOLL_CHECK=1``), which compares the fingerprints and sequence numbers of all ranks
+before each call and so also catches the one case order cannot: a rank whose call failed its
+own argument checks while its peers posted theirs.
+
+Failure. A transfer that fails or does not complete within the timeout raises a
+:class:`PeerError` naming this rank, the peer, the step and the call, and marks the group
+failed, as NCCL aborts its communicator: every later call on it raises
+:class:`GroupFailedError` at once, naming the call that failed, instead of posting messages
+that could meet leftovers. Timeouts: a call's ``timeout=`` (barrier), else ``set_timeout``/
+``RINGCOLL_TIMEOUT``, else the group's own (``init_process_group``/``new_group``'s
+``timeout``, torch's default when none was given), per step.
 """
 from __future__ import annotations
 
 import os
+import struct
 import time
+import zlib
 from collections import deque
 from datetime import timedelta
 from typing import Dict, Optional, Tuple
@@ -19,59 +42,242 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import registry
 from .local import run_local
 from .plan import Plan
-from .schedule import Recv, Reduce, Send, extents
+from .schedule import Layout, Recv, Reduce, Send, extents
+from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError
 
-#: ringcoll's own tag, so its messages never match a caller's own send/recv (tag 0).
-TAG = 0x52430
+#: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
+#: torch's own send/recv use small ones (0 by default)
+TAG_BASE = 1 << 30
+_SEQ_BITS, _PRINT_BITS = 12, 18
+#: the tag of check mode's fingerprint exchange (print bits 0: never a call's tag)
+CHECK_TAG = TAG_BASE
 
 #: steps whose transfers may be in flight at once (see P2PExecutor.run); RINGCOLL_WINDOW overrides
 DEFAULT_WINDOW = 2
 
-_timeout_s = float(os.environ.get("RINGCOLL_TIMEOUT", "300"))
+#: torch's default process-group timeout, for groups whose own cannot be read
+DEFAULT_TIMEOUT = timedelta(minutes=30).total_seconds()
+
+#: collectives whose element count differs between ranks of one call (and whose ranks may
+#: pick different, interoperating algorithms): their fingerprint leaves both out
+_RANK_VARYING = frozenset({"all_to_all"})
 
 
-def set_timeout(seconds: float) -> None:
-    """How long one step may wait for its peers before failing (default 300 s, or the
-    ``RINGCOLL_TIMEOUT`` environment variable)."""
-    global _timeout_s
-    if not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
-    _timeout_s = float(seconds)
+def _env_timeout() -> Optional[float]:
+    value = os.environ.get("RINGCOLL_TIMEOUT", "").strip()
+    return float(value) if value else None
 
 
-def get_timeout() -> float:
-    return _timeout_s
+_timeout_override: Optional[float] = _env_timeout()
+
+
+def set_timeout(seconds: Optional[float]) -> None:
+    """Override how long one step of any ringcoll call may wait for its peers (the
+    ``RINGCOLL_TIMEOUT`` environment variable sets it at import); ``None`` goes back to each
+    group's own timeout (given to ``init_process_group``/``new_group``, torch's default
+    otherwise)."""
+    global _timeout_override
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or seconds <= 0):
+        raise ValueError(f"seconds must be a positive number or None, got {seconds!r}")
+    _timeout_override = None if seconds is None else float(seconds)
+
+
+def get_timeout() -> Optional[float]:
+    """The override of :func:`set_timeout`, or None when groups' own timeouts apply."""
+    return _timeout_override
+
+
+def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
+    """The timeout, in seconds, that ``pg`` (a registered ProcessGroup or a raw backend) was
+    created with; torch's default when it cannot be read."""
+    try:
+        backend = pg._get_backend(device) if isinstance(pg, dist.ProcessGroup) else pg
+        return backend.options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return DEFAULT_TIMEOUT
 
 
 class PeerError(RuntimeError):
-    """A transfer with a peer failed or timed out."""
+    """A transfer with a peer failed or timed out. ``peer`` is the peer (None when a batch of
+    transfers with several peers failed as a whole); ``peers`` all the step's peers concerned."""
 
-    def __init__(self, message: str, *, rank: int, peer: int, step: int):
+    def __init__(self, message: str, *, rank: int, peer: Optional[int], step: int, peers=None, call=""):
         super().__init__(message)
         self.rank, self.peer, self.step = rank, peer, step
+        self.peers = tuple(peers) if peers is not None else ((peer,) if peer is not None else ())
+        self.call = call
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.rank, self.peer, self.step, self.peers, self.call))
+
+
+def _rebuild(cls, message, rank, peer, step, peers, call):
+    return cls(message, rank=rank, peer=peer, step=step, peers=peers, call=call)
+
+
+class GroupFailedError(RuntimeError):
+    """A call on a group that an earlier call left failed. ``failure`` is that call's
+    :class:`PeerError` (or :class:`MismatchError`)."""
+
+    def __init__(self, message: str, failure: Optional[BaseException] = None):
+        super().__init__(message)
+        self.failure = failure
+        self.call = getattr(failure, "call", "")
+        self.rank = getattr(failure, "rank", None)
+        self.peer = getattr(failure, "peer", None)
+        self.step = getattr(failure, "step", None)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.failure))
+
+
+class MismatchError(RuntimeError):
+    """Check mode: the ranks of a group called different collectives (or the same one
+    differently) at the same point. Raised on every rank alike."""
+
+    def __init__(self, message: str, *, rank: int, differences=(), call=""):
+        super().__init__(message)
+        self.rank, self.differences, self.call = rank, tuple(differences), call
+        self.peer = self.step = None
+
+    def __reduce__(self):
+        return (_rebuild_mismatch, (str(self), self.rank, self.differences, self.call))
+
+
+def _rebuild_mismatch(message, rank, differences, call):
+    return MismatchError(message, rank=rank, differences=differences, call=call)
+
+
+# -- call identity ------------------------------------------------------------------------
+_FIELDS = ("collective", "algorithm", "numel", "dtype", "op", "root")
+
+
+def fingerprint(plan: Plan) -> Tuple:
+    """What every rank of one call agrees on: (collective, algorithm, element count, dtype,
+    local op, root); None where ranks may legitimately differ or it does not apply."""
+    varying = plan.collective in _RANK_VARYING
+    return (plan.collective, None if varying else plan.algorithm.name,
+            None if varying else plan.layout.numel, str(plan.dtype).replace("torch.", ""),
+            plan.op, plan.layout.get("root"))
+
+
+def _code(value) -> int:
+    return zlib.crc32(repr(value).encode())
+
+
+def call_tag(seq: int, print_: Tuple) -> int:
+    """The tag of every message of call ``seq`` with fingerprint ``print_``: calls within
+    4096 of each other never share a tag, two different calls at the same number share one
+    with probability 2**-18 (and gloo then refuses the size if that differs)."""
+    bits = 1 + _code(print_) % ((1 << _PRINT_BITS) - 1)
+    return TAG_BASE | ((seq & ((1 << _SEQ_BITS) - 1)) << _PRINT_BITS) | bits
+
+
+def _check_enabled() -> bool:
+    return (os.environ.get("RINGCOLL_CHECK", "0").strip() not in ("", "0")
+            or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL")
+
+
+def _device_backends(backend: str) -> Dict[str, str]:
+    """``"nccl"`` -> {cuda: nccl}; ``"gloo"`` -> gloo for both; ``"cpu:gloo,cuda:nccl"`` -> as written."""
+    backend = backend.lower()
+    if ":" not in backend:
+        return {"cpu": backend, "cuda": backend} if backend != "nccl" else {"cuda": "nccl"}
+    pairs = (part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return {device.strip(): name.strip() for device, name in pairs}
 
 
 class P2PExecutor:
-    """Runs plans for one process group; keeps scratch buffers across calls."""
+    """Runs plans for one process group; keeps scratch buffers and transports across calls."""
 
     def __init__(self, group: dist.ProcessGroup, *, rank: Optional[int] = None,
                  world: Optional[int] = None, backend: Optional[str] = None):
         """``group`` is a process group; or, with ``rank``, ``world`` and ``backend`` given,
-        any object with ProcessGroup's ``send``/``recv`` (a transport for measurements)."""
+        any object with ProcessGroup's ``send``/``recv`` in group ranks (a raw gloo or NCCL
+        group that c10d does not know, or a transport for measurements)."""
         self.group = group
         if rank is None:
-            rank, world, backend = dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group)
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            backend = str(dist.get_backend(group))
+            try:
+                config = str(dist.get_backend_config(group))
+            except (AttributeError, RuntimeError, ValueError):
+                config = backend
             self.global_ranks = [dist.get_global_rank(group, r) for r in range(world)] \
                 if group is not dist.GroupMember.WORLD else list(range(world))
         else:
+            config = str(backend)
             self.global_ranks = list(range(world))
         self.rank, self.world = rank, world
         self.backend = str(backend).lower()
-        self.host_transport = self.backend != "nccl"
+        self.device_backends = _device_backends(config)
         self.window = int(os.environ.get("RINGCOLL_WINDOW", DEFAULT_WINDOW))
+        self.transport_mode = os.environ.get("RINGCOLL_TRANSPORT", "auto").strip().lower() or "auto"
+        if self.transport_mode not in ("auto", "host", "batched"):
+            raise ValueError(f"RINGCOLL_TRANSPORT must be one of auto, host, batched, got {self.transport_mode!r}")
+        self.check = _check_enabled()
+        self.failure: Optional[BaseException] = None
+        self._seq = 0
+        self._reserved: deque = deque()   # numbers taken ahead by reserve_calls (collectives._common)
+        self._transports: Dict[Tuple[str, Optional[int]], object] = {}
+        self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    # -- calls -------------------------------------------------------------------------
+    def begin_call(self) -> int:
+        """The next call's sequence number in this group (raises if the group has failed): one
+        reserved ahead by a composite call, if any, else a new one."""
+        self.raise_if_failed()
+        if self._reserved:
+            return self._reserved.popleft()
+        self._seq += 1
+        return self._seq
+
+    def reserve(self, count: int) -> list:
+        """Take ``count`` new numbers now for the next calls (see collectives._common.reserve_calls)."""
+        self.raise_if_failed()
+        numbers = list(range(self._seq + 1, self._seq + 1 + count))
+        self._seq += count
+        self._reserved.extend(numbers)
+        return numbers
+
+    def unreserve(self, numbers) -> None:
+        """Drop the reserved numbers a composite call did not use (it failed before them)."""
+        unused = set(numbers)
+        self._reserved = deque(n for n in self._reserved if n not in unused)
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            failure = self.failure
+            raise GroupFailedError(
+                f"ringcoll: this process group failed earlier and cannot be used any more (as an "
+                f"aborted NCCL communicator): {failure} -- create a new group (or restart) to go on",
+                failure)
+
+    def transport(self, device: torch.device):
+        """The transport for tensors on ``device`` (kept per device)."""
+        key = (device.type, device.index)
+        transport = self._transports.get(key)
+        if transport is None:
+            if device.type == "cuda" and self.device_backends.get("cuda") == "nccl":
+                transport = BatchedTransport(NcclComm(self.group, device))
+            elif device.type == "cpu" and self.transport_mode == "batched":
+                transport = BatchedTransport(NcclShim(self.group))
+            else:
+                transport = HostTransport(self.group, stage=device.type != "cpu")
+            self._transports[key] = transport
+        return transport
+
+    def timeout(self, plan: Plan) -> float:
+        if plan.timeout is not None:
+            return plan.timeout
+        if _timeout_override is not None:
+            return _timeout_override
+        return group_timeout(self.group, plan.device)
 
     # -- buffers -----------------------------------------------------------------------
     def _buffers(self, plan: Plan, steps) -> Dict[str, torch.Tensor]:
@@ -104,83 +310,142 @@ class P2PExecutor:
         of its transfers touches what those steps still read or write. A step's local
         operations run as soon as its own transfers are done, so the reduction of one
         segment overlaps the transfer of the next."""
+        self.raise_if_failed()
+        seq = plan.seq if plan.seq is not None else self.begin_call()
+        transport = self.transport(plan.device)
+        timeout = self.timeout(plan)
+        call = f"call #{seq} {plan.describe}"
         steps = plan.steps()
+        try:
+            transport.ready(time.monotonic() + timeout)
+        except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
+            first = next((st.comms for st in steps if st.comms), ())
+            failure = self._peer_error(call, 0, len(steps), TransferError(first, error, timed_out=True,
+                                                                          batch=True), timeout)
+            self._failed(failure, [])
+            raise failure from error
+        if self.check:
+            self._check(plan, seq, transport, timeout)
         buffers = self._buffers(plan, steps)
         for before in plan.before:
             before()
-        total = len(steps)
-        posted: deque = deque()          # (index, transfers) of posted, unfinished steps
-        next_post = 0
-        for index, st in enumerate(steps):
-            while next_post < total and (next_post == index or (
-                    next_post - index < self.window and _independent(steps, next_post, index))):
-                posted.append((next_post, self._post(plan, next_post, total, buffers)))
-                next_post += 1
-            done, transfers = posted.popleft()
-            self._wait(plan, done, total, transfers)
-            if st.local:
-                run_local(plan.op, buffers, st.local)
+        self._run_steps(plan, steps, buffers, transport, call_tag(seq, fingerprint(plan)), timeout, call)
         for after in plan.after:
             after()
 
-    def _fail(self, plan: Plan, index: int, total: int, item, error: BaseException) -> PeerError:
-        kind = "send to" if isinstance(item, Send) else "receive from"
-        message = (f"ringcoll {plan.describe}: rank {self.rank} step {index + 1}/{total}: "
-                   f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of "
-                   f"{item.buf!r} failed: {error}")
-        return PeerError(message, rank=self.rank, peer=item.peer, step=index)
+    def _run_steps(self, plan: Plan, steps, buffers, transport, tag: int, timeout: float, call: str) -> None:
+        total = len(steps)
+        posted: deque = deque()          # (index, handle) of posted, unfinished steps
+        next_post, waiting, handle = 0, 0, None
+        try:
+            for index, st in enumerate(steps):
+                while next_post < total and (next_post == index or (
+                        next_post - index < self.window and _independent(steps, next_post, index))):
+                    posted.append((next_post, self._post(plan, steps, next_post, buffers, transport, tag)))
+                    next_post += 1
+                waiting, handle = posted.popleft()
+                if handle is not None:
+                    transport.wait(handle, time.monotonic() + timeout)
+                if st.local:
+                    run_local(plan.op, buffers, st.local)
+        except TransferError as error:
+            failure = self._peer_error(call, getattr(error, "step", waiting), total, error, timeout)
+            self._failed(failure, [handle] + [h for _, h in posted])
+            raise failure from error.error
 
-    def _post(self, plan: Plan, index: int, total: int, buffers) -> list:
-        comms = plan.steps()[index].comms
+    def _post(self, plan: Plan, steps, index: int, buffers, transport, tag: int):
+        comms = steps[index].comms
         for item in comms:
             if not 0 <= item.peer < self.world or item.peer == self.rank:
                 raise ValueError(f"ringcoll {plan.describe}: step {index + 1} names peer {item.peer}, "
                                  f"which is not another rank of a world of {self.world}")
         if not comms:
-            return []
-        if self.backend == "nccl":
-            ops = []
-            for item in comms:
-                tensor = buffers[item.buf.name][item.buf.start:item.buf.stop]
-                fn = dist.isend if isinstance(item, Send) else dist.irecv
-                ops.append(dist.P2POp(fn, tensor, self.global_ranks[item.peer], self.group, TAG))
-            try:
-                works = dist.batch_isend_irecv(ops)
-            except Exception as error:  # noqa: BLE001 - re-raised with its peer and step
-                raise self._fail(plan, index, total, comms[0], error) from error
-            return [(item, work, None, None) for item, work in zip(comms, works)]
-        staged = self.host_transport and plan.device.type != "cpu"
-        transfers = []
-        for item in comms:
-            tensor = buffers[item.buf.name][item.buf.start:item.buf.stop]
-            wire = tensor
-            if staged:
-                wire = tensor.to("cpu") if isinstance(item, Send) else torch.empty(
-                    tensor.shape, dtype=tensor.dtype, device="cpu")
-            try:
-                if isinstance(item, Send):
-                    work = self.group.send([wire], item.peer, TAG)
-                else:
-                    work = self.group.recv([wire], item.peer, TAG)
-            except Exception as error:  # noqa: BLE001
-                raise self._fail(plan, index, total, item, error) from error
-            transfers.append((item, work, tensor, wire))
-        return transfers
+            return None
+        try:
+            return transport.post([(item, buffers[item.buf.name][item.buf.start:item.buf.stop])
+                                   for item in comms], tag)
+        except TransferError as error:
+            error.step = index
+            raise
 
-    def _wait(self, plan: Plan, index: int, total: int, transfers) -> None:
-        if self.backend == "nccl":
-            for item, work, _, _ in transfers:
-                work.wait()
+    def _peer_error(self, call: str, index: int, total: int, error: TransferError, timeout: float) -> PeerError:
+        what = "timed out after %gs" % timeout if error.timed_out else "failed"
+
+        def name(item) -> str:
+            kind = "send to" if isinstance(item, Send) else "receive from"
+            return f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of {item.buf!r}"
+
+        peers = sorted({item.peer for item in error.items})
+        if not error.items:
+            subject = "the group's set-up"
+        elif error.batch and len(error.items) > 1:
+            subject = (f"a batch of {len(error.items)} transfers (NCCL reports a batch as a whole: "
+                       f"{'; '.join(name(item) for item in error.items)})")
+        else:
+            subject = name(error.items[0])
+        message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}: "
+                   f"{error.error}")
+        return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else None,
+                         step=index, peers=peers, call=call)
+
+    def _failed(self, failure: BaseException, keep: list) -> None:
+        """Mark the group failed. The failed call's posted transfers are kept alive for good:
+        gloo may still hold their buffers' addresses, and a failed group is never used again."""
+        self.failure = failure
+        self._graveyard.append(keep)
+        for transport in self._transports.values():
+            transport.abort()
+
+    # -- check mode ----------------------------------------------------------------------
+    def _check(self, plan: Plan, seq: int, transport, timeout: float) -> None:
+        """Exchange every rank's sequence number and fingerprint (a fixed-size record) with a
+        ring all-gather through this transport on its own tag, and raise the same
+        :class:`MismatchError` on every rank if they differ. A differing sequence number (a
+        rank's call failed its own checks while the others posted theirs) leaves the group
+        failed; a different call at the same number does not (every rank consumed it)."""
+        table = torch.zeros(self.world * _RECORD.size, dtype=torch.uint8)
+        row = slice(self.rank * _RECORD.size, (self.rank + 1) * _RECORD.size)
+        table[row] = torch.frombuffer(bytearray(_pack(seq, fingerprint(plan))), dtype=torch.uint8)
+        ring = registry.get("all_gather", "ring")
+        layout = Layout(table.numel(), {"in_place": True})
+        check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table},
+                          describe=f"fingerprint check of call #{seq} {plan.describe}")
+        self._run_steps(check_plan, check_plan.steps(), {"output": table}, transport, CHECK_TAG, timeout,
+                        check_plan.describe)
+        rows = [_unpack(bytes(table[r * _RECORD.size:(r + 1) * _RECORD.size].tolist())) for r in range(self.world)]
+        names = ("call number",) + _FIELDS
+        differences = []
+        for column, field in enumerate(names):
+            by_value: Dict[object, list] = {}
+            for r, values in enumerate(rows):
+                by_value.setdefault(values[column], []).append(r)
+            if len(by_value) > 1:
+                differences.append(f"{field}: " + " vs ".join(
+                    f"{value!r} on ranks {ranks}" for value, ranks in by_value.items()))
+        if not differences:
             return
-        deadline = time.monotonic() + (plan.timeout or _timeout_s)
-        for item, work, tensor, wire in transfers:
-            remaining = max(deadline - time.monotonic(), 0.001)
-            try:
-                work.wait(timedelta(seconds=remaining))
-            except Exception as error:  # noqa: BLE001
-                raise self._fail(plan, index, total, item, error) from error
-            if wire is not tensor and isinstance(item, Recv):
-                tensor.copy_(wire)
+        call = f"call #{seq} {plan.describe}"
+        message = (f"ringcoll check: the ranks of the group disagree on their call (this rank, rank "
+                   f"{self.rank}: {call}): " + "; ".join(differences) + ". Every rank raises this error.")
+        error = MismatchError(message, rank=self.rank, differences=differences, call=call)
+        if any(d.startswith("call number") for d in differences):
+            self._failed(error, [])
+        raise error
+
+
+_RECORD = struct.Struct("<qqq24s24s24s24s")
+
+
+def _pack(seq: int, print_: Tuple) -> bytes:
+    collective, algorithm, numel, dtype, op, root = print_
+    text = [str(value if value is not None else "-").encode()[:24] for value in (collective, algorithm, dtype, op)]
+    return _RECORD.pack(seq, -1 if numel is None else numel, -1 if root is None else root, *text)
+
+
+def _unpack(record: bytes) -> Tuple:
+    seq, numel, root, collective, algorithm, dtype, op = _RECORD.unpack(record)
+    text = [value.rstrip(b"\0").decode() for value in (collective, algorithm, dtype, op)]
+    return (seq, text[0], text[1], numel, text[2], text[3], root)
 
 
 def _overlap(a, b) -> bool:

@@ -30,7 +30,8 @@ class Plan:
     after: List[Callable[[], None]] = field(default_factory=list)
     result: object = None                            # what Work.result() returns
     describe: str = ""                               # for logs and errors
-    timeout: Optional[float] = None                  # seconds a step may wait; None: the global one
+    timeout: Optional[float] = None                  # seconds a step may wait; None: the group's
+    seq: Optional[int] = None                        # the call's number in its group (executor.begin_call)
 
     def steps(self) -> Tuple[Step, ...]:
         return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)

@@ -4,6 +4,12 @@ Every call goes through one queue, so collectives run in the order the program i
 (the order every rank must agree on), whether they are synchronous or not. With nothing
 pending, a synchronous call runs inline on the caller's thread; otherwise, and for
 ``async_op=True``, it runs on the worker thread and the caller gets a :class:`Work`.
+
+A call on CUDA tensors that runs on the worker thread runs under the device and the current
+stream its caller had when it submitted the call (torch's current stream is per thread, so
+the worker would otherwise see device 0's default stream), and ``Work.wait()`` orders the
+waiting thread's current stream after an event recorded at the end of the call, as NCCL's
+``wait()`` does.
 """
 from __future__ import annotations
 
@@ -15,52 +21,66 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from . import transport
 
-def _unwrap(future: torch.futures.Future):
-    return future.wait()
+
+class WaitTimeout(RuntimeError):
+    """``Work.wait(timeout)`` ran out before the call completed (the call itself goes on,
+    bounded by its own step timeout)."""
 
 
 def timeout_seconds(timeout) -> Optional[float]:
-    """A wait's timeout in seconds, or None for none: torch's C++ callers pass timedelta(0)
-    (kNoTimeout) and its options use negative values for "unset"."""
+    """``wait``'s timeout in seconds, or None for no limit: None and ``timedelta(0)`` (what
+    C++ callers pass) mean no timeout, as torch's."""
     if timeout is None:
         return None
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
     return seconds if seconds > 0 else None
 
 
+def _unwrap(future: torch.futures.Future):
+    return future.wait()     # raises the stored error: the chained future fails for real
+
+
 class Work(dist.Work):
-    """A pending collective, as torch.distributed's Work: ``wait()`` completes it and
-    re-raises its error (unlike a Work made by ``_create_work_from_future``, which loses it),
-    ``wait(timeout)`` gives up after ``timeout`` and ``get_future()`` resolves to the result.
+    """A pending collective, as torch.distributed's Work.
 
-    ``Future.set_exception`` stores the error as a value only Python unwraps, so C++ holders
-    (DDP's reducer) would see success; the future handed out is a ``then`` of the one
-    completed here, whose callback re-raises: that makes the error a real C++ future error."""
+    ``wait()`` completes it and re-raises its error. For C++ holders (DDP, the backend's
+    callers) errors must be real future errors: ``Future.set_exception`` stores the error as a
+    value that only Python unwraps, so :meth:`get_future` returns a future chained with a
+    callback that re-raises (a raising callback fails the chained future in C++ too); it
+    resolves to the result list (what DDP reads)."""
 
-    def __init__(self, result=None):
+    def __init__(self, result=None, describe: str = ""):
         super().__init__()
         self._base: torch.futures.Future = torch.futures.Future()
         self._future: torch.futures.Future = self._base.then(_unwrap)
-        self._done = threading.Event()
         self._result = result
         self._error: Optional[BaseException] = None
+        self._done = threading.Event()
+        self._describe = describe
+        self._event = None              # CUDA event recorded at the end (see _Queue)
+        self._device = None
 
     def _finish(self, error: Optional[BaseException] = None) -> None:
         self._error = error
+        self._done.set()
         if error is None:
             self._base.set_result(self._result)
         else:
             self._base.set_exception(error)
-        self._done.set()
 
     def wait(self, timeout=None) -> bool:
+        """Block until the call completes (or ``timeout``, a timedelta, runs out: a
+        :class:`WaitTimeout`); re-raise its error. ``timedelta(0)`` means no timeout."""
         seconds = timeout_seconds(timeout)
         if not self._done.wait(seconds):
-            raise RuntimeError(f"ringcoll: Work.wait timed out after {seconds:g} s; the collective "
-                               f"has not completed")
+            raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
+                              f"{seconds:g} s (the call is still running)")
         if self._error is not None:
             raise self._error
+        if self._event is not None:
+            transport.streams.wait_event(self._device, self._event)
         return True
 
     def is_completed(self) -> bool:
@@ -87,14 +107,19 @@ class _Queue:
     def __init__(self):
         self._lock = threading.Lock()
         self._pending = 0
-        self._tasks: "queue.Queue[tuple[Callable[[], None], Work]]" = queue.Queue()
+        self._tasks: "queue.Queue[tuple[Callable[[], None], Work, object]]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
 
     def _worker(self) -> None:
         while True:
-            task, work = self._tasks.get()
+            task, work, stream = self._tasks.get()
             try:
-                task()
+                if stream is None:
+                    task()
+                else:                       # the caller's device and stream, as it submitted
+                    with transport.streams.use(work._device, stream):
+                        task()
+                        work._event = transport.streams.record(work._device, stream)
             except BaseException as error:  # noqa: BLE001 - handed to whoever waits
                 work._finish(error)
             else:
@@ -102,7 +127,8 @@ class _Queue:
             with self._lock:
                 self._pending -= 1
 
-    def submit(self, task: Callable[[], None], async_op: bool, result=None) -> Optional[Work]:
+    def submit(self, task: Callable[[], None], async_op: bool, result=None, *,
+               device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
         with self._lock:
             inline = not async_op and self._pending == 0
             if not inline:
@@ -113,8 +139,12 @@ class _Queue:
         if inline:
             task()
             return None
-        work = Work(result)
-        self._tasks.put((task, work))
+        work = Work(result, describe)
+        stream = None
+        if device is not None and device.type == "cuda":
+            work._device = device
+            stream = transport.streams.current(device)
+        self._tasks.put((task, work, stream))
         if async_op:
             return work
         work.wait()
@@ -124,6 +154,9 @@ class _Queue:
 _queue = _Queue()
 
 
-def submit(task: Callable[[], None], async_op: bool, result=None) -> Optional[Work]:
-    """Run ``task`` in call order: now, or as a Work when ``async_op``."""
-    return _queue.submit(task, async_op, result)
+def submit(task: Callable[[], None], async_op: bool, result=None, *,
+           device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
+    """Run ``task`` in call order: now, or as a Work when ``async_op``. ``device``: the call's
+    tensors' device; a CUDA call run on the worker thread runs under the caller's device and
+    current stream (recorded here, at submit)."""
+    return _queue.submit(task, async_op, result, device=device, describe=describe)

@@ -16,6 +16,20 @@ import ringcoll
 WORLDS = (1, 2, 3, 4, 5, 8)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--transport", choices=("auto", "host", "batched"),
+                     default=os.environ.get("RINGCOLL_TEST_TRANSPORT", "auto"),
+                     help="the executor transport every rank of every cluster uses: 'batched' runs the "
+                          "catalogue through the NCCL-shaped transport and its shim on gloo "
+                          "(RINGCOLL_TRANSPORT in the ranks; default from RINGCOLL_TEST_TRANSPORT)")
+
+
+def pytest_configure(config):
+    transport = config.getoption("transport")
+    if transport != "auto":             # spawned ranks inherit it, whoever launches them
+        os.environ["RINGCOLL_TRANSPORT"] = transport
+
+
 class Clusters:
     def __init__(self):
         self._live: dict[int, ringcoll.launch] = {}

@@ -272,17 +272,21 @@ def bad_inputs():
         "unknown algorithm": (ValueError, lambda: ringcoll.scatter(tensor, None, src=1, algorithm="ring")),
         "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op=None)),
     }
+    # Checks that only some ranks make leave the group's call numbering different on different
+    # ranks (a call takes its number before the root's checks, so that a peer's pending call
+    # can never match the root's next one): they run on a group of their own.
+    one_sided = dist.new_group(list(range(world)))
     on_root = {    # root 0
-        "gather_list missing on the root": (ValueError, lambda: ringcoll.gather(tensor, None, dst=0)),
-        "gather_list too short": (ValueError, lambda: ringcoll.gather(tensor, slots[:-1], dst=0)),
-        "gather_list uneven": (ValueError, lambda: ringcoll.gather(tensor, slots[:-1] + [torch.zeros(3)], dst=0)),
-        "scatter_list missing on the root": (ValueError, lambda: ringcoll.scatter(tensor, [], src=0)),
-        "scatter_list too long": (ValueError, lambda: ringcoll.scatter(tensor, slots + [slots[0]], src=0)),
-        "scatter_list uneven": (ValueError, lambda: ringcoll.scatter(tensor, slots[:-1] + [torch.ones(5)], src=0)),
+        "gather_list missing on the root": (ValueError, lambda: ringcoll.gather(tensor, None, dst=0, group=one_sided)),
+        "gather_list too short": (ValueError, lambda: ringcoll.gather(tensor, slots[:-1], dst=0, group=one_sided)),
+        "gather_list uneven": (ValueError, lambda: ringcoll.gather(tensor, slots[:-1] + [torch.zeros(3)], dst=0, group=one_sided)),
+        "scatter_list missing on the root": (ValueError, lambda: ringcoll.scatter(tensor, [], src=0, group=one_sided)),
+        "scatter_list too long": (ValueError, lambda: ringcoll.scatter(tensor, slots + [slots[0]], src=0, group=one_sided)),
+        "scatter_list uneven": (ValueError, lambda: ringcoll.scatter(tensor, slots[:-1] + [torch.ones(5)], src=0, group=one_sided)),
     }
     elsewhere = {
-        "gather_list on a non-root": (ValueError, lambda: ringcoll.gather(tensor, slots, dst=0)),
-        "scatter_list on a non-root": (ValueError, lambda: ringcoll.scatter(tensor, slots, src=0)),
+        "gather_list on a non-root": (ValueError, lambda: ringcoll.gather(tensor, slots, dst=0, group=one_sided)),
+        "scatter_list on a non-root": (ValueError, lambda: ringcoll.scatter(tensor, slots, src=0, group=one_sided)),
     }
     cases = {**everywhere, **(on_root if rank == 0 else elsewhere)}
     wrong = wrong_errors(cases)

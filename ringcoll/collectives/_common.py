@@ -1,6 +1,7 @@
 """What every collective shares: argument checks, the group context, running a plan."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import weakref
@@ -34,26 +35,44 @@ def builder(collective: str):
 
 @dataclass
 class Context:
-    """One rank's view of a group: its rank (None outside the group) and the world size."""
+    """One rank's view of a group: its rank (None outside the group), the world size, and on
+    a process group its executor and this call's sequence number in the group."""
 
     rank: Optional[int]
     world: Optional[int]
     executor: Optional[P2PExecutor] = None
     nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.topology)
+    seq: Optional[int] = None
 
     def submit(self, plan: Optional[Plan], async_op: bool):
         if plan is None:
             return None
         executor = self.executor
+        executor.raise_if_failed()          # at once, not after the calls queued before it
 
         def task():
             with torch.no_grad():
                 executor.run(plan)
 
-        return submit(task, async_op, plan.result)
+        return submit(task, async_op, plan.result, device=plan.device, describe=plan.describe)
+
+
+def executor_context(executor: P2PExecutor) -> Context:
+    """A call's context on ``executor``: takes the call's sequence number now. Code that builds
+    plans itself (the backend) calls this once per call, before checks that not every rank
+    makes; a plan built without a number takes one when it runs."""
+    return Context(executor.rank, executor.world, executor, executor.begin_call())
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _executor(group) -> P2PExecutor:
+    """The executor of a registered group this process belongs to (one per group)."""
+    executor = _executors.get(group)
+    if executor is None:
+        executor = _executors[group] = P2PExecutor(group)
+    return executor
 
 
 def group_context(group) -> Context:
@@ -65,10 +84,32 @@ def group_context(group) -> Context:
         group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
         return Context(None, None)
-    executor = _executors.get(group)
-    if executor is None:
-        executor = _executors[group] = P2PExecutor(group)
-    return Context(executor.rank, executor.world, executor)
+    executor = _executor(group)
+    # The call takes its number here, once the group is known and before any check that
+    # depends on this rank's role (the root's list, say): an argument error on one rank
+    # only leaves the numbering aligned, so the others' pending call can never match this
+    # rank's next one. A failed group raises here, at once.
+    return executor_context(executor)
+
+
+@contextlib.contextmanager
+def reserve_calls(group, count: int):
+    """For a call made of ``count`` drop-in calls on ``group`` (an object collective: sizes,
+    then data) with checks of its own that not every rank makes (pickling on the root): take
+    the inner calls' numbers on entry, before those checks, so that when one rank fails them
+    its next call cannot match the others' pending inner calls; numbers left unused on exit
+    are dropped. Outside the group, nothing."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
+        yield
+        return
+    executor = _executor(group)
+    numbers = executor.reserve(count)
+    try:
+        yield
+    finally:
+        executor.unreserve(numbers)
 
 
 def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:
@@ -95,8 +136,12 @@ def check_async(async_op) -> None:
 
 
 def check_device(param: str, tensor: torch.Tensor, ctx: Context) -> None:
-    if ctx.executor is not None and ctx.executor.backend == "nccl" and not tensor.is_cuda:
-        raise ValueError(f"{param} must be a CUDA tensor on an NCCL group, got device {tensor.device}")
+    """ValueError unless the group has a backend for ``tensor``'s device type."""
+    if ctx.executor is not None and tensor.device.type not in ctx.executor.device_backends:
+        if ctx.executor.backend == "nccl":
+            raise ValueError(f"{param} must be a CUDA tensor on an NCCL group, got device {tensor.device}")
+        raise ValueError(f"{param} must be on a device the group's backends serve "
+                         f"({ctx.executor.device_backends}), got device {tensor.device}")
 
 
 def flat(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None]]]:
@@ -133,7 +178,7 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
     if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
         layout = Layout(layout.numel, {**layout.params, "nodes": node_layout(ctx)})
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
-                result=result, describe=describe_as)
+                result=result, describe=describe_as, seq=ctx.seq)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
     return plan
 

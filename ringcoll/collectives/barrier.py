@@ -53,8 +53,9 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algori
     async_op is False, or if async work handle is called on wait(). No data moves: ranks
     exchange one-byte tokens (on CPU over gloo; on the CUDA device over NCCL).
 
-    ``timeout`` bounds each step's wait for this call (else the step timeout,
-    ``ringcoll.set_timeout``, default 300 s): a peer that never arrives is an error naming it.
+    ``timeout`` bounds each step's wait for this call (else ``ringcoll.set_timeout``'s, else
+    the group's own): a peer that never arrives is an error naming it. On NCCL the host
+    blocks until the peers arrive, as on gloo (NCCL's own ``wait()`` would not block it).
 
     Args:
         group (ProcessGroup, optional): The process group to work on. If None, the default
