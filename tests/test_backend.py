@@ -546,7 +546,7 @@ def options_and_log() -> dict:
 def test_options_fix_algorithms_and_every_call_logs(clusters):
     result = clusters(2).run(options_and_log)[0]
     assert result["runs"] == {"all_reduce/ring": 1, "broadcast/binomial": 1,
-                              "all_reduce/recursive_doubling": 1}, result["runs"]
+                              "all_reduce/recursive_doubling": 1, "ops": {"SUM"}}, result["runs"]
     assert len(result["log"]) == 3, result["log"]
     assert result["log"][0].startswith("all_reduce/ring 10xfloat32 SUM: world 2, rank 0 -> ring"), result["log"]
     assert "broadcast/binomial" in result["log"][1] and "-> recursive_doubling (auto" in result["log"][2]

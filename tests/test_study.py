@@ -268,3 +268,36 @@ def test_fit_ties_collinear_beta_and_gamma(tmp_path):
     assert result.tied and result.machine.beta > 0 and result.machine.gamma > 0
     for sample in result.samples:                   # still predicts what it was fitted on
         assert result.predict(sample) == pytest.approx(sample.seconds, rel=0.05)
+
+
+def test_hierarchical_machine_crossover_follows_the_formulas():
+    """Nodes of 4 ranks, inter-node β 10× intra-node: at p = 16 recursive doubling (lg p whole
+    vectors) wins small messages and a bandwidth-optimal algorithm wins large ones; the size
+    where it changes lies within 4× of where the closed forms on the inter-node link cross."""
+    from ringcoll.study.sweep import best, crossovers, sweep
+
+    machine = ringcoll.Machine.hierarchical(4, intra=(2e-6, 1 / 100e9), inter=(10e-6, 1 / 10e9), gamma=1 / 50e9)
+    sizes = [4 ** k * KiB for k in range(7)]
+    cells = sweep(["all_reduce"], [4, 16], sizes, machine, algorithms=["recursive_doubling", "rabenseifner", "ring"])
+    winners = best(cells)
+    assert winners[("all_reduce", 16, sizes[0])].algorithm == "recursive_doubling"
+    assert winners[("all_reduce", 16, sizes[-1])].algorithm in ("rabenseifner", "ring")
+    change = [c for c in crossovers(cells) if c[1] == 16][0]
+    a, b = ringcoll.registry.get("all_reduce", "recursive_doubling"), ringcoll.registry.get("all_reduce", change[4])
+    predicted = next(n for n in (2 ** k for k in range(10, 30))
+                     if ringcoll.registry.model(b, 16, n).on(machine) < ringcoll.registry.model(a, 16, n).on(machine))
+    assert predicted / 4 <= change[2] <= predicted * 4
+    assert all(c.bound_ratio >= 1 for c in cells)
+
+
+def test_study_cli_sweep_and_validate(tmp_path, capsys):
+    from ringcoll.study.cli import main
+
+    assert main(["sweep", "--worlds", "4,8", "-b", "1K", "-e", "1M", "--hierarchical", "2",
+                 "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "study_map_all_reduce.png").read_bytes()[:4] == b"\x89PNG"
+    assert "all_reduce" in (tmp_path / "study_all_reduce.csv").read_text()
+    path = _synthetic_bench(tmp_path / "run.json", ringcoll.Machine(), 4, noise=0.0, seed=0)
+    assert main(["validate", path]) == 0
+    out = capsys.readouterr().out
+    assert "measured us" in out and "median |error|" in out
