@@ -41,8 +41,8 @@ class Context:
     rank: Optional[int]
     world: Optional[int]
     executor: Optional[P2PExecutor] = None
-    nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.topology)
     seq: Optional[int] = None
+    nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.topology)
 
     def submit(self, plan: Optional[Plan], async_op: bool):
         if plan is None:
