@@ -103,11 +103,11 @@ def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.
         return (data(numel),), {"src": 0, **kwargs} if "group_src" not in kwargs else kwargs
     if collective == "reduce":
         return (data(numel),), {"dst": 0, **kwargs} if "group_dst" not in kwargs else kwargs
-    if collective == "all_gather_into_tensor":
+    if collective in ("all_gather_into_tensor", "all_gather_single"):
         return (empty(world * block), data(block)), kwargs
     if collective == "all_gather":
         return ([empty(block) for _ in range(world)], data(block)), kwargs
-    if collective == "reduce_scatter_tensor":
+    if collective in ("reduce_scatter_tensor", "reduce_scatter_single"):
         return (empty(block), data(world * block)), kwargs
     if collective == "reduce_scatter":
         return (empty(block), [data(block, salt=world * i) for i in range(world)]), kwargs
