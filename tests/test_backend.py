@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ringcoll
+from _util import random_data as data
 from ringcoll.executor import P2PExecutor
 
 R = dist.ReduceOp
@@ -264,15 +265,6 @@ def ops_for(dtype):
     return [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG, "premul"]
 
 
-def data(rank, numel, dtype, seed=0):
-    """Never-zero data: small integers (exact under every op) or floats of either sign."""
-    gen = torch.Generator().manual_seed(1000 * seed + rank)
-    if dtype == torch.bool:
-        return torch.rand(numel, generator=gen) < 0.6
-    if dtype in INTS:
-        return torch.randint(1, 4, (numel,), generator=gen).to(dtype)
-    return (torch.rand(numel, generator=gen, dtype=torch.float64) * 1.5 + 0.5).to(dtype) * (
-        1 - 2 * (torch.arange(numel) % 3 == 0).to(dtype))
 
 
 def builtin(fn, tensor, op):
