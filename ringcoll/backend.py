@@ -202,8 +202,8 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         ctx = self._context(tensor)
         plan = BUILDERS[collective](ctx, *args, algorithm=self.options.algorithm(collective), **kwargs)
         group_limit = timeout_seconds(self._timeout)
-        if plan.timeout is None and group_limit is not None:
-            plan.timeout = min(group_limit, get_timeout())
+        if plan.timeout is None and group_limit is not None and get_timeout() is None:
+            plan.timeout = group_limit  # RINGCOLL_TIMEOUT / set_timeout, when given, win
         return ctx.executor, plan
 
     def _submit(self, planned: list, result) -> Work:
