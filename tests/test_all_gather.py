@@ -300,7 +300,7 @@ def bad_inputs():
         "mixed devices": (ValueError, lambda: ringcoll.all_gather_into_tensor(
             torch.zeros(4 * world, device="meta"), tensor)),
         "input not a tensor": (TypeError, lambda: ringcoll.all_gather_into_tensor(output, [1.0])),
-        "complex dtype": (TypeError, lambda: ringcoll.all_gather_into_tensor(
+        "complex input, real output": (ValueError, lambda: ringcoll.all_gather_into_tensor(
             output, torch.ones(4, dtype=torch.complex64))),
         "unknown algorithm": (ValueError, lambda: ringcoll.all_gather(outputs, tensor, algorithm="pairwise")),
         "algorithm not a str": (TypeError, lambda: ringcoll.all_gather_into_tensor(output, tensor, algorithm=1)),

@@ -303,7 +303,7 @@ def bad_inputs():
         "mixed devices": (ValueError, lambda: ringcoll.scatter(
             tensor, slots[:-1] + [torch.zeros(4, device="meta")], src=0)),
         "unknown algorithm": (ValueError, lambda: ringcoll.scatter(tensor, None, src=1, algorithm="ring")),
-        "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op=None)),
+        "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op="no")),
     }
     on_root = {    # root 0
         "gather_list missing on the root": (ValueError, lambda: ringcoll.gather(tensor, None, dst=0)),
