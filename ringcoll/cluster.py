@@ -108,9 +108,14 @@ def _rank_main(rank: int, world: int, backend: str, port: int, conn, threads: in
         return
     while True:
         try:
-            message = conn.recv()
+            blob = conn.recv_bytes()
         except EOFError:
             break
+        try:
+            message = pickle.loads(blob)
+        except BaseException as error:  # noqa: BLE001 - fn or an argument this rank cannot import
+            conn.send(("error", _pack(_not_importable(rank, error))))
+            continue
         if message is None:
             break
         fn, args, kwargs = message
@@ -125,6 +130,37 @@ def _rank_main(rank: int, world: int, backend: str, port: int, conn, threads: in
                 conn.send(("error", _pack(error)))
     conn.close()
     os._exit(0)     # no teardown handshake with the peers: they are all stopping too
+
+
+def _not_importable(rank: int, error: BaseException) -> TypeError:
+    return TypeError(
+        f"cluster.run: rank {rank} cannot load the function or its arguments: "
+        f"{type(error).__name__}: {error}. The ranks are fresh processes that import fn by its "
+        f"module and name, so fn must be defined in an importable module or in the script run "
+        f"as a file, not in `python -c`, a script read from stdin, a notebook cell or an "
+        f"interactive session")
+
+
+def _hide_unreadable_main():
+    """A spawned child re-runs the parent's main script from its ``__file__``; a script read
+    from stdin (``__file__`` '<stdin>') has no file to re-run and every child would die at
+    start. Hide such a ``__file__`` while the children start (as multiprocessing does for an
+    interactive session); their ``run`` then names what they cannot import."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None or os.path.isfile(path):
+        return None
+    del main.__file__
+    return path
+
+
+def _restore_main(path) -> None:
+    if path is not None:
+        import sys
+
+        sys.modules["__main__"].__file__ = path
 
 
 def _pack(error: BaseException):
@@ -200,6 +236,7 @@ class Cluster:
         context = mp.get_context("spawn")
         saved = dict(os.environ)
         os.environ.update(env or {})        # a spawned child starts from the parent's environment
+        hidden = _hide_unreadable_main()
         try:
             for rank in range(world_size):
                 parent, child = context.Pipe()
@@ -213,6 +250,7 @@ class Cluster:
         finally:
             os.environ.clear()
             os.environ.update(saved)
+            _restore_main(hidden)
         _live.add(self)
         try:
             self._collect(start_timeout, what="start")
@@ -236,8 +274,13 @@ class Cluster:
             return gathered
         if not self.alive:
             raise ClusterError("the cluster is closed or lost a rank; launch a new one")
+        try:
+            blob = pickle.dumps((fn, args, kwargs))
+        except Exception as error:  # noqa: BLE001 - a lambda, a closure, an unpicklable argument
+            raise TypeError(f"cluster.run: fn and its arguments must be picklable (fn a module-level "
+                            f"function), got {fn!r}: {type(error).__name__}: {error}") from error
         for conn in self._conns:
-            conn.send((fn, args, kwargs))
+            conn.send_bytes(blob)
         return self._collect(self.timeout if timeout is None else timeout,
                              what=getattr(fn, "__name__", repr(fn)))
 

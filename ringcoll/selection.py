@@ -182,21 +182,35 @@ RULES = (
 
 
 def _override(collective: str) -> Optional[str]:
+    """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any. A setting that names
+    no algorithm of any collective (a typo such as ``rign``), an unknown collective or an
+    algorithm the named collective lacks is a ValueError naming the valid names: a silent
+    fall-back to ``auto`` would hide that the setting does nothing."""
     setting = os.environ.get("RINGCOLL_ALGO", "").strip()
     if not setting:
         return None
-    names = registry.algorithms(collective)
+    table = registry.algorithms()
+    known = sorted({name for names in table.values() for name in names})
+    chosen = None
     for entry in setting.split(","):
         entry = entry.strip()
+        if not entry:
+            continue
         if "=" in entry:
             coll, name = (part.strip() for part in entry.split("=", 1))
-            if coll == collective:
-                if name not in names:
-                    raise ValueError(f"RINGCOLL_ALGO names {collective}={name!r}; {collective} has {names}")
-                return name
-        elif entry in names:
-            return entry
-    return None
+            if coll not in table:
+                raise ValueError(f"RINGCOLL_ALGO={setting!r} names the collective {coll!r}; the collectives "
+                                 f"are {sorted(table)}")
+            if name not in table[coll]:
+                raise ValueError(f"RINGCOLL_ALGO={setting!r} names {coll}={name!r}; {coll} has {table[coll]}")
+            if coll == collective and chosen is None:
+                chosen = name
+        elif entry not in known:
+            raise ValueError(f"RINGCOLL_ALGO={setting!r} names {entry!r}, which no collective has; the "
+                             f"algorithms are {known} (or collective=name, comma-separated)")
+        elif entry in table[collective] and chosen is None:
+            chosen = entry
+    return chosen
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,

@@ -255,7 +255,7 @@ def bad_inputs():
         "mixed devices": (ValueError, lambda: ringcoll.all_gather_single(
             torch.zeros(4 * world, device="meta"), tensor)),
         "input not a tensor": (TypeError, lambda: ringcoll.all_gather_single(output, [1.0])),
-        "complex dtype": (TypeError, lambda: ringcoll.all_gather_single(
+        "complex input, real output": (ValueError, lambda: ringcoll.all_gather_single(
             output, torch.ones(4, dtype=torch.complex64))),
         "unknown algorithm": (ValueError, lambda: ringcoll.all_gather(outputs, tensor, algorithm="pairwise")),
         "algorithm not a str": (TypeError, lambda: ringcoll.all_gather_single(output, tensor, algorithm=1)),

@@ -164,7 +164,7 @@ def bad_inputs():
         "unknown algorithm": lambda: ringcoll.all_reduce(tensor, algorithm="butterfly"),
         "algorithm not a str": lambda: ringcoll.all_reduce(tensor, algorithm=3),
         "op not a ReduceOp": lambda: ringcoll.all_reduce(tensor, op="sum"),
-        "complex dtype": lambda: ringcoll.all_reduce(torch.ones(2, dtype=torch.complex64)),
+        "MAX on complex": lambda: ringcoll.all_reduce(torch.ones(2, dtype=torch.complex64), op=R.MAX),
         "group not a group": lambda: ringcoll.all_reduce(tensor, group="world"),
         "async_op not a bool": lambda: ringcoll.all_reduce(tensor, async_op="yes"),
     }
@@ -188,7 +188,7 @@ def test_bad_input_raises_before_touching_anything(clusters):
         "unknown algorithm": ("ValueError", "algorithm for all_reduce must be 'auto' or one of"),
         "algorithm not a str": ("TypeError", "algorithm must be a str, got int 3"),
         "op not a ReduceOp": ("TypeError", "op must be a torch.distributed.ReduceOp, got str"),
-        "complex dtype": ("TypeError", "tensor must have one of the dtypes"),
+        "MAX on complex": ("ValueError", "all_reduce does not support op=ReduceOp.MAX on complex tensors"),
         "group not a group": ("TypeError", "group must be a torch.distributed.ProcessGroup or None, got str"),
         "async_op not a bool": ("TypeError", "async_op must be a bool, got str"),
     }

@@ -242,7 +242,7 @@ def test_bad_input_is_refused_before_anything_is_touched():
         (TypeError, r"input_tensor_list\[1\]", lambda: build_all_to_all(ctx, [out] * 4, [inp, 3, inp, inp])),
         (ValueError, "bruck", lambda: build_all_to_all(ctx, [out] * 4, [inp, inp, inp[:2], inp], algorithm="bruck")),
         (ValueError, "algorithm", lambda: build_all_to_all(ctx, [out] * 4, [inp] * 4, algorithm="nope")),
-        (TypeError, "async_op", lambda: ringcoll.all_to_all_single(out, inp, async_op=1)),
+        (TypeError, "async_op", lambda: ringcoll.all_to_all_single(out, inp, async_op="1")),
         (TypeError, "group", lambda: ringcoll.all_to_all([out] * 4, [inp] * 4, group="world")),
     ]
     for error, words, call in cases:

@@ -81,7 +81,7 @@ def test_sendrecv_bad_input_needs_no_group():
     with pytest.raises(TypeError, match="recv_tensor"):
         ringcoll.sendrecv(torch.ones(1), 1, None, 1)
     with pytest.raises(TypeError, match="async_op"):
-        ringcoll.sendrecv(torch.ones(1), 1, torch.empty(1), 1, async_op=None)
+        ringcoll.sendrecv(torch.ones(1), 1, torch.empty(1), 1, async_op="no")
 
 
 # -- real gloo ----------------------------------------------------------------------------------

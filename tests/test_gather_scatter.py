@@ -270,7 +270,7 @@ def bad_inputs():
         "mixed devices": (ValueError, lambda: ringcoll.scatter(
             tensor, slots[:-1] + [torch.zeros(4, device="meta")], src=0)),
         "unknown algorithm": (ValueError, lambda: ringcoll.scatter(tensor, None, src=1, algorithm="ring")),
-        "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op=None)),
+        "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op="no")),
     }
     # Checks that only some ranks make leave the group's call numbering different on different
     # ranks (a call takes its number before the root's checks, so that a peer's pending call

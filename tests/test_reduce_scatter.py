@@ -316,7 +316,7 @@ def bad_inputs():
             ints[:4], list(ints.chunk(world)), op=dist._make_nccl_premul_sum(2.0))),
         "op not a ReduceOp": (TypeError, lambda: ringcoll.reduce_scatter_single(output, tensor, op="sum")),
         "unknown algorithm": (ValueError, lambda: ringcoll.reduce_scatter_single(output, tensor, algorithm="bruck")),
-        "async_op not a bool": (TypeError, lambda: ringcoll.reduce_scatter(output, inputs, async_op=1)),
+        "async_op not a bool": (TypeError, lambda: ringcoll.reduce_scatter(output, inputs, async_op=[1])),
     }
     wrong = wrong_errors(cases)
     untouched = bool((output == 7).all()) and all(bool((x == 5).all()) for x in inputs) and \

@@ -430,3 +430,15 @@ def test_the_timeout_of_a_raw_group_is_read_from_its_options():
     raw = dist.ProcessGroupGloo(dist.PrefixStore("t", store), 0, 1, timedelta(seconds=5))
     assert group_timeout(raw) == 5.0
     assert group_timeout(object()) == 30 * 60.0          # torch's default
+
+
+def test_wire_takes_one_element_blocks_of_strided_tensors():
+    """A one-element block of a strided tensor is contiguous but keeps its stride (2 here);
+    the fuzz found ``view(torch.uint8)`` refusing it (scatter of int16, trial 2026:83)."""
+    strided = (torch.arange(10, dtype=torch.int16) + 1)[::2]
+    one = strided[1:2]
+    assert one.stride() == (2,) and one.is_contiguous()
+    assert torch.equal(wire(one), torch.tensor([3, 0], dtype=torch.uint8))
+    assert wire(strided[1:1]).numel() == 0
+    wire(one).copy_(torch.tensor([7, 1], dtype=torch.uint8))     # the bytes are the tensor's own
+    assert int(strided[1]) == 7 + 256

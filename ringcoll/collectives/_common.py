@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .. import registry
 from ..executor import P2PExecutor
-from ..ops import SUPPORTED_DTYPES
+from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
 from ..schedule import Layout
 from ..selection import choose, segment_elements
@@ -129,10 +129,54 @@ def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> 
             raise ValueError(f"{param} must be on device {like.device} like the other tensors, got {tensor.device}")
 
 
-def check_async(async_op) -> None:
-    """TypeError unless ``async_op`` is a bool (checked before anything else, as torch)."""
-    if not isinstance(async_op, bool):
-        raise TypeError(f"async_op must be a bool, got {type(async_op).__name__}")
+def check_async(async_op) -> bool:
+    """``async_op`` as the bool torch makes of it, checked before anything else.
+
+    torch hands ``async_op`` to a C++ option (pybind11's bool conversion), which takes True,
+    False, None (False) and any object whose type defines ``__bool__``: ints, floats, numpy
+    bools, one-element tensors. It refuses, with a TypeError, what has no ``__bool__`` or
+    whose ``__bool__`` fails: strings, lists, plain objects, tensors of several elements."""
+    if async_op is None or isinstance(async_op, bool):
+        return bool(async_op)
+    to_bool = getattr(type(async_op), "__bool__", None)
+    if to_bool is not None:
+        try:
+            value = to_bool(async_op)
+        except Exception:  # noqa: BLE001 - refused below, as torch
+            value = None
+        if isinstance(value, bool):
+            return value
+    raise TypeError(f"async_op must be a bool, got {type(async_op).__name__} {async_op!r:.60} (torch also "
+                    f"takes None, numbers and one-element tensors, by their truth value)")
+
+
+#: the ops torch refuses on complex tensors (distributed_c10d.supports_complex's deny list):
+#: applied to the real view they would mix real and imaginary parts
+_COMPLEX_REFUSED = ("MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR")
+
+
+def as_real(tensor, op=None, collective: str = ""):
+    """A complex tensor as the real tensor the collective moves and reduces (its
+    ``torch.view_as_real``: a trailing dim of 2, the same memory), as torch does; anything
+    else unchanged. With ``op``: ValueError, as torch's, for the ops torch refuses on complex
+    tensors."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
+        return tensor
+    if op is not None:
+        kind = op_type(op)                  # TypeError naming op for what is not a ReduceOp
+        if kind.name in _COMPLEX_REFUSED:
+            raise ValueError(f"{collective} does not support op=ReduceOp.{kind.name} on complex tensors "
+                             f"(as torch: only SUM, AVG and PREMUL_SUM are defined there), got dtype "
+                             f"{tensor.dtype}")
+    return torch.view_as_real(tensor)
+
+
+def real_tensor(param: str, tensor, op=None, collective: str = "") -> torch.Tensor:
+    """:func:`check_tensor` of what the collective works on: ``tensor``, or its real view
+    when it is complex (:func:`as_real`, which also checks ``op``)."""
+    real = as_real(tensor, op, collective)
+    check_tensor(param, real)
+    return real
 
 
 def check_device(param: str, tensor: torch.Tensor, ctx: Context) -> None:

@@ -7,16 +7,16 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from ._common import Context, check_device, check_tensor
+from ._common import Context, check_device, check_tensor, real_tensor
 
 
-def check_tensor_list(param: str, tensors) -> None:
+def check_tensor_list(param: str, tensors) -> list:
     """TypeError unless ``tensors`` is a list of tensors of supported dtypes (torch refuses
-    tuples too)."""
+    tuples too); the list of what the collective works on (complex tensors as their real
+    view, :func:`~ringcoll.collectives._common.as_real`)."""
     if not isinstance(tensors, list):
         raise TypeError(f"{param} must be a list of torch.Tensor, got {type(tensors).__name__}")
-    for index, tensor in enumerate(tensors):
-        check_tensor(f"{param}[{index}]", tensor)
+    return [real_tensor(f"{param}[{index}]", tensor) for index, tensor in enumerate(tensors)]
 
 
 def check_same(param: str, tensor: torch.Tensor, like: torch.Tensor, like_param: str) -> None:

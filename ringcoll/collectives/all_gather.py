@@ -8,7 +8,7 @@ import torch
 from typing_extensions import deprecated
 
 from ..schedule import Layout
-from ._common import Context, builder, check_async, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from ._common import Context, builder, check_async, check_device, describe, flat, group_context, new_plan, pick, real_tensor
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_out, is_block,
                      separate_input, stage_list)
 
@@ -28,10 +28,10 @@ def _gather_plan(ctx: Context, chosen, why, output_flat: torch.Tensor, input_fla
 @builder("all_gather_into_tensor")
 @builder("all_gather_single")
 def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algorithm="auto"):
-    check_tensor("output_tensor", output_tensor)
-    check_tensor("input_tensor", input_tensor)
+    real_output = real_tensor("output_tensor", output_tensor)
+    real_input = real_tensor("input_tensor", input_tensor)
     check_same("output_tensor", output_tensor, input_tensor, "input_tensor")
-    nbytes = input_tensor.numel() * input_tensor.element_size() * (ctx.world or 1)
+    nbytes = real_input.numel() * real_input.element_size() * (ctx.world or 1)
     chosen, why = pick("all_gather", algorithm, nbytes, ctx)
     if ctx.rank is None:
         return None
@@ -41,11 +41,10 @@ def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algori
                          f"got {output_tensor.numel()} (shape {tuple(output_tensor.shape)})")
     check_device("output_tensor", output_tensor, ctx)
     check_device("input_tensor", input_tensor, ctx)
-    output_flat, write_back = flat(output_tensor)
-    input_flat, _ = flat(input_tensor)
-    numel = input_flat.numel()
+    output_flat, write_back = flat(real_output)
+    input_flat, _ = flat(real_input)
     # as gloo's Work.result(): the output, one view per rank in the input's shape
-    result = [output_flat[r * numel:(r + 1) * numel].view(input_tensor.shape) for r in range(ctx.world)] \
+    result = list(output_tensor.view(-1).view(ctx.world, *input_tensor.shape).unbind(0)) \
         if write_back is None else [output_tensor]
     plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, input_tensor, result, "all_gather_single")
     if write_back is not None:
@@ -92,7 +91,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         tensor([1, 2, 3, 4]) # Rank 0
         tensor([1, 2, 3, 4]) # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_gather_single(ctx, output_tensor, input_tensor, algorithm=algorithm), async_op)
 
@@ -113,20 +112,20 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 # -- all_gather ---------------------------------------------------------------------------
 @builder("all_gather")
 def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
-    check_tensor_list("tensor_list", tensor_list)
-    check_tensor("tensor", tensor)
+    real_list = check_tensor_list("tensor_list", tensor_list)
+    real = real_tensor("tensor", tensor)
     check_all_same("tensor_list", tensor_list, tensor, "tensor")
-    nbytes = tensor.numel() * tensor.element_size() * (ctx.world or 1)
+    nbytes = real.numel() * real.element_size() * (ctx.world or 1)
     chosen, why = pick("all_gather", algorithm, nbytes, ctx)
     if ctx.rank is None:
         return None
-    check_list_fits("tensor_list", tensor_list, tensor, "tensor", ctx)
+    check_list_fits("tensor_list", real_list, real, "tensor", ctx)
     check_device("tensor", tensor, ctx)
-    output_flat, staged = stage_list(tensor_list, tensor, ctx)
-    input_flat, _ = flat(tensor)
+    output_flat, staged = stage_list(real_list, real, ctx)
+    input_flat, _ = flat(real)
     plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, tensor, tensor_list, "all_gather")
     if staged:
-        plan.after.append(copy_out(output_flat, tensor_list))
+        plan.after.append(copy_out(output_flat, real_list))
     return plan
 
 
@@ -165,6 +164,6 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="au
         [tensor([1, 2]), tensor([3, 4])] # Rank 0
         [tensor([1, 2]), tensor([3, 4])] # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_gather(ctx, tensor_list, tensor, algorithm=algorithm), async_op)

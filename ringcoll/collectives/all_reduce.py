@@ -6,18 +6,18 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, check_async, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from ._common import Context, check_async, builder, check_device, describe, flat, group_context, new_plan, pick, real_tensor
 
 
 @builder("all_reduce")
 def build_all_reduce(ctx: Context, tensor, op=ReduceOp.SUM, *, algorithm="auto"):
-    check_tensor("tensor", tensor)
-    spec = resolve(op, tensor)
-    chosen, why = pick("all_reduce", algorithm, tensor.numel() * tensor.element_size(), ctx)
+    real = real_tensor("tensor", tensor, op, "all_reduce")
+    spec = resolve(op, real)
+    chosen, why = pick("all_reduce", algorithm, real.numel() * real.element_size(), ctx)
     if ctx.rank is None:
         return None
     check_device("tensor", tensor, ctx)
-    data, write_back = flat(tensor)
+    data, write_back = flat(real)
     layout = Layout(data.numel())
     plan = new_plan("all_reduce", chosen, why, ctx, layout, {"data": data},
                     op=spec.local, result=[tensor],
@@ -66,6 +66,6 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         tensor([4, 6]) # Rank 0
         tensor([4, 6]) # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_reduce(ctx, tensor, op, algorithm=algorithm), async_op)

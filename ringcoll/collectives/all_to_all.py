@@ -20,16 +20,11 @@ import torch
 from ..schedule import Buf, Layout
 from .. import registry
 from ..selection import choose
-from ._common import Context, check_async, builder, check_device, check_tensor, flat, group_context, new_plan, pick
+from ._common import Context, check_async, builder, check_device, flat, group_context, new_plan, pick, real_tensor
 
 
 
 # -- argument checks ----------------------------------------------------------------------
-def _as_real(tensor: torch.Tensor) -> torch.Tensor:
-    """Complex tensors travel as their real view (as torch does): a trailing dim of 2."""
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
-
-
 def _check(param: str, tensor, like: Optional[torch.Tensor]) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{param} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -38,9 +33,7 @@ def _check(param: str, tensor, like: Optional[torch.Tensor]) -> torch.Tensor:
             raise TypeError(f"{param} must have dtype {like.dtype} like the other tensors, got {tensor.dtype}")
         if tensor.device != like.device:
             raise ValueError(f"{param} must be on device {like.device} like the other tensors, got {tensor.device}")
-    real = _as_real(tensor)
-    check_tensor(param, real)
-    return real
+    return real_tensor(param, tensor)
 
 
 def _check_list(param: str, tensors, like: Optional[torch.Tensor]) -> List[torch.Tensor]:
@@ -237,7 +230,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         tensor([0, 10, 11])   # Rank 0
         tensor([1, 2, 12])    # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_to_all_single(ctx, output, input, output_split_sizes, input_split_sizes,
                                               algorithm=algorithm), async_op)
@@ -311,7 +304,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         [tensor([0]), tensor([10])]    # Rank 0
         [tensor([1]), tensor([11])]    # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_all_to_all(ctx, output_tensor_list, input_tensor_list, algorithm=algorithm),
                       async_op)

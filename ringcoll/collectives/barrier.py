@@ -81,6 +81,6 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algori
         1764680402.1  # Rank 0: returns only once rank 1 has arrived
         1764680402.1  # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_barrier(ctx, device_ids, timeout, algorithm=algorithm), async_op)

@@ -5,18 +5,18 @@ __all__ = ["broadcast"]
 
 
 from ..schedule import Layout
-from ._common import Context, check_async, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
+from ._common import Context, check_async, builder, check_device, describe, flat, group_context, group_root, new_plan, pick, real_tensor
 
 
 @builder("broadcast")
 def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm="auto"):
-    check_tensor("tensor", tensor)
+    real = real_tensor("tensor", tensor)
     root = group_root(ctx, "src", src, "group_src", group_src)
-    chosen, why = pick("broadcast", algorithm, tensor.numel() * tensor.element_size(), ctx)
+    chosen, why = pick("broadcast", algorithm, real.numel() * real.element_size(), ctx)
     if ctx.rank is None:
         return None
     check_device("tensor", tensor, ctx)
-    data, write_back = flat(tensor)
+    data, write_back = flat(real)
     layout = Layout(data.numel(), {"root": root})
     plan = new_plan("broadcast", chosen, why, ctx, layout, {"data": data}, result=[tensor],
                     describe_as=describe("broadcast", chosen.name, tensor, f"root {root}"))
@@ -61,6 +61,6 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         tensor([3, 4]) # Rank 0
         tensor([3, 4]) # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_broadcast(ctx, tensor, src, group_src=group_src, algorithm=algorithm), async_op)

@@ -9,18 +9,18 @@ from __future__ import annotations
 __all__ = ["gather", "scatter"]
 
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
+from ._common import Context, builder, check_device, describe, flat, group_context, group_root, new_plan, pick, real_tensor
 from ._common import check_async
 from ._lists import (check_all_same, check_list_fits, check_tensor_list, copy_in,
                          copy_out, is_block, separate_input, stage_list)
 
 
-def _optional_list(param: str, tensors) -> list:
-    """The root's list, or [] for None or an empty list (torch's ``if gather_list:``)."""
+def _optional_list(param: str, tensors) -> tuple:
+    """The root's list and the list the collective works on (complex tensors as their real
+    view), or [] for None or an empty list (torch's ``if gather_list:``)."""
     if tensors is None or (isinstance(tensors, (list, tuple)) and len(tensors) == 0):
-        return []
-    check_tensor_list(param, tensors)
-    return tensors
+        return [], []
+    return tensors, check_tensor_list(param, tensors)
 
 
 def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int, role: str) -> None:
@@ -36,27 +36,27 @@ def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int,
 # -- gather -------------------------------------------------------------------------------
 @builder("gather")
 def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
-    check_tensor("tensor", tensor)
-    outputs = _optional_list("gather_list", gather_list)
+    real = real_tensor("tensor", tensor)
+    outputs, real_outputs = _optional_list("gather_list", gather_list)
     check_all_same("gather_list", outputs, tensor, "tensor")
     root = group_root(ctx, "dst", dst, "group_dst", group_dst, default=0)
-    chosen, why = pick("gather", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
+    chosen, why = pick("gather", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
     if ctx.rank is None:
         return None
-    _check_root_list("gather_list", outputs, tensor, ctx, root, "destination")
+    _check_root_list("gather_list", real_outputs, real, ctx, root, "destination")
     check_device("tensor", tensor, ctx)
-    input_flat, _ = flat(tensor)
+    input_flat, _ = flat(real)
     buffers = {"input": input_flat}
     staged = False
     if ctx.rank == root:
-        buffers["output"], staged = stage_list(outputs, tensor, ctx)
+        buffers["output"], staged = stage_list(real_outputs, real, ctx)
     plan = new_plan("gather", chosen, why, ctx, Layout(ctx.world * input_flat.numel(), {"root": root}), buffers,
                     result=outputs if ctx.rank == root else [],
                     describe_as=describe("gather", chosen.name, tensor, f"root {root}"))
     if ctx.rank == root:
         separate_input(input_flat, buffers["output"], is_block(input_flat, buffers["output"], root), plan)
     if staged:
-        plan.after.append(copy_out(buffers["output"], outputs))
+        plan.after.append(copy_out(buffers["output"], real_outputs))
     return plan
 
 
@@ -98,7 +98,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         [tensor([1., 1.]), tensor([2., 2.])] # Rank 0
         None                                 # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_gather(ctx, tensor, gather_list, dst, group_dst, algorithm=algorithm), async_op)
 
@@ -106,24 +106,24 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 # -- scatter ------------------------------------------------------------------------------
 @builder("scatter")
 def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
-    check_tensor("tensor", tensor)
-    inputs = _optional_list("scatter_list", scatter_list)
+    real = real_tensor("tensor", tensor)
+    inputs, real_inputs = _optional_list("scatter_list", scatter_list)
     check_all_same("scatter_list", inputs, tensor, "tensor")
     root = group_root(ctx, "src", src, "group_src", group_src, default=0)
-    chosen, why = pick("scatter", algorithm, tensor.numel() * tensor.element_size() * (ctx.world or 1), ctx)
+    chosen, why = pick("scatter", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
     if ctx.rank is None:
         return None
-    _check_root_list("scatter_list", inputs, tensor, ctx, root, "source")
+    _check_root_list("scatter_list", real_inputs, real, ctx, root, "source")
     check_device("tensor", tensor, ctx)
-    output_flat, write_back = flat(tensor)
+    output_flat, write_back = flat(real)
     buffers = {"output": output_flat}
     staged = False
     if ctx.rank == root:
-        buffers["input"], staged = stage_list(inputs, tensor, ctx)
+        buffers["input"], staged = stage_list(real_inputs, real, ctx)
     plan = new_plan("scatter", chosen, why, ctx, Layout(ctx.world * output_flat.numel(), {"root": root}), buffers,
                     result=[tensor], describe_as=describe("scatter", chosen.name, tensor, f"root {root}"))
     if staged:
-        plan.before.append(copy_in(buffers["input"], inputs))
+        plan.before.append(copy_in(buffers["input"], real_inputs))
     if write_back is not None:
         plan.after.append(write_back)
     return plan
@@ -165,6 +165,6 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         tensor([1., 1.]) # Rank 0
         tensor([5., 5.]) # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_scatter(ctx, tensor, scatter_list, src, group_src, algorithm=algorithm), async_op)

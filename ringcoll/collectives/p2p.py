@@ -107,7 +107,7 @@ def sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=False):
     """
     _check_tensor("send_tensor", send_tensor)
     _check_tensor("recv_tensor", recv_tensor)
-    check_async(async_op)
+    async_op = check_async(async_op)
     if group is not None and not isinstance(group, dist.ProcessGroup) \
             and group is not dist.GroupMember.NON_GROUP_MEMBER:
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")

@@ -6,19 +6,19 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, check_async, builder, check_device, check_tensor, describe, flat, group_context, group_root, new_plan, pick
+from ._common import Context, check_async, builder, check_device, describe, flat, group_context, group_root, new_plan, pick, real_tensor
 
 
 @builder("reduce")
 def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=None, algorithm="auto"):
-    check_tensor("tensor", tensor)
-    spec = resolve(op, tensor)
+    real = real_tensor("tensor", tensor, op, "reduce")
+    spec = resolve(op, real)
     root = group_root(ctx, "dst", dst, "group_dst", group_dst)
-    chosen, why = pick("reduce", algorithm, tensor.numel() * tensor.element_size(), ctx)
+    chosen, why = pick("reduce", algorithm, real.numel() * real.element_size(), ctx)
     if ctx.rank is None:
         return None
     check_device("tensor", tensor, ctx)
-    data, write_back = flat(tensor)
+    data, write_back = flat(real)
     layout = Layout(data.numel(), {"root": root})
     plan = new_plan("reduce", chosen, why, ctx, layout, {"data": data}, op=spec.local, result=[tensor],
                     describe_as=describe("reduce", chosen.name, tensor, f"{spec.name} root {root}"))
@@ -70,6 +70,6 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         tensor([4, 6]) # Rank 0
         tensor([3, 4]) # Rank 1 (unspecified)
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_reduce(ctx, tensor, dst, op, group_dst=group_dst, algorithm=algorithm), async_op)

@@ -16,7 +16,7 @@ from typing_extensions import deprecated
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, builder, check_device, check_tensor, describe, flat, group_context, new_plan, pick
+from ._common import Context, builder, check_device, describe, flat, group_context, new_plan, pick, real_tensor
 from ._common import check_async
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
                          overlaps, stage_list)
@@ -25,7 +25,7 @@ from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_l
 def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: torch.Tensor, staged_in,
           result, name: str):
     """The plan around the caller's flat input (``staged_in``: the hook that fills it, if it
-    is a staging copy) and output tensor."""
+    is a staging copy) and output tensor (complex ones as their real view)."""
     output_flat, write_back = flat(output)
     before, after = [], []
     if staged_in is not None:
@@ -55,11 +55,11 @@ def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: tor
 @builder("reduce_scatter_tensor")
 @builder("reduce_scatter_single")
 def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *, algorithm="auto"):  # noqa: A002
-    check_tensor("output", output)
-    check_tensor("input", input)
+    real_output = real_tensor("output", output, op, "reduce_scatter_single")
+    real_input = real_tensor("input", input)
     check_same("input", input, output, "output")
-    spec = resolve(op, output)
-    nbytes = input.numel() * input.element_size()
+    spec = resolve(op, real_output)
+    nbytes = real_input.numel() * real_input.element_size()
     chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx)
     if ctx.rank is None:
         return None
@@ -68,8 +68,8 @@ def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *,
                          f"{ctx.world * output.numel()}), got {input.numel()} (shape {tuple(input.shape)})")
     check_device("output", output, ctx)
     check_device("input", input, ctx)
-    input_flat, _ = flat(input)
-    return _plan(ctx, chosen, why, spec, output, input_flat, None, [output], "reduce_scatter_single")
+    input_flat, _ = flat(real_input)
+    return _plan(ctx, chosen, why, spec, real_output, input_flat, None, [output], "reduce_scatter_single")
 
 
 def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
@@ -111,7 +111,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         tensor([0, 2]) # Rank 0
         tensor([4, 6]) # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_reduce_scatter_single(ctx, output, input, op, algorithm=algorithm), async_op)
 
@@ -132,19 +132,19 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 
 @builder("reduce_scatter")
 def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, algorithm="auto"):
-    check_tensor("output", output)
-    check_tensor_list("input_list", input_list)
+    real_output = real_tensor("output", output, op, "reduce_scatter")
+    real_inputs = check_tensor_list("input_list", input_list)
     check_all_same("input_list", input_list, output, "output")
-    spec = resolve(op, output)
-    nbytes = output.numel() * output.element_size() * (ctx.world or 1)
+    spec = resolve(op, real_output)
+    nbytes = real_output.numel() * real_output.element_size() * (ctx.world or 1)
     chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx)
     if ctx.rank is None:
         return None
-    check_list_fits("input_list", input_list, output, "output", ctx)
+    check_list_fits("input_list", real_inputs, real_output, "output", ctx)
     check_device("output", output, ctx)
-    input_flat, staged = stage_list(input_list, output, ctx)
-    return _plan(ctx, chosen, why, spec, output, input_flat, copy_in(input_flat, input_list) if staged else None,
-                 [output], "reduce_scatter")
+    input_flat, staged = stage_list(real_inputs, real_output, ctx)
+    return _plan(ctx, chosen, why, spec, real_output, input_flat,
+                 copy_in(input_flat, real_inputs) if staged else None, [output], "reduce_scatter")
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
@@ -183,6 +183,6 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         tensor([3, 5]) # Rank 0
         tensor([7, 9]) # Rank 1
     """
-    check_async(async_op)
+    async_op = check_async(async_op)
     ctx = group_context(group)
     return ctx.submit(build_reduce_scatter(ctx, output, input_list, op, algorithm=algorithm), async_op)
