@@ -122,6 +122,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         self._executors: Dict[str, P2PExecutor] = {
             "cpu": P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo")}
         self._nccl = None
+        self._closed: Optional[str] = None    # "shutdown" or "abort" once closed
         self._lock = threading.Lock()
 
     # -- identity (the C++ name of a Python group is unset otherwise; DeviceMesh needs it) ------
@@ -157,6 +158,27 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         destroy_process_group, batch_isend_irecv): this group serves every device itself."""
         return self
 
+    # -- shutdown (destroy_process_group calls it) ------------------------------------------
+    def shutdown(self) -> None:
+        """Wait for this process's queued ringcoll calls, then shut the inner gloo/NCCL groups
+        down, so their threads are joined now rather than left to interpreter exit (where a
+        gloo group still alive can abort the process: ``terminate called without an active
+        exception``)."""
+        submit(lambda: None, False)
+        self._close("shutdown")
+
+    def abort(self) -> None:
+        """Abort the inner groups at once, as NCCL's abort: pending transfers fail."""
+        self._close("abort")
+
+    def _close(self, how: str) -> None:
+        with self._lock:
+            inner = [pg for pg in (self._gloo, self._nccl) if pg is not None]
+            self._executors.clear()
+            self._closed = how
+        for pg in inner:
+            getattr(pg, how)()
+
     supports_splitting = False
     supports_coalescing = False
     supports_time_estimate = False
@@ -178,6 +200,9 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         kind = "cuda" if device.type == "cuda" else "cpu"
         executor = self._executors.get(kind)
         if executor is None:
+            if self._closed:
+                raise RuntimeError(f"this ringcoll process group was {'shut down' if self._closed == 'shutdown' else 'aborted'} "
+                                   f"(destroy_process_group or abort); create a new group")
             with self._lock:
                 executor = self._executors.get(kind)
                 if executor is None:

@@ -591,3 +591,22 @@ def test_ddp_comm_hook_on_gloo(clusters):
     assert per_rank[0]["runs"].get("all_reduce/ring", 0) > 5, per_rank[0]["runs"]
     with pytest.raises(ValueError, match="nope"):
         ringcoll.ddp_comm_hook("nope")
+
+
+def test_shutdown_joins_the_inner_groups_and_later_calls_say_so():
+    """destroy_process_group calls shutdown(): queued calls finish first, the inner gloo group is
+    shut down then (not left to interpreter exit, where a live gloo group aborted 1 run in ~10
+    of tests/test_backend_entry.py with `terminate called without an active exception`), and a
+    call on the closed group raises naming what happened."""
+    from ringcoll.backend import ProcessGroupRingcoll
+    pg = ProcessGroupRingcoll(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))
+    tensor = torch.tensor([3, 5], dtype=torch.int64)
+    work = pg.allreduce([tensor])
+    pg.shutdown()
+    assert work.is_completed() and tensor.tolist() == [3, 5]
+    with pytest.raises(RuntimeError, match="shut down"):
+        pg.allreduce([tensor])
+    aborted = ProcessGroupRingcoll(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))
+    aborted.abort()
+    with pytest.raises(RuntimeError, match="aborted"):
+        aborted.broadcast([tensor])
