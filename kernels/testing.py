@@ -12,7 +12,10 @@ only oracle is torch's own sequence of in-place ops.
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
+import types
 
 import torch
 
@@ -138,3 +141,51 @@ def first_difference(got: torch.Tensor, expected: torch.Tensor, *, bits: bool = 
     i = wrong[0].item()
     return (f"{wrong.numel()} wrong, first at index {i}: got {got[i].item()}, "
             f"expected {expected[i].item()}")
+
+
+@contextlib.contextmanager
+def fake_cupy(monkeypatch, get_function, *, load=None, stream: int = 0, compile_kind=None):
+    """``ringcoll.kernels._cupy`` against a fake CuPy, for dispatch tests without a GPU: a
+    compute-capability 9.0 device with 2 SMs, ``get_function(mangled) -> launch(grid, block,
+    args)``, ``load(binary)`` on each module load, ``stream`` as torch's current stream handle,
+    and a compile step that by default returns each name expression as its own mangled name.
+    ``monkeypatch`` is pytest's; _cupy's caches are cleared on entry and on exit."""
+    from . import _cupy, _nvrtc
+
+    class Module:
+        def load(self, binary):
+            if load is not None:
+                load(binary)
+
+        def get_function(self, mangled):
+            return get_function(mangled)
+
+    class Device:
+        compute_capability = "90"
+
+        def __init__(self, index=0):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cuda = types.SimpleNamespace(
+        Device=Device, function=types.SimpleNamespace(Module=Module),
+        ExternalStream=lambda handle, device: contextlib.nullcontext(),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2}))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(_cupy, "compile_kind", compile_kind or (lambda kind, arch: _nvrtc.Compiled(
+        b"", "", {n: n for n in _cupy.kernel_names(kind)}, ())))
+    monkeypatch.setattr(_nvrtc, "arch_option", lambda capability: f"-arch=sm_{capability}")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=stream))
+    cached = (_cupy._arch, _cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream)
+    for fn in cached:
+        fn.cache_clear()
+    try:
+        yield
+    finally:
+        for fn in cached:
+            fn.cache_clear()

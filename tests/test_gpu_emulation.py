@@ -15,7 +15,6 @@ system, warps or timing.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import pathlib
 import re
@@ -23,13 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
 
 import pytest
 import torch
 
 from ringcoll.kernels import _cupy, _lowering, _nvrtc
-from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,
+from ringcoll.kernels.testing import (fake_cupy, FLOATS, PAIRS, exact_case, first_difference,
                                       random_float_case, subnormal_case)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -137,48 +135,18 @@ def cupy_on_cpu(emulated, monkeypatch, capfd):
     2, once per source location and process) and carries on: captured, it fails the launch."""
     launches = []
 
-    class Module:
-        def load(self, binary):
-            pass
+    def get_function(name):
+        def launch(grid, block, args):
+            ints = [int(a) for a in args]
+            launches.append((name, ints[12]))
+            capfd.readouterr()
+            emulated[name](*[p or None for p in ints[:10]], *ints[10:], grid[0], block[0])
+            report = capfd.readouterr().err
+            assert "runtime error" not in report, f"{name} head={ints[12]}: {report[:2000]}"
+        return launch
 
-        def get_function(self, name):
-            def launch(grid, block, args):
-                ints = [int(a) for a in args]
-                launches.append((name, ints[12]))
-                capfd.readouterr()
-                emulated[name](*[p or None for p in ints[:10]], *ints[10:], grid[0], block[0])
-                report = capfd.readouterr().err
-                assert "runtime error" not in report, f"{name} head={ints[12]}: {report[:2000]}"
-            return launch
-
-    class Device:
-        compute_capability = "90"
-
-        def __init__(self, index=0):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    cuda = types.SimpleNamespace(
-        Device=Device, function=types.SimpleNamespace(Module=Module),
-        ExternalStream=lambda handle, device: contextlib.nullcontext(),
-        runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2}))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_cupy, "compile_kind", lambda kind, arch: _nvrtc.Compiled(
-        b"", "", {n: n for n in _cupy.kernel_names(kind)}, ()))
-    monkeypatch.setattr(_nvrtc, "arch_option", lambda capability: f"-arch=sm_{capability}")
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda device=None: types.SimpleNamespace(cuda_stream=0))
-    cached = (_cupy._arch, _cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream)
-    for fn in cached:
-        fn.cache_clear()
-    yield launches
-    for fn in cached:
-        fn.cache_clear()
+    with fake_cupy(monkeypatch, get_function):
+        yield launches
 
 
 def placed(host: torch.Tensor, offset: int) -> torch.Tensor:

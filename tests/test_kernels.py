@@ -426,39 +426,21 @@ def test_import_is_cheap():
 def fake_cupy(monkeypatch):
     """_cupy against a fake CuPy that records module loads and launches (no GPU, no NVRTC: the
     compile step returns each name expression as its own mangled name)."""
-    import contextlib
     import types
     from ringcoll.kernels import _cupy, _nvrtc
+    from ringcoll.kernels.testing import fake_cupy
     launches, modules = [], []
-
-    class Module:
-        def load(self, binary):
-            modules.append(binary)
-
-        def get_function(self, mangled):
-            return lambda grid, block, args: launches.append((mangled, grid, block, args))
 
     def compile_kind(kind, arch):
         assert arch == "-arch=sm_90"
         names = _cupy.kernel_names(kind)
         return _nvrtc.Compiled(f"binary {kind}".encode(), "", {n: n for n in names}, ())
 
-    cuda = types.SimpleNamespace(
-        Device=lambda index: _FakeDevice(),
-        ExternalStream=lambda handle, device: contextlib.nullcontext(),
-        function=types.SimpleNamespace(Module=Module),
-        runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2}))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_cupy, "compile_kind", compile_kind)
-    monkeypatch.setattr(_nvrtc, "arch_option", lambda capability: f"-arch=sm_{capability}")
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda device=None: types.SimpleNamespace(cuda_stream=7))
-    cached = (_cupy._arch, _cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream)
-    for fn in cached:
-        fn.cache_clear()
-    yield types.SimpleNamespace(launches=launches, modules=modules)
-    for fn in cached:
-        fn.cache_clear()
+    def get_function(mangled):
+        return lambda grid, block, args: launches.append((mangled, grid, block, args))
+
+    with fake_cupy(monkeypatch, get_function, load=modules.append, stream=7, compile_kind=compile_kind):
+        yield types.SimpleNamespace(launches=launches, modules=modules)
 
 
 class _FakeDevice:
