@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import registry
-from .collectives._common import BUILDERS, Context
+from .collectives._common import BUILDERS, Context, as_real
 from .executor import P2PExecutor, get_timeout
 from .ops import RedOpType
 from .collectives.p2p import _SendRecvWork
@@ -81,9 +81,9 @@ def _op(opts):
 
 
 def _real(tensor: torch.Tensor) -> torch.Tensor:
-    """Complex tensors move (and sum) as their real view, as torch's own backends do; torch
-    refuses complex MIN/MAX/PRODUCT before a call reaches a backend."""
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+    """Complex tensors move (and sum) as their real view, as the drop-ins do; torch refuses
+    complex MIN/MAX/PRODUCT before a call reaches a backend."""
+    return as_real(tensor)
 
 
 def _reals(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
