@@ -8,7 +8,7 @@ Each injection runs in a fresh world of 2-4 gloo processes (a world that lost a 
 reused): every rank warms up with one clean run of the same call, then runs it again while
 the victim's executor is hooked to die or stall when it reaches step k of its schedule (k
 drawn from the victim's step count; the hook is this script's monkeypatch of the executor's
-per-step post/wait, not a production code path). A surviving rank that raised reports its
+per-step post, not a production code path). A surviving rank that raised reports its
 message and how long the call took; one that completed reports whether its result is exactly
 right (a rank whose part finished before the fault, such as a leaf of a broadcast tree, may
 legitimately complete); survivors stay alive until every rank has reported, so a peer that
@@ -44,7 +44,7 @@ class Injection:
     algorithm: str
     world: int
     victim: int
-    hook: str               # "post" (before the step's transfers are posted) or "wait" (after)
+    hook: str               # "post" (before the step's transfers are posted) or "in_flight" (after)
     step_fraction: float    # which step of the victim's schedule: floor(fraction * steps)
     numel: int
     timeout: float
@@ -60,7 +60,7 @@ def draw(seed: int, index: int, timeout: float, worlds=(2, 3, 4)) -> Injection:
     return Injection(
         id=f"{seed}:{index}", mode=rng.choice(("kill", "stall")), collective=collective,
         algorithm=rng.choice(ringcoll.algorithms(FAMILY.get(collective, collective))), world=world,
-        victim=rng.randrange(world), hook=rng.choice(("post", "wait")), step_fraction=rng.random(),
+        victim=rng.randrange(world), hook=rng.choice(("post", "in_flight")), step_fraction=rng.random(),
         numel=rng.choice((world * 5 + 1, 4099, 70000)), timeout=timeout, stall=timeout + 2)
 
 
@@ -112,29 +112,34 @@ def _call(inj: Injection, rank: int):
 
 
 def _hook(inj: Injection, announce) -> dict:
-    """Make this (victim) rank die or stall at step k of its next plan: k drawn from the plan's
-    step count the first time the executor posts or waits for a step."""
+    """Make this (victim) rank die or stall at step k of its next plan, k drawn from the plan's
+    step count the first time the executor posts a step: before posting step k's transfers
+    (``hook="post"``), or once they are posted and in flight (``hook="in_flight"``)."""
     from ringcoll import executor
 
-    method = "_post" if inj.hook == "post" else "_wait"
-    if not hasattr(executor.P2PExecutor, method):
-        raise RuntimeError(f"P2PExecutor has no {method}: update bench/faults.py's hook to the executor")
-    original = getattr(executor.P2PExecutor, method)
+    original = executor.P2PExecutor._post
     state = {"step": None, "steps": None, "fired": False}
 
-    def hooked(self, plan, index, total, *rest):
-        if state["step"] is None:
-            state["steps"] = total
-            state["step"] = min(int(inj.step_fraction * total), total - 1)
-        if index == state["step"] and not state["fired"]:
-            state["fired"] = True
-            announce(state)
-            if inj.mode == "kill":
-                os._exit(KILL_CODE)
-            time.sleep(inj.stall)
-        return original(self, plan, index, total, *rest)
+    def fire():
+        state["fired"] = True
+        announce(state)
+        if inj.mode == "kill":
+            os._exit(KILL_CODE)
+        time.sleep(inj.stall)
 
-    setattr(executor.P2PExecutor, method, hooked)
+    def hooked(self, plan, steps, index, *rest):
+        if state["step"] is None:
+            state["steps"] = len(steps)
+            state["step"] = min(int(inj.step_fraction * len(steps)), len(steps) - 1)
+        due = index == state["step"] and not state["fired"]
+        if due and inj.hook == "post":
+            fire()
+        handle = original(self, plan, steps, index, *rest)
+        if due and inj.hook == "in_flight":
+            fire()
+        return handle
+
+    executor.P2PExecutor._post = hooked
     return state
 
 
