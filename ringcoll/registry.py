@@ -41,10 +41,10 @@ class Algorithm:
     name: str
     schedule: Callable[[int, int, Layout], Iterable[Step]]
     cost: Callable[[int, int], Cost]
-    #: ``symmetry(world, layout) -> "rotation" | "xor" | None``: when every rank's schedule is
-    #: rank 0's with each peer moved by the rank (``(peer + rank) % world``, or ``peer ^ rank``)
-    #: and the same sizes, so a cost-only simulation may run one rank for all (ringcoll.simulator)
-    symmetry: Optional[Callable[[int, Layout], Optional[str]]] = None
+    #: ``symmetry(world, layout) -> "rotation" | int period | "xor" | None``: when every rank's
+    #: schedule is a representative's with its peers relabelled (see :func:`register`), so a
+    #: cost-only simulation may run the representatives for all (ringcoll.simulator)
+    symmetry: Optional[Callable[[int, Layout], object]] = None
 
     @property
     def doc(self) -> str:
@@ -55,7 +55,7 @@ _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
 
 
 def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
-             symmetry: Optional[Callable[[int, Layout], Optional[str]]] = None):
+             symmetry: Optional[Callable[[int, Layout], object]] = None):
     """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
 
     ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
@@ -65,10 +65,12 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     segment=None)`` (bytes; None: the segment table's). ``replace=True`` re-defines an
     existing name (a notebook cell run twice); otherwise a second registration is an error.
     ``symmetry(world, layout)`` may say when the schedule is the same on every rank up to a
-    relabelling of the peers: ``"rotation"`` (rank r's is rank 0's with every peer q moved
-    to ``(q + r) % world``) or ``"xor"`` (to ``q ^ r``), with the same sizes and reductions;
-    None where it is not. Cost-only simulations on a flat machine then run rank 0 alone for
-    every rank (checked on sampled ranks; tests/test_study.py checks every rank).
+    relabelling of the peers, with the same sizes and reductions: ``"rotation"`` (rank r's
+    is rank 0's with every peer q moved to ``(q + r) % world``), an int period L (rank r's is
+    rank r % L's with every peer moved by ``r - r % L``: nodes of L alike), or ``"xor"`` (rank
+    0's with every peer moved to ``q ^ r``); None where it is not. Cost-only simulations then
+    run ranks 0 .. L - 1 alone for every rank (checked on sampled ranks; tests/test_study.py
+    checks every rank).
 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
@@ -96,20 +98,25 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_segment(cost) -> bool:
+def _takes(cost, keyword: str) -> bool:
     try:
         params = inspect.signature(cost).parameters
     except (TypeError, ValueError):
         return False
-    return "segment" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def model(algorithm: Algorithm, world: int, nbytes: int, *, segment: int | None = None) -> Cost:
+def model(algorithm: Algorithm, world: int, nbytes: int, *, segment: int | None = None,
+          local_size: int | None = None) -> Cost:
     """``algorithm``'s cost at ``world`` ranks and ``nbytes``, with the segment (bytes) its
-    plan pipelines over when its cost function takes one."""
-    if segment is not None and _takes_segment(algorithm.cost):
-        return Cost(*algorithm.cost(world, nbytes, segment=segment))
-    return Cost(*algorithm.cost(world, nbytes))
+    plan pipelines over and the ranks per node, when its cost function takes them (a cost
+    of the node-aware algorithms takes ``local_size``; without it, the environment's)."""
+    extra = {}
+    if segment is not None and _takes(algorithm.cost, "segment"):
+        extra["segment"] = segment
+    if local_size is not None and _takes(algorithm.cost, "local_size"):
+        extra["local_size"] = local_size
+    return Cost(*algorithm.cost(world, nbytes, **extra))
 
 
 _loaded = False

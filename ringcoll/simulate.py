@@ -1,6 +1,7 @@
 """``ringcoll.simulate``: run a collective on every rank of a world in one process."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -211,7 +212,12 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     itemsize = torch.empty((), dtype=first.dtype).element_size()
     nbytes = first.layout.numel * itemsize
     segment = first.layout.get("segment")
-    cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None)
+    per_node = None
+    if nodes is not None:
+        sizes = set(collections.Counter(nodes).values())
+        per_node = sizes.pop() if len(sizes) == 1 else None        # even nodes: the model's L
+    cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
+                 local_size=per_node)
     sim = Simulation(collective, first.algorithm, world,
                      [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes)
     if check:

@@ -17,13 +17,15 @@ It is a discrete-event simulation ordered by time: its result does not depend on
 in which ranks are listed, and a run without data (``data=False``) streams each rank's
 schedule one step at a time, so its memory is O(world), not O(steps).
 
-Symmetry: where an algorithm declares that every rank's schedule is rank 0's with its peers
-relabelled (``ringcoll.register(..., symmetry=)``: rotation ``(q + r) % p`` or ``q ^ r``),
-every rank of a run on a flat machine does what rank 0 does at the same times, so a
-cost-only run without a timeline runs rank 0 alone, its sends matched with its own
-receives (:func:`run_schedules`, ``mirror``): O(one rank's steps) instead of O(world's),
-the same statistics and time (tests/test_study.py compares both at every rank). The
-declaration is checked against sampled ranks on every such run.
+Symmetry: where an algorithm declares that every rank's schedule is a representative's with
+its peers relabelled (``ringcoll.register(..., symmetry=)``: rank r is rank r % L moved by
+r - r % L, ``(q + shift) % p``, or rank 0 with peers ``q ^ r``), every rank does what its
+representative does at the same times, on a flat machine or one whose nodes the relabelling
+maps onto nodes. A cost-only run without a timeline then runs the L representatives alone,
+each send matched with the representative receive it stands for (:func:`run_schedules`,
+``mirror``): O(L ranks' steps) instead of O(world's), with the same statistics and time
+(tests/test_study.py compares both at every rank). The declaration is checked against
+sampled ranks on every such run.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ class SimStats:
     critical_path: int = 0      # the longest chain of dependent steps
     link_bytes: Dict[int, int] = field(default_factory=dict, repr=False)   # src * world + dst -> bytes
     timeline: Optional[Timeline] = field(default=None, repr=False)
-    mirrored: Optional[str] = None      # "rotation" | "xor": rank 0's run stood for every rank
+    mirrored: Optional[str] = None      # "rotation" | "xor": representatives' run stood for every rank
 
     @property
     def world(self) -> int:
@@ -136,11 +138,13 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
     world = len(plans)
     itemsizes = [torch.empty((), dtype=plan.dtype).element_size() for plan in plans]
     if not data:
-        kind = symmetric(plans, machine) if symmetry and not record else None
-        if kind is not None:
+        found = symmetric(plans, machine) if symmetry and not record else None
+        if found is not None:
+            kind, period = found
             first = plans[0]
-            return run_schedules([first.algorithm.schedule(0, world, first.layout)], machine,
-                                 itemsizes[:1], describe=[first.describe], mirror=(kind, world))
+            return run_schedules([first.algorithm.schedule(rank, world, first.layout) for rank in range(period)],
+                                 machine, itemsizes[:period], describe=[first.describe] * period,
+                                 mirror=(kind, world))
         schedules = [plan.algorithm.schedule(plan.rank, plan.world, plan.layout) for plan in plans]
         return run_schedules(schedules, machine, itemsizes, record=record,
                              describe=[plan.describe for plan in plans])
@@ -174,51 +178,66 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
     return stats
 
 
-def signature(rank: int, world: int, steps: Iterable, kind: str):
-    """A schedule as the clock sees it, with its peers relative to ``rank``: per step, each
-    transfer's (direction, peer moved back by the rank, elements) and the elements reduced."""
+def signature(shift: int, world: int, steps: Iterable, kind: str):
+    """A schedule as the clock sees it, its peers moved back by ``shift`` (``(q - shift) %
+    world``, or ``q ^ shift``): per step, each transfer's (direction, peer, elements) and the
+    elements reduced."""
     for st in steps:
-        yield (tuple((type(c) is Send, (c.peer - rank) % world if kind == "rotation" else c.peer ^ rank,
+        yield (tuple((type(c) is Send, (c.peer - shift) % world if kind == "rotation" else c.peer ^ shift,
                       c.buf.numel) for c in st.comms),
                reduced_bytes(st.local, 1) if st.local else 0)
 
 
-#: ranks, besides 0, whose schedules a mirrored run compares with rank 0's
-SAMPLED = (1, -1, 0.5)
+#: ranks a mirrored run compares with their representatives (fractions of the world, and the last)
+SAMPLED = (1, -1, 0.5, 0.37)
 
 
-def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[str]:
-    """The symmetry a cost-only run of ``plans`` may use to run rank 0 alone, or None: every
-    rank runs the same algorithm on the same layout and dtype, on a flat machine, and the
-    algorithm declares a symmetry there (``register(..., symmetry=)``). The declaration is
-    checked against sampled ranks' schedules (all ranks' in the tests): a schedule that breaks
-    its own declaration is a ScheduleError, never a silently wrong clock."""
+def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, int]]:
+    """The symmetry ``(kind, period)`` a cost-only run of ``plans`` may use to run ranks
+    0 .. period - 1 alone, or None: every rank runs the same algorithm on the same layout and
+    dtype, the algorithm declares a symmetry there (``register(..., symmetry=)``), and the
+    machine is flat or, for a rotation, has nodes in blocks that the period's shifts map onto
+    nodes. The declaration is checked against sampled ranks' schedules (every rank's in the
+    tests): a schedule that breaks its own declaration is a ScheduleError, never a silently
+    wrong clock."""
     world = len(plans)
     first = plans[0]
     algorithm = first.algorithm
-    if world < 2 or algorithm.symmetry is None or not machine.flat:
+    if world < 2 or algorithm.symmetry is None:
         return None
     for plan in plans:
         if plan.algorithm is not algorithm or plan.layout != first.layout or plan.dtype != first.dtype:
             return None
-    kind = algorithm.symmetry(world, first.layout)
-    if kind is None:
+    declared = algorithm.symmetry(world, first.layout)
+    if declared is None:
         return None
-    if kind not in ("rotation", "xor"):
-        raise ScheduleError(f"{algorithm.collective}/{algorithm.name}: symmetry returned {kind!r}, "
-                            f"not 'rotation', 'xor' or None")
-    reference = list(signature(0, world, algorithm.schedule(0, world, first.layout), kind))
+    kind, period = ("rotation", declared) if isinstance(declared, int) and not isinstance(declared, bool) \
+        else (declared, 1)
+    if kind not in ("rotation", "xor") or not 1 <= period <= world or world % period:
+        raise ScheduleError(f"{algorithm.collective}/{algorithm.name}: symmetry returned {declared!r}, not "
+                            f"'rotation', 'xor', a period dividing the world ({world}) or None")
+    if period == world:
+        return None                      # every rank its own representative: nothing to save
+    if not machine.flat:
+        per_node = machine.ranks_per_node
+        if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
+            return None
+    references = {}
     for sample in SAMPLED:
         rank = int(sample * world) % world if isinstance(sample, float) else sample % world
-        if rank == 0:
+        delegate = rank % period
+        if rank == delegate:
             continue
-        got = signature(rank, world, algorithm.schedule(rank, world, first.layout), kind)
-        for index, (want, have) in enumerate(itertools.zip_longest(reference, got)):
+        if delegate not in references:
+            references[delegate] = list(signature(0, world, algorithm.schedule(delegate, world, first.layout), kind))
+        shift = rank - delegate if kind == "rotation" else rank
+        got = signature(shift, world, algorithm.schedule(rank, world, first.layout), kind)
+        for index, (want, have) in enumerate(itertools.zip_longest(references[delegate], got)):
             if want != have:
                 raise ScheduleError(
                     f"{first.describe or algorithm.name}: declared {kind}-symmetric at world {world}, "
-                    f"but rank {rank}'s step {index} is {have} where rank 0's is {want}")
-    return kind
+                    f"but rank {rank}'s step {index} is {have} where rank {delegate}'s is {want}")
+    return kind, period
 
 
 def reduced_bytes(local, itemsize: int) -> int:
@@ -245,22 +264,24 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     step) -> bytes reduced`` runs a finished step's local operations; without them only the
     clock runs. ``itemsizes[r]``: bytes per element of rank r's buffers (default 1).
 
-    ``mirror=(kind, world)``: ``schedules`` holds rank 0's schedule alone, standing for every
-    rank of a world whose schedules are rank 0's with the peers relabelled (``kind``
-    "rotation" or "xor", see :func:`ringcoll.register`). By that symmetry every rank does
-    what rank 0 does at the same times, so rank 0's k-th send to peer q is received as rank 0
-    receives its k-th message from the rank that sends to it as q does from rank 0 (peer
-    ``-q % world`` in a rotation, ``q`` in a xor): one rank's clock, on its own ports, and its
-    statistics are every rank's (a flat machine; no data, no timeline)."""
+    ``mirror=(kind, world)``: ``schedules`` holds the representatives' schedules, ranks
+    0 .. L - 1, standing for every rank of a world in which rank r's schedule is rank r % L's
+    with every peer q moved to ``(q + r - r % L) % world`` (``kind`` "rotation") or, L = 1,
+    to ``q ^ r`` ("xor"); see :func:`ringcoll.register`. By that symmetry every rank does
+    what its representative does at the same times, so representative a's k-th send to peer
+    q is received as representative b = q % L receives its k-th message from peer
+    ``(a - (q - b)) % world`` (``q`` in a xor), on a's and b's own ports: L ranks' clock, and
+    their statistics are every rank's (no data, no timeline)."""
     world = len(schedules)
     peers = world                         # the ranks a peer may be
     if mirror is not None:
         kind, peers = mirror
-        if kind not in ("rotation", "xor") or world != 1:
-            raise ValueError(f"mirror must be ('rotation' | 'xor', world) with rank 0's schedule "
-                             f"alone, got {mirror!r} with {world} schedules")
-        if record or copy is not None or local is not None or not machine.flat:
-            raise ValueError("a mirrored run is cost-only, without a timeline, on a flat machine")
+        if kind not in ("rotation", "xor") or peers % world or (kind == "xor" and world != 1):
+            raise ValueError(f"mirror must be ('rotation', world) with the schedules of ranks 0 .. L - 1, "
+                             f"L dividing the world, or ('xor', world) with rank 0's, got {mirror!r} "
+                             f"with {world} schedules")
+        if record or copy is not None or local is not None:
+            raise ValueError("a mirrored run is cost-only, without a timeline")
     rotation = mirror is not None and mirror[0] == "rotation"
     itemsizes = list(itemsizes) if itemsizes is not None else [1] * world
     describe = list(describe) if describe is not None else [""] * world
@@ -269,7 +290,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     flat = machine.flat
     alpha, beta, gamma, ports = machine.alpha, machine.beta, machine.gamma, machine.ports
     single = ports == 1 and machine.nic_ports == 1
-    node = [machine.node_of(r) for r in range(world)] if not flat else None
+    node = [machine.node_of(r) for r in range(peers)] if not flat else None
     nodes = (max(node) + 1) if node else 0
     # each port: its busy intervals (start, end), sorted; a table: one rank's or NIC's ports
     nic_out = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
@@ -329,7 +350,13 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 raise ScheduleError(f"{where(rank)} names peer {peer}, which is not "
                                     f"another rank of a world of {peers}")
             if type(item) is Send:
-                key = rank * world + peer if mirror is None else peer
+                if mirror is None:
+                    key = rank * world + peer
+                elif rotation:
+                    delegate = peer % world
+                    key = delegate * peers + (rank - peer + delegate) % peers
+                else:
+                    key = peer
                 queue = recvs.get(key)
                 if queue:
                     dst, other, other_pos = queue.popleft()
@@ -345,7 +372,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 if mirror is None:
                     key = peer * world + rank
                 else:
-                    key = (peers - peer) % peers if rotation else peer
+                    key = rank * peers + peer if rotation else peer
                 queue = sends.get(key)
                 if queue:
                     src, other, other_pos = queue.popleft()
@@ -390,6 +417,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 best = (t, choice)
         return best
 
+    heappush = heapq.heappush
     while heap:
         now = heap[0][0]
         while heap and heap[0][0] == now:
@@ -413,29 +441,34 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             if copy is not None:
                 copy(src, send_item, dst, recv_item)
             nbytes = numel * itemsizes[src]
-            if flat or node[src] == node[dst]:
-                tables = (send_ports[src], recv_ports[dst])
-                duration = alpha + nbytes * beta
+            inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
+            duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
+            out_port, in_port = send_ports[src][0], recv_ports[dst][0]
+            if single and inside and (not out_port or out_port[-1][1] <= now) \
+                    and (not in_port or in_port[-1][1] <= now):
+                # both ports idle, the common case: past intervals can never matter again
+                start, end = now, now + duration
+                out_port[:] = in_port[:] = [(start, end)]
             else:
-                tables = (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
-                duration = machine.inter_alpha + nbytes * machine.inter_beta
-            if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
-                start, chosen = now, [t[0] for t in tables]      # every port idle: the common case
-            else:
-                start, chosen = slot(tables, now, duration)
-            end = start + duration
-            for busy in chosen:
-                if busy and busy[-1][1] <= now:
-                    busy.clear()                    # past intervals can never matter again
+                tables = (send_ports[src], recv_ports[dst]) if inside else \
+                    (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
+                if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
+                    start, chosen = now, [t[0] for t in tables]
                 else:
-                    while busy and busy[0][1] <= now:
-                        busy.pop(0)
-                bisect.insort(busy, (start, end))
+                    start, chosen = slot(tables, now, duration)
+                end = start + duration
+                for busy in chosen:
+                    if busy and busy[-1][1] <= now:
+                        busy.clear()                    # past intervals can never matter again
+                    else:
+                        while busy and busy[0][1] <= now:
+                            busy.pop(0)
+                    bisect.insort(busy, (start, end))
             s_stats, d_stats = stats[src], stats[dst]
             s_stats.messages += 1
             s_stats.bytes_sent += nbytes
             d_stats.bytes_received += nbytes
-            key = src * world + dst if mirror is None else send_item.peer
+            key = src * world + dst if mirror is None else src * peers + send_item.peer
             link_bytes[key] = link_bytes.get(key, 0) + nbytes
             if timeline is not None:
                 timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
@@ -446,9 +479,10 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             for rank in (src, dst):
                 if end > step_end[rank]:
                     step_end[rank] = end
-                outstanding[rank] -= 1
-                if outstanding[rank] == 0:
-                    heapq.heappush(heap, (step_end[rank] + reducing[rank] * gamma, seq, rank))
+                left = outstanding[rank] - 1
+                outstanding[rank] = left
+                if not left:
+                    heappush(heap, (step_end[rank] + reducing[rank] * gamma, seq, rank))
                     seq += 1
 
     stuck = [r for r in range(world) if current[r] is not None]
@@ -466,38 +500,44 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             lines.append(f"  ... and {len(stuck) - 16} more ranks")
         raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
     if mirror is not None:
-        return SimStats([replace(stats[0]) for _ in range(peers)], post_chain[0],
-                        MirroredLinks(link_bytes, *mirror), mirrored=mirror[0])
+        return SimStats([replace(stats[rank % world]) for rank in range(peers)], max(post_chain),
+                        MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0])
     return SimStats(stats, max(post_chain, default=0), link_bytes, timeline)
 
 
 class MirroredLinks(Mapping):
-    """Bytes per directed link ``src * world + dst`` of a mirrored run: rank 0's link to peer
-    q, ``per_peer[q]``, is every rank's link to ``(rank + q) % world`` (rotation) or
-    ``rank ^ q`` (xor); computed on access, as a world of thousands has millions of links."""
+    """Bytes per directed link ``src * world + dst`` of a mirrored run, from the
+    representatives' links ``per_link[a * world + q]`` (a < period): rank r's link to q is
+    its representative r % period's to ``(q - shift) % world`` (shift ``r - r % period``), or
+    rank 0's to ``q ^ r`` (xor); computed on access, as a world of thousands has millions."""
 
-    def __init__(self, per_peer: Dict[int, int], kind: str, world: int):
-        self.per_peer, self.kind, self.world = dict(per_peer), kind, world
-
-    def _peer(self, src: int, dst: int) -> int:
-        return (dst - src) % self.world if self.kind == "rotation" else dst ^ src
+    def __init__(self, per_link: Dict[int, int], kind: str, world: int, period: int = 1):
+        self.per_link, self.kind, self.world, self.period = dict(per_link), kind, world, period
 
     def __getitem__(self, key: int) -> int:
         if not isinstance(key, int) or not 0 <= key < self.world * self.world:
             raise KeyError(key)
         src, dst = divmod(key, self.world)
-        return self.per_peer[self._peer(src, dst)]
+        if self.kind == "rotation":
+            delegate = src % self.period
+            return self.per_link[delegate * self.world + (dst - src + delegate) % self.world]
+        return self.per_link[dst ^ src]
 
     def __iter__(self):
-        world, kind = self.world, self.kind
+        world, period = self.world, self.period
+        links = sorted(divmod(key, world) for key in self.per_link)
         for src in range(world):
-            for q in sorted(self.per_peer):
-                dst = (src + q) % world if kind == "rotation" else src ^ q
-                yield src * world + dst
+            if self.kind == "rotation":
+                shift = src - src % period
+                for delegate, q in links:
+                    if delegate == src % period:
+                        yield src * world + (q + shift) % world
+            else:
+                for _, q in links:
+                    yield src * world + (src ^ q)
 
     def __len__(self) -> int:
-        return self.world * len(self.per_peer)
+        return len(self.per_link) * (self.world // self.period)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
-

@@ -82,33 +82,48 @@ def _symmetric_algorithms():
 
 @pytest.mark.parametrize("collective,algorithm", _symmetric_algorithms())
 def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algorithm):
-    """Where an algorithm declares itself the same on every rank up to relabelling peers,
-    every rank's schedule is rank 0's relabelled, and the cost-only run of rank 0 alone gives
-    the statistics of the run of every rank."""
+    """Where an algorithm declares every rank's schedule a representative's with its peers
+    relabelled, every rank's is, and the cost-only run of the representatives alone gives the
+    statistics of the run of every rank: on a flat machine, and for node-periodic ones on a
+    machine of the same nodes."""
     from ringcoll.simulator import signature
 
-    machine = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
+    flat = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
     mirrored = 0
     for world in WORLDS:
-        for numel in (world * 64, world * 64 + 3, max(1, world - 1), 1000, 4099, world * 4096):
-            sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
-                                    numel=numel, data=False, machine=machine, record=False)
-            algo, layout = sim.algorithm, sim.plans[0].layout
-            kind = algo.symmetry(world, layout)
-            if kind is None:
+        layouts = [None] + ([2, 4] if algorithm == "hierarchical" else [])
+        for local_size in layouts:
+            if local_size and world % local_size:
                 continue
-            mirrored += 1
-            reference = list(signature(0, world, algo.schedule(0, world, layout), kind))
-            for rank in range(1, world):
-                assert list(signature(rank, world, algo.schedule(rank, world, layout), kind)) == reference, \
-                    f"{collective}/{algorithm} world {world} numel {numel}: rank {rank} is not rank 0 {kind}d"
-            assert sim.stats.mirrored == kind
-            full = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world, numel=numel,
-                                     data=False, machine=machine, record=False, symmetry=False).stats
-            assert full.mirrored is None
-            a, b = sim.stats, full
-            assert (a.time, a.steps, a.rank_steps, dict(a.link_bytes)) == (b.time, b.steps, b.rank_steps, b.link_bytes)
-            assert [vars(r) for r in a.ranks] == [vars(r) for r in b.ranks]
+            machine = flat if local_size is None else ringcoll.Machine.hierarchical(
+                local_size, intra=(1e-6, 1e-11), inter=(4e-6, 1e-9), gamma=3e-11)
+            for numel in (world * 64, world * 64 + 3, max(1, world - 1), 1000, 4099, world * 4096):
+                run = dict(numel=numel, data=False, machine=machine, record=False, local_size=local_size)
+                sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world, **run)
+                algo, layout = sim.algorithm, sim.plans[0].layout
+                declared = algo.symmetry(world, layout)
+                if declared is None:
+                    continue
+                kind, period = ("rotation", declared) if isinstance(declared, int) else (declared, 1)
+                where = f"{collective}/{algorithm} world {world} numel {numel} nodes of {local_size}"
+                references = [list(signature(0, world, algo.schedule(rank, world, layout), kind))
+                              for rank in range(period)]
+                for rank in range(period, world):
+                    shift = rank - rank % period if kind == "rotation" else rank
+                    got = list(signature(shift, world, algo.schedule(rank, world, layout), kind))
+                    assert got == references[rank % period], \
+                        f"{where}: rank {rank} is not rank {rank % period} relabelled ({kind})"
+                if period == world:
+                    continue
+                mirrored += 1
+                assert sim.stats.mirrored == kind, where
+                full = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
+                                         symmetry=False, **run).stats
+                assert full.mirrored is None
+                a, b = sim.stats, full
+                assert (a.time, a.steps, a.rank_steps, dict(a.link_bytes)) == \
+                    (b.time, b.steps, b.rank_steps, b.link_bytes), where
+                assert [vars(r) for r in a.ranks] == [vars(r) for r in b.ranks], where
     assert mirrored, f"{collective}/{algorithm}: no size of the sweep is symmetric"
 
 

@@ -13,7 +13,7 @@ collectives, the root leads its own node).
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
@@ -110,6 +110,19 @@ def runs(blocks: Sequence[Buf]) -> Piece:
     return tuple(merged)
 
 
+def node_period(world: int, layout: Layout) -> Optional[int]:
+    """``symmetry`` of the two-level schedules: nodes of L consecutive ranks, all alike, and
+    equal chunks (numel a multiple of the world) make rank r's schedule rank r % L's moved by
+    a whole number of nodes, a rotation of period L."""
+    nodes = layout.get("nodes")
+    if not nodes or layout.numel % world:
+        return None
+    local = sum(1 for node in nodes if node == nodes[0])
+    if world % local or any(node != rank // local for rank, node in enumerate(nodes)):
+        return None
+    return local
+
+
 def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Iterator[Step]:
     """Reduce-scatter inside each node, all-reduce of each shard across nodes, all-gather
     inside each node, every phase a ring (see :func:`all_reduce_hierarchical`)."""
@@ -151,16 +164,17 @@ def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
     return Cost(2 * (local - 1) + 2 * (count - 1), 2 * inner + 2 * outer, inner + outer)
 
 
-def _env_local_size(world: int) -> int:
-    """Ranks per node for the cost models: the environment's, else one node of all."""
-    return local_size_from_env() or world
+def _env_local_size(world: int, local_size: Optional[int] = None) -> int:
+    """Ranks per node for the cost models: ``local_size`` when the caller knows the nodes
+    (the simulator's ``local_size=``), else the environment's, else one node of all."""
+    return local_size or local_size_from_env() or world
 
 
-def _all_reduce_cost(world: int, nbytes: int) -> Cost:
-    return _two_level_cost(world, nbytes, _env_local_size(world))
+def _all_reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
+    return _two_level_cost(world, nbytes, _env_local_size(world, local_size))
 
 
-@register("all_reduce", "hierarchical", cost=_all_reduce_cost)
+@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=node_period)
 @needs_nodes
 def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical all-reduce (Horovod's): (1) a ring reduce-scatter among the L ranks of
@@ -209,9 +223,10 @@ def _lg(size: int) -> int:
     return (size - 1).bit_length()
 
 
-def _levels(world: int) -> Tuple[int, int]:
-    """(L, N): ranks per node and nodes, for the cost models (even nodes, L from the env)."""
-    local = max(1, min(_env_local_size(world), world))
+def _levels(world: int, local_size: Optional[int] = None) -> Tuple[int, int]:
+    """(L, N): ranks per node and nodes, for the cost models (even nodes; L given, else from
+    the environment)."""
+    local = max(1, min(_env_local_size(world, local_size), world))
     return local, -(-world // local)
 
 
@@ -228,8 +243,8 @@ def _rooted(rank: int, world: int, layout: Layout) -> Tuple[List[int], List[int]
     return leaders, [lead] + [r for r in mine if r != lead]
 
 
-def _broadcast_cost(world: int, nbytes: int) -> Cost:
-    local, count = _levels(world)
+def _broadcast_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
+    local, count = _levels(world, local_size)
     rounds = _lg(count) + _lg(local)
     return Cost(rounds, rounds * nbytes, 0)
 
@@ -250,8 +265,8 @@ def broadcast_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[St
     yield from tree_broadcast(local, local.index(rank), data)
 
 
-def _reduce_cost(world: int, nbytes: int) -> Cost:
-    local, count = _levels(world)
+def _reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
+    local, count = _levels(world, local_size)
     rounds = _lg(count) + _lg(local)
     return Cost(rounds, rounds * nbytes, rounds * nbytes)
 
@@ -282,14 +297,14 @@ def _gathering(rank: int, world: int, layout: Layout, name: str):
     return leaders, members[_nodes(layout, world)[rank]], blocks, pieces
 
 
-def _all_gather_cost(world: int, nbytes: int) -> Cost:
-    local, count = _levels(world)
+def _all_gather_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
+    local, count = _levels(world, local_size)
     block = nbytes / world
     return Cost(local - 1 + count - 1 + _lg(local),
                 (local - 1) * block + (count - 1) * local * block + _lg(local) * nbytes, 0)
 
 
-@register("all_gather", "hierarchical", cost=_all_gather_cost)
+@register("all_gather", "hierarchical", cost=_all_gather_cost, symmetry=node_period)
 @needs_nodes
 def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical all-gather (MPICH's SMP all-gather): each node's leader (its first rank)
@@ -313,14 +328,14 @@ def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     yield from tree_broadcast(mine, mine.index(rank), span(output, 0, world))
 
 
-def _reduce_scatter_cost(world: int, nbytes: int) -> Cost:
-    local, count = _levels(world)
+def _reduce_scatter_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
+    local, count = _levels(world, local_size)
     block = nbytes / world
     inner, across = _lg(local) * nbytes, (count - 1) * local * block
     return Cost(_lg(local) + count - 1 + local - 1, inner + across + (local - 1) * block, inner + across)
 
 
-@register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost)
+@register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost, symmetry=node_period)
 @needs_nodes
 def reduce_scatter_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical reduce-scatter: each node reduces its members' whole inputs to its leader
