@@ -108,10 +108,6 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
     def span(lo: int, hi: int) -> Buf:
         return Buf("data", data[lo].start, data[hi - 1].stop)
 
-    def holds(v: int, chunk: int) -> bool:
-        lo, hi = binomial_span(v, world)
-        return lo <= chunk < hi
-
     # scatter
     parent, children = binomial(vrank, world)
     if parent is not None:
@@ -120,16 +116,19 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
         yield step([Send(child, span(*binomial_span(child, world)))])
     # allgather
     right, left = (vrank + 1) % world, (vrank - 1) % world
+    right_lo, right_hi = binomial_span(right, world)      # the chunks each already holds
+    own_lo, own_hi = binomial_span(vrank, world)
     for s in range(world - 1):
         send_idx, recv_idx = (vrank - s) % world, (vrank - s - 1) % world
         comms = []
-        if not holds(right, send_idx):
+        if not right_lo <= send_idx < right_hi:
             comms.append(Send(right, data[send_idx]))
-        if not holds(vrank, recv_idx):
+        if not own_lo <= recv_idx < own_hi:
             comms.append(Recv(left, data[recv_idx]))
-        st = step(comms)
-        if st.comms:
-            yield st
+        if comms:
+            st = step(comms)
+            if st.comms:
+                yield st
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
