@@ -523,3 +523,48 @@ def test_bad_local_size_is_refused(plain_env):
     with pytest.raises(ValueError, match="must give the node of each of the 4 ranks, got 3"):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=(0, 0, 1))
 
+
+# -- a 2-level machine: where hierarchical wins, and where it does not -------------------------
+def test_hierarchical_wins_on_two_levels_as_the_formulas_predict():
+    """The study map's machine (bench/study_2level.py): nodes of L = 4, intra (αi, βi), inter
+    (αo, βo) through one NIC port per node. With N = p / L nodes:
+    flat ring: every step pays the slow link, one message per NIC at a time:
+        2(p-1)(αo + n/p·βo) + (p-1)/p·nγ;
+    hierarchical: rings inside (L-1 steps each way), then the N-node ring of each rank's
+    n/L shard, the NIC carrying the node's L messages of each of its 2(N-1) steps one after
+    another (which hides the inter-node reductions):
+        2(L-1)(αi + n/L·βi) + (L-1)/L·nγ + 2(N-1)·L·(αo + n/(NL)·βo);
+    Rabenseifner: its first and last steps (distance p/2) send n/2 from all L ranks of a node
+    through one NIC: at least 2L(αo + n/2·βo).
+    At p = 16 and 16 MiB hierarchical beats both; at p = 4 (one node) it is the ring and
+    Rabenseifner beats it; at p = 64 and 4 KiB Rabenseifner's 2 lg p steps beat its 2(L+N-2)."""
+    from ringcoll.bench.study_2level import MACHINE
+
+    L = MACHINE.ranks_per_node
+    ai, bi, ao, bo, g = MACHINE.alpha, MACHINE.beta, MACHINE.inter_alpha, MACHINE.inter_beta, MACHINE.gamma
+
+    def simulated(name, world, n):
+        return ringcoll.simulate("all_reduce", name, world, numel=n // 4, dtype=torch.float32, data=False,
+                                 record=False, machine=MACHINE, local_size=L).stats.time
+
+    def ring(p, n):
+        hop = (ao, bo) if p > L else (ai, bi)
+        return 2 * (p - 1) * (hop[0] + n / p * hop[1]) + (p - 1) / p * n * g
+
+    def hierarchical(p, n):
+        nodes = p // L
+        return 2 * (L - 1) * (ai + n / L * bi) + (L - 1) / L * n * g + 2 * (nodes - 1) * L * (ao + n / p * bo)
+
+    p, n = 16, 16 << 20
+    assert simulated("ring", p, n) == pytest.approx(ring(p, n), rel=1e-9)
+    assert simulated("hierarchical", p, n) == pytest.approx(hierarchical(p, n), rel=1e-9)
+    assert simulated("rabenseifner", p, n) >= 2 * L * (ao + n / 2 * bo)
+    assert hierarchical(p, n) < ring(p, n) and hierarchical(p, n) < 2 * L * (ao + n / 2 * bo)
+    # one node: hierarchical is the ring, and the ring loses to Rabenseifner
+    p, n = L, 1 << 20
+    assert simulated("hierarchical", p, n) == pytest.approx(ring(p, n), rel=1e-9)
+    assert simulated("hierarchical", p, n) > simulated("rabenseifner", p, n)
+    # many nodes, small message: latency decides
+    p, n = 64, 4096
+    assert simulated("hierarchical", p, n) > simulated("rabenseifner", p, n)
+
