@@ -568,3 +568,32 @@ def test_hierarchical_wins_on_two_levels_as_the_formulas_predict():
     p, n = 64, 4096
     assert simulated("hierarchical", p, n) > simulated("rabenseifner", p, n)
 
+
+# -- docstrings follow the registry --------------------------------------------------------------
+def test_algorithm_docs_list_every_registered_algorithm():
+    """Every public call's ``algorithm`` argument names exactly the algorithms its collective
+    registers (``ringcoll.algorithms(collective)``), so a new one cannot leave it stale."""
+    import inspect
+    import re
+
+    from ringcoll.simulate import COLLECTIVE_OF
+
+    documented = {}
+    for name in ringcoll.__all__:
+        fn = getattr(ringcoll, name)
+        if not callable(fn) or inspect.isclass(fn):
+            continue
+        doc = inspect.getdoc(fn) or ""
+        paragraph = re.search(r"^ *algorithm \(str[^)]*\):(.*?)(?=^ *\w+ \(|^\S|\Z)", doc, re.S | re.M)
+        if paragraph is None:
+            continue
+        collective = re.search(r'ringcoll\.algorithms\("(\w+)"\)', paragraph.group(1))
+        assert collective, f"{name}: the algorithm argument should say ringcoll.algorithms(collective)"
+        assert collective.group(1) == COLLECTIVE_OF.get(name, "all_reduce" if name == "ddp_comm_hook" else name)
+        listed = set(re.findall(r"``([a-z_0-9]+)``", paragraph.group(1))) - {"auto"}
+        assert listed == set(ringcoll.algorithms(collective.group(1))), \
+            f"{name}: documents {sorted(listed)}, registered {ringcoll.algorithms(collective.group(1))}"
+        documented[name] = collective.group(1)
+    assert {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
+            "reduce_scatter_single", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
+            "ddp_comm_hook"} <= set(documented), sorted(documented)
