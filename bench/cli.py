@@ -3,6 +3,7 @@
     ringcoll-bench                                   # all_reduce, 4 ranks, 1 KiB - 64 MiB
     ringcoll-bench --collective all --np 2 -b 1K -e 16M -n 10 -w 2
     ringcoll-bench --collective broadcast,reduce -r 1 --algorithms binomial,auto
+    ringcoll-bench --import mymodule.py --algorithms mine,ring   # algorithms a user module registers
     torchrun --nproc-per-node 8 -m ringcoll.bench.cli --backend nccl -b 8 -e 1G -f 2
 
 Without torchrun it spawns a local cluster of ``--np`` ranks (gloo by default); under
@@ -19,8 +20,8 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
-from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, apply_floor, failed_rows, floor_of, job_numel,
-                      measure, summarize)
+from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, apply_floor, failed_rows, floor_of, import_module,
+                      job_numel, measure, summarize)
 from .report import (LEGEND, avg_bus_bandwidth, machine_info, plot, summary_lines, table_header, table_lines,
                      write_csv, write_json)
 from .specs import FLOOR_FAMILIES, IN_PLACE, OUT_OF_PLACE, SENDRECV, SPECS, available, family_of
@@ -138,6 +139,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithms", metavar="NAMES",
                    help="comma-separated subset of ringcoll's algorithms, 'auto' allowed "
                         "(default: every registered one and auto; the built-in always runs)")
+    p.add_argument("--import", action="append", dest="imports", default=[], metavar="MODULE",
+                   help="import MODULE (a module name, or a path to a .py file) first, here and in "
+                        "every rank, so the algorithms it registers with ringcoll.register are "
+                        "benchmarked like ringcoll's own; repeatable")
     p.add_argument("--variant", choices=("both", OUT_OF_PLACE, IN_PLACE), default="both",
                    help="which variants of collectives that have both")
     p.add_argument("--np", type=int, metavar="N", help="ranks to spawn (default: 4; under torchrun: its world)")
@@ -159,6 +164,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=1024, help="--workload: the MLP's width")
     p.add_argument("--batch", type=int, default=32, help="--workload: samples per rank and step")
     return p
+
+
+def import_user_modules(names: Sequence[str]) -> tuple:
+    """Import each ``--import`` module; the names the ranks import them by (files as absolute
+    paths). The current directory is searched first, as ``python -m`` does, so ``--import
+    mymodule`` finds ./mymodule.py; spawned ranks inherit this path."""
+    if names and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    resolved = []
+    for name in names:
+        target = os.path.abspath(name) if name.endswith(".py") else name
+        try:
+            import_module(target)
+        except Exception as error:  # noqa: BLE001 - any failure of the user's module is an option error
+            raise OptionError(f"--import {name}: cannot import it: {type(error).__name__}: {error}") from error
+        resolved.append(target)
+    return tuple(resolved)
 
 
 def benchmarkable() -> dict:
@@ -193,7 +215,7 @@ def choose_algorithms(requested: Optional[str], registered: Sequence[str]) -> Li
     return [a for a in wanted if a == "auto" or a in registered]
 
 
-def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
+def make_jobs(options, catalogue: dict, world: int, imports: tuple = ()) -> List[Job]:
     sizes = size_range(options.minbytes, options.maxbytes, options.stepfactor, options.stepbytes)
     jobs: List[Job] = []
     device = options.device or ("cuda" if options.backend == "nccl" else "cpu")
@@ -234,7 +256,7 @@ def make_jobs(options, catalogue: dict, world: int) -> List[Job]:
         for size in (sizes if spec.sized else [0]):
             job = Job(name, size, dtype, options.op, options.root, algorithms,
                       variants, options.iters, options.warmup_iters, bool(options.check), device,
-                      options.max_seconds)
+                      options.max_seconds, imports)
             numel = job_numel(job, world)
             if spec.sized and (numel == 0 or numel in seen):
                 continue            # too small to split among the ranks, or a repeat
@@ -252,6 +274,7 @@ def run(options, cluster=None):
     if not options.no_plot and optional("matplotlib") is None:
         skipped.append("the PNG plots (no matplotlib)")
         options.no_plot = True
+    imports = import_user_modules(getattr(options, "imports", ()))
     catalogue = benchmarkable()
     if cluster is not None:
         world = cluster.world_size
@@ -261,7 +284,7 @@ def run(options, cluster=None):
         world = 4 if options.np is None else options.np
         if world < 1:
             raise OptionError(f"--np must be >= 1, got {world}")
-    jobs = make_jobs(options, catalogue, world)      # bad options fail before any spawn
+    jobs = make_jobs(options, catalogue, world, imports)      # bad options fail before any spawn
     if not jobs:
         raise OptionError("nothing to run: no size fits, or no variant selected")
     own = cluster is None
@@ -298,7 +321,7 @@ def run(options, cluster=None):
             "ringcoll": ringcoll.__version__, "hostname": machine["hostname"],
             "machine": machine, "command": " ".join(["ringcoll-bench"] + list(options.argv)),
             "iters": options.iters, "warmup": options.warmup_iters, "max_seconds": options.max_seconds,
-            "check": bool(options.check),
+            "check": bool(options.check), "imports": list(imports),
             "dtype": DTYPES[options.datatype], "op": options.op, "root": options.root,
             "collectives": {name: list(job.algorithms) for name, job in
                             {job.collective: job for job in jobs}.items()},
@@ -400,6 +423,10 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     options = parser().parse_args(argv)
     options.argv = argv
+    try:
+        import_user_modules(options.imports)
+    except OptionError as error:
+        raise SystemExit(f"ringcoll-bench: {error}")
     if options.list:
         for name, algos in benchmarkable().items():
             print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (by name only, not in all)'}")

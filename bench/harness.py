@@ -21,7 +21,11 @@ the point-to-point floor (sendrecv's busbw, the better contestant's, at the same
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import statistics
+import sys
 import time
 import traceback
 import warnings
@@ -66,10 +70,37 @@ class Job:
     check: bool = True
     device: str = "cpu"               # "cpu" or "cuda"
     max_seconds: float = 0.0          # stop timing a variant after this long (>= MIN_ROUNDS rounds)
+    imports: Tuple[str, ...] = ()     # user modules that register algorithms (``--import``)
 
     @property
     def spec(self) -> Spec:
         return SPECS[self.collective]
+
+
+def import_module(name: str):
+    """The user module ``name``: an importable dotted name, or a path to a ``.py`` file (loaded
+    under its file's stem). Imported once per process, so a module that registers algorithms
+    with ``ringcoll.register`` registers them once, in the parent and in every rank alike."""
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    path = os.path.abspath(name)
+    if not os.path.isfile(path):
+        raise ImportError(f"no file {path}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    loaded = sys.modules.get(stem)
+    if loaded is not None:
+        if os.path.abspath(getattr(loaded, "__file__", None) or "") == path:
+            return loaded
+        raise ImportError(f"a module named {stem!r} is already imported from {loaded.__file__!r}")
+    spec = importlib.util.spec_from_file_location(stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[stem]
+        raise
+    return module
 
 
 def torch_dtype(name: str):
@@ -102,6 +133,8 @@ def measure(job: Job) -> dict:
     import torch
     import torch.distributed as dist
 
+    for name in job.imports:        # a spawned rank registers the user's algorithms too
+        import_module(name)
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = torch_dtype(job.dtype)

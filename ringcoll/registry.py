@@ -10,7 +10,7 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, NamedTuple
+from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 from .schedule import Layout, Step
 
@@ -41,6 +41,10 @@ class Algorithm:
     name: str
     schedule: Callable[[int, int, Layout], Iterable[Step]]
     cost: Callable[[int, int], Cost]
+    #: ``symmetry(world, layout) -> "rotation" | "xor" | None``: when every rank's schedule is
+    #: rank 0's with each peer moved by the rank (``(peer + rank) % world``, or ``peer ^ rank``)
+    #: and the same sizes, so a cost-only simulation may run one rank for all (ringcoll.simulator)
+    symmetry: Optional[Callable[[int, Layout], Optional[str]]] = None
 
     @property
     def doc(self) -> str:
@@ -50,7 +54,8 @@ class Algorithm:
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
 
 
-def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False):
+def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
+             symmetry: Optional[Callable[[int, Layout], Optional[str]]] = None):
     """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
 
     ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
@@ -59,6 +64,11 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     depends on the pipelining segment takes it as a keyword, ``cost(world, nbytes,
     segment=None)`` (bytes; None: the segment table's). ``replace=True`` re-defines an
     existing name (a notebook cell run twice); otherwise a second registration is an error.
+    ``symmetry(world, layout)`` may say when the schedule is the same on every rank up to a
+    relabelling of the peers: ``"rotation"`` (rank r's is rank 0's with every peer q moved
+    to ``(q + r) % world``) or ``"xor"`` (to ``q ^ r``), with the same sizes and reductions;
+    None where it is not. Cost-only simulations on a flat machine then run rank 0 alone for
+    every rank (checked on sampled ranks; tests/test_study.py checks every rank).
 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
@@ -76,7 +86,10 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         if name in table and not replace:
             raise ValueError(f"algorithm {collective}/{name} is registered twice "
                              f"(register(..., replace=True) re-defines it)")
-        table[name] = Algorithm(collective, name, schedule, cost)
+        if symmetry is not None and not callable(symmetry):
+            raise TypeError(f"symmetry must be a callable symmetry(world, layout) -> 'rotation' | "
+                            f"'xor' | None, got {type(symmetry).__name__}")
+        table[name] = Algorithm(collective, name, schedule, cost, symmetry)
         return schedule
 
     return decorate
@@ -137,3 +150,16 @@ def get(collective: str, name: str) -> Algorithm:
     if name not in table:
         raise ValueError(f"algorithm for {collective} must be 'auto' or one of {sorted(table)}, got {name!r}")
     return table[name]
+
+
+def rotation_when_even(world: int, layout: Layout) -> Optional[str]:
+    """``symmetry`` of a schedule whose rank r works on chunk (r - step) % world and talks to
+    peers at fixed distances: the same on every rank, up to rotation, when the chunks are
+    equal (``layout.numel`` a multiple of the world)."""
+    return "rotation" if layout.numel % world == 0 else None
+
+
+def xor_when_even(world: int, layout: Layout) -> Optional[str]:
+    """``symmetry`` of a butterfly over ``rank ^ 2^k`` partners: the same on every rank, up to
+    ``peer ^ rank``, when the world is a power of two and the chunks are equal."""
+    return "xor" if world & (world - 1) == 0 and layout.numel % world == 0 else None

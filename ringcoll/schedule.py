@@ -81,8 +81,8 @@ class Step:
 def step(comms: Iterable[Send | Recv] = (), local: Iterable[Reduce | Copy] = ()) -> Step:
     """A step without the empty parts: transfers and local work on zero elements are dropped
     on both sides alike (a chunk's extent is a function of the layout, which every rank shares)."""
-    return Step(tuple(c for c in comms if c.buf.numel > 0),
-                tuple(op for op in local if op.dst.numel > 0))
+    return Step(tuple([c for c in comms if c.buf.stop > c.buf.start]),
+                tuple([op for op in local if op.dst.stop > op.dst.start]) if local else ())
 
 
 def sendrecv(send_peer: int, send_buf: Buf, recv_peer: int, recv_buf: Buf) -> Tuple[Send, Recv]:
@@ -120,14 +120,27 @@ class Chunks(Sequence):
         return self.parts
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.parts))]
+        if type(i) is not int:
+            if isinstance(i, slice):
+                return [self[j] for j in range(*i.indices(self.parts))]
+            i = i.__index__()
         if i < 0:
             i += self.parts
         if not 0 <= i < self.parts:
             raise IndexError(f"chunk {i} of {self.parts}")
-        start = self.offset + i * self.base + min(i, self.extra)
-        return Buf(self.name, start, start + self.base + (1 if i < self.extra else 0))
+        base, extra = self.base, self.extra
+        if i < extra:
+            start = self.offset + i * (base + 1)
+            return Buf(self.name, start, start + base + 1)
+        start = self.offset + i * base + extra
+        return Buf(self.name, start, start + base)
+
+    def __iter__(self):
+        name, base, extra, start = self.name, self.base, self.extra, self.offset
+        for i in range(self.parts):
+            stop = start + base + (1 if i < extra else 0)
+            yield Buf(name, start, stop)
+            start = stop
 
     def __add__(self, other):
         return list(self) + list(other)

@@ -131,7 +131,8 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
              machine: Machine = Machine(), data: bool = True, check: Optional[bool] = None,
-             record: Optional[bool] = None, local_size=None, **kwargs) -> Simulation:
+             record: Optional[bool] = None, local_size=None, symmetry: bool = True,
+             **kwargs) -> Simulation:
     """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
@@ -151,6 +152,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     keeps the timeline that :meth:`Simulation.trace` and :meth:`Simulation.plot` draw.
     ``local_size`` puts the ranks on nodes for the node-aware algorithms (ringcoll.topology):
     an int for nodes of that many consecutive ranks, or a tuple giving each rank's node.
+    ``symmetry`` (default on) lets a run without data and timeline on a flat machine run rank
+    0 alone when the algorithm declares every rank's schedule to be rank 0's with its peers
+    relabelled (``ringcoll.register(..., symmetry=)``; the ring, pairwise, Bruck,
+    dissemination, direct and, on powers of two, the butterflies): same statistics and time,
+    in O(one rank's steps) (``stats.mirrored`` says so); ``symmetry=False`` runs every rank.
 
     >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)
     >>> sim.outputs[0][0]           # rank 0's reduced tensor
@@ -200,7 +206,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         after.append(args)
         plans.append(build(Context(rank, world, nodes=nodes), *args, **extra))
     with torch.no_grad():
-        stats = run_plans(plans, machine, data=data, record=record)
+        stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
     itemsize = torch.empty((), dtype=first.dtype).element_size()
     nbytes = first.layout.numel * itemsize

@@ -16,6 +16,14 @@ byte its local operations reduce; the rank then posts its next step.
 It is a discrete-event simulation ordered by time: its result does not depend on the order
 in which ranks are listed, and a run without data (``data=False``) streams each rank's
 schedule one step at a time, so its memory is O(world), not O(steps).
+
+Symmetry: where an algorithm declares that every rank's schedule is rank 0's with its peers
+relabelled (``ringcoll.register(..., symmetry=)``: rotation ``(q + r) % p`` or ``q ^ r``),
+every rank of a run on a flat machine does what rank 0 does at the same times, so a
+cost-only run without a timeline runs rank 0 alone, its sends matched with its own
+receives (:func:`run_schedules`, ``mirror``): O(one rank's steps) instead of O(world's),
+the same statistics and time (tests/test_study.py compares both at every rank). The
+declaration is checked against sampled ranks on every such run.
 """
 from __future__ import annotations
 
@@ -23,7 +31,8 @@ import bisect
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -66,6 +75,7 @@ class SimStats:
     critical_path: int = 0      # the longest chain of dependent steps
     link_bytes: Dict[int, int] = field(default_factory=dict, repr=False)   # src * world + dst -> bytes
     timeline: Optional[Timeline] = field(default=None, repr=False)
+    mirrored: Optional[str] = None      # "rotation" | "xor": rank 0's run stood for every rank
 
     @property
     def world(self) -> int:
@@ -117,13 +127,20 @@ class SimStats:
 
 
 def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool = True,
-              record: bool = False) -> SimStats:
+              record: bool = False, symmetry: bool = True) -> SimStats:
     """Run every rank's plan to completion; ``plans[r]`` is rank r's. With ``data=False``
-    only the clock runs: no buffer is read or written and schedules stream step by step.
+    only the clock runs: no buffer is read or written and schedules stream step by step, and
+    where the algorithm declares its schedules the same on every rank up to relabelling
+    (``symmetry``, on a flat machine, without a timeline) rank 0's run stands for all.
     ``record`` keeps the :class:`Timeline` of every message and local operation."""
     world = len(plans)
     itemsizes = [torch.empty((), dtype=plan.dtype).element_size() for plan in plans]
     if not data:
+        kind = symmetric(plans, machine) if symmetry and not record else None
+        if kind is not None:
+            first = plans[0]
+            return run_schedules([first.algorithm.schedule(0, world, first.layout)], machine,
+                                 itemsizes[:1], describe=[first.describe], mirror=(kind, world))
         schedules = [plan.algorithm.schedule(plan.rank, plan.world, plan.layout) for plan in plans]
         return run_schedules(schedules, machine, itemsizes, record=record,
                              describe=[plan.describe for plan in plans])
@@ -157,6 +174,53 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
     return stats
 
 
+def signature(rank: int, world: int, steps: Iterable, kind: str):
+    """A schedule as the clock sees it, with its peers relative to ``rank``: per step, each
+    transfer's (direction, peer moved back by the rank, elements) and the elements reduced."""
+    for st in steps:
+        yield (tuple((type(c) is Send, (c.peer - rank) % world if kind == "rotation" else c.peer ^ rank,
+                      c.buf.numel) for c in st.comms),
+               reduced_bytes(st.local, 1) if st.local else 0)
+
+
+#: ranks, besides 0, whose schedules a mirrored run compares with rank 0's
+SAMPLED = (1, -1, 0.5)
+
+
+def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[str]:
+    """The symmetry a cost-only run of ``plans`` may use to run rank 0 alone, or None: every
+    rank runs the same algorithm on the same layout and dtype, on a flat machine, and the
+    algorithm declares a symmetry there (``register(..., symmetry=)``). The declaration is
+    checked against sampled ranks' schedules (all ranks' in the tests): a schedule that breaks
+    its own declaration is a ScheduleError, never a silently wrong clock."""
+    world = len(plans)
+    first = plans[0]
+    algorithm = first.algorithm
+    if world < 2 or algorithm.symmetry is None or not machine.flat:
+        return None
+    for plan in plans:
+        if plan.algorithm is not algorithm or plan.layout != first.layout or plan.dtype != first.dtype:
+            return None
+    kind = algorithm.symmetry(world, first.layout)
+    if kind is None:
+        return None
+    if kind not in ("rotation", "xor"):
+        raise ScheduleError(f"{algorithm.collective}/{algorithm.name}: symmetry returned {kind!r}, "
+                            f"not 'rotation', 'xor' or None")
+    reference = list(signature(0, world, algorithm.schedule(0, world, first.layout), kind))
+    for sample in SAMPLED:
+        rank = int(sample * world) % world if isinstance(sample, float) else sample % world
+        if rank == 0:
+            continue
+        got = signature(rank, world, algorithm.schedule(rank, world, first.layout), kind)
+        for index, (want, have) in enumerate(itertools.zip_longest(reference, got)):
+            if want != have:
+                raise ScheduleError(
+                    f"{first.describe or algorithm.name}: declared {kind}-symmetric at world {world}, "
+                    f"but rank {rank}'s step {index} is {have} where rank 0's is {want}")
+    return kind
+
+
 def reduced_bytes(local, itemsize: int) -> int:
     """Bytes a step's local operations reduce (what ringcoll.local.run_local returns)."""
     return sum(op.dst.numel * len(op.srcs) for op in local if isinstance(op, Reduce)) * itemsize
@@ -174,12 +238,30 @@ def _choices(tables):
 
 def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                   itemsizes: Optional[Sequence[int]] = None, *, record: bool = False,
-                  copy=None, local=None, describe: Optional[Sequence[str]] = None) -> SimStats:
+                  copy=None, local=None, describe: Optional[Sequence[str]] = None,
+                  mirror: Optional[Tuple[str, int]] = None) -> SimStats:
     """The clock over ``schedules[r]`` (rank r's steps, any iterable: consumed one step at a
     time). ``copy(src, send, dst, recv)`` moves a matched message's data and ``local(rank,
     step) -> bytes reduced`` runs a finished step's local operations; without them only the
-    clock runs. ``itemsizes[r]``: bytes per element of rank r's buffers (default 1)."""
+    clock runs. ``itemsizes[r]``: bytes per element of rank r's buffers (default 1).
+
+    ``mirror=(kind, world)``: ``schedules`` holds rank 0's schedule alone, standing for every
+    rank of a world whose schedules are rank 0's with the peers relabelled (``kind``
+    "rotation" or "xor", see :func:`ringcoll.register`). By that symmetry every rank does
+    what rank 0 does at the same times, so rank 0's k-th send to peer q is received as rank 0
+    receives its k-th message from the rank that sends to it as q does from rank 0 (peer
+    ``-q % world`` in a rotation, ``q`` in a xor): one rank's clock, on its own ports, and its
+    statistics are every rank's (a flat machine; no data, no timeline)."""
     world = len(schedules)
+    peers = world                         # the ranks a peer may be
+    if mirror is not None:
+        kind, peers = mirror
+        if kind not in ("rotation", "xor") or world != 1:
+            raise ValueError(f"mirror must be ('rotation' | 'xor', world) with rank 0's schedule "
+                             f"alone, got {mirror!r} with {world} schedules")
+        if record or copy is not None or local is not None or not machine.flat:
+            raise ValueError("a mirrored run is cost-only, without a timeline, on a flat machine")
+    rotation = mirror is not None and mirror[0] == "rotation"
     itemsizes = list(itemsizes) if itemsizes is not None else [1] * world
     describe = list(describe) if describe is not None else [""] * world
     lengths = [len(s) if hasattr(s, "__len__") else None for s in schedules]
@@ -243,11 +325,11 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         reducing[rank] = reduced_bytes(st.local, itemsizes[rank]) if st.local else 0
         for pos, item in enumerate(comms):
             peer = item.peer
-            if not 0 <= peer < world or peer == rank:
+            if not 0 <= peer < peers or peer == rank:
                 raise ScheduleError(f"{where(rank)} names peer {peer}, which is not "
-                                    f"another rank of a world of {world}")
+                                    f"another rank of a world of {peers}")
             if type(item) is Send:
-                key = rank * world + peer
+                key = rank * world + peer if mirror is None else peer
                 queue = recvs.get(key)
                 if queue:
                     dst, other, other_pos = queue.popleft()
@@ -255,9 +337,15 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                         del recvs[key]
                     matched.append((pos, other_pos, rank, dst, item, other))
                 else:
-                    sends.setdefault(key, deque()).append((rank, item, pos))
+                    queue = sends.get(key)
+                    if queue is None:
+                        sends[key] = queue = deque()
+                    queue.append((rank, item, pos))
             elif type(item) is Recv:
-                key = peer * world + rank
+                if mirror is None:
+                    key = peer * world + rank
+                else:
+                    key = (peers - peer) % peers if rotation else peer
                 queue = sends.get(key)
                 if queue:
                     src, other, other_pos = queue.popleft()
@@ -265,7 +353,10 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                         del sends[key]
                     matched.append((other_pos, pos, src, rank, other, item))
                 else:
-                    recvs.setdefault(key, deque()).append((rank, item, pos))
+                    queue = recvs.get(key)
+                    if queue is None:
+                        recvs[key] = queue = deque()
+                    queue.append((rank, item, pos))
             else:
                 raise ScheduleError(f"{where(rank)}: {item!r} is not a Send or a Recv")
         if not comms:
@@ -344,7 +435,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             s_stats.messages += 1
             s_stats.bytes_sent += nbytes
             d_stats.bytes_received += nbytes
-            key = src * world + dst
+            key = src * world + dst if mirror is None else send_item.peer
             link_bytes[key] = link_bytes.get(key, 0) + nbytes
             if timeline is not None:
                 timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
@@ -374,4 +465,39 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         if len(stuck) > 16:
             lines.append(f"  ... and {len(stuck) - 16} more ranks")
         raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
+    if mirror is not None:
+        return SimStats([replace(stats[0]) for _ in range(peers)], post_chain[0],
+                        MirroredLinks(link_bytes, *mirror), mirrored=mirror[0])
     return SimStats(stats, max(post_chain, default=0), link_bytes, timeline)
+
+
+class MirroredLinks(Mapping):
+    """Bytes per directed link ``src * world + dst`` of a mirrored run: rank 0's link to peer
+    q, ``per_peer[q]``, is every rank's link to ``(rank + q) % world`` (rotation) or
+    ``rank ^ q`` (xor); computed on access, as a world of thousands has millions of links."""
+
+    def __init__(self, per_peer: Dict[int, int], kind: str, world: int):
+        self.per_peer, self.kind, self.world = dict(per_peer), kind, world
+
+    def _peer(self, src: int, dst: int) -> int:
+        return (dst - src) % self.world if self.kind == "rotation" else dst ^ src
+
+    def __getitem__(self, key: int) -> int:
+        if not isinstance(key, int) or not 0 <= key < self.world * self.world:
+            raise KeyError(key)
+        src, dst = divmod(key, self.world)
+        return self.per_peer[self._peer(src, dst)]
+
+    def __iter__(self):
+        world, kind = self.world, self.kind
+        for src in range(world):
+            for q in sorted(self.per_peer):
+                dst = (src + q) % world if kind == "rotation" else src ^ q
+                yield src * world + dst
+
+    def __len__(self) -> int:
+        return self.world * len(self.per_peer)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+

@@ -557,3 +557,53 @@ def test_tuning_table_is_the_argmin_merged_into_bands(tmp_path):
         table = list(csv.reader(handle))
     assert table[0] == ["collective", "nranks", "min_bytes", "max_bytes", "algorithm"]
     assert table[1] == ["all_reduce", "4", "0", "16383", "recursive_doubling"] and len(table) == 7
+
+
+# -- --import: a user module's algorithms -------------------------------------------------------
+
+CUSTOM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "custom_algo.py")
+
+
+@pytest.fixture
+def registry_restored():
+    """The registry and sys.modules as they were: a user module's algorithm stays in this test."""
+    import sys
+
+    from ringcoll import registry
+
+    saved = {collective: dict(table) for collective, table in registry._REGISTRY.items()}
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+    sys.modules.pop("custom_algo", None)
+
+
+def test_import_benchmarks_a_user_modules_algorithm(registry_restored, tmp_path, capsys):
+    """``--import tests/custom_algo.py``: the parent lists its all_reduce algorithm and the
+    ranks the bench spawns import it too, so its row is measured and checked like ring's."""
+    out = tmp_path / "results"
+    status = cli.main(["--import", CUSTOM, "--np", "2", "--algorithms", "ring_reversed,ring", "-b", "1K",
+                       "-e", "4K", "-n", "2", "-w", "0", "--no-plot", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    (json_name,) = [f for f in os.listdir(out) if f.endswith(".json")]
+    data = json.loads((out / json_name).read_text())
+    assert data["meta"]["imports"] == [CUSTOM]
+    rows = [r for r in data["rows"] if r["collective"] == "all_reduce"]
+    mine = [r for r in rows if r["algorithm"] == "ring_reversed"]
+    assert sorted(r["size"] for r in mine) == [1024, 4096], rows        # -f 4: every size
+    assert all(r["wrong"] == 0 and r["error"] is None and r["time_us"] > 0 for r in mine), mine
+    assert "ring_reversed" in printed
+
+
+@pytest.mark.parametrize("name", ["no_such_module_for_ringcoll", "missing/algo.py"])
+def test_import_names_the_module_it_cannot_import(name, capsys):
+    with pytest.raises(SystemExit, match=f"--import {name}: cannot import it"):
+        cli.main(["--import", name, "--list"])
+
+
+def test_import_of_a_broken_module_names_its_error(tmp_path, registry_restored):
+    broken = tmp_path / "broken_algo.py"
+    broken.write_text("raise RuntimeError('the user module fails')\n")
+    with pytest.raises(SystemExit, match="--import .*broken_algo.py: cannot import it: RuntimeError: the user"):
+        cli.main(["--import", str(broken), "--list"])

@@ -76,6 +76,57 @@ def test_runs_without_data_give_the_same_statistics(small_segments, collective, 
     assert [vars(r) for r in a.ranks] == [vars(r) for r in b.ranks]
 
 
+def _symmetric_algorithms():
+    return [(coll, name) for coll, name in _all_algorithms() if ringcoll.registry.get(coll, name).symmetry]
+
+
+@pytest.mark.parametrize("collective,algorithm", _symmetric_algorithms())
+def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algorithm):
+    """Where an algorithm declares itself the same on every rank up to relabelling peers,
+    every rank's schedule is rank 0's relabelled, and the cost-only run of rank 0 alone gives
+    the statistics of the run of every rank."""
+    from ringcoll.simulator import signature
+
+    machine = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
+    mirrored = 0
+    for world in WORLDS:
+        for numel in (world * 64, world * 64 + 3, max(1, world - 1), 1000, 4099, world * 4096):
+            sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
+                                    numel=numel, data=False, machine=machine, record=False)
+            algo, layout = sim.algorithm, sim.plans[0].layout
+            kind = algo.symmetry(world, layout)
+            if kind is None:
+                continue
+            mirrored += 1
+            reference = list(signature(0, world, algo.schedule(0, world, layout), kind))
+            for rank in range(1, world):
+                assert list(signature(rank, world, algo.schedule(rank, world, layout), kind)) == reference, \
+                    f"{collective}/{algorithm} world {world} numel {numel}: rank {rank} is not rank 0 {kind}d"
+            assert sim.stats.mirrored == kind
+            full = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world, numel=numel,
+                                     data=False, machine=machine, record=False, symmetry=False).stats
+            assert full.mirrored is None
+            a, b = sim.stats, full
+            assert (a.time, a.steps, a.rank_steps, dict(a.link_bytes)) == (b.time, b.steps, b.rank_steps, b.link_bytes)
+            assert [vars(r) for r in a.ranks] == [vars(r) for r in b.ranks]
+    assert mirrored, f"{collective}/{algorithm}: no size of the sweep is symmetric"
+
+
+def test_a_schedule_that_breaks_its_declared_symmetry_is_an_error():
+    """A rooted schedule declared rotation-symmetric: the sampled ranks expose it."""
+    from ringcoll.simulator import ScheduleError
+
+    binomial = ringcoll.registry.get("all_reduce", "recursive_doubling")
+    ringcoll.register("all_reduce", "test_lying", cost=binomial.cost,
+                      symmetry=lambda world, layout: "rotation")(binomial.schedule)
+    try:
+        with pytest.raises(ScheduleError, match="declared rotation-symmetric at world 8, but rank"):
+            ringcoll.simulate("all_reduce", "test_lying", 8, numel=64, data=False, record=False)
+        assert ringcoll.simulate("all_reduce", "test_lying", 8, numel=64).stats.time > 0   # data runs: every rank
+    finally:
+        ringcoll.registry._REGISTRY["all_reduce"].pop("test_lying")
+
+
 def test_critical_path_is_not_the_per_rank_count():
     sim = ringcoll.simulate("all_reduce", "ring", 5, numel=500, data=False)
     assert sim.stats.steps == 2 * 4 and sim.stats.rank_steps == [8] * 5

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
-from ..registry import Cost, register
+from ..registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 from .trees import Phase, all_reduce_trees, halves, pipeline, pipelined_tree_cost, segment_count, segment_numel
 
@@ -30,7 +30,7 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost(2 * (world - 1) * k, 2 * share, share)
 
 
-@register("all_reduce", "ring", cost=_ring_cost)
+@register("all_reduce", "ring", cost=_ring_cost, symmetry=rotation_when_even)
 def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring all-reduce: a reduce-scatter then an all-gather around the ring, one chunk per rank,
     each chunk cut into segments (``layout["segment"]`` elements at most) that are pipelined.
@@ -72,7 +72,7 @@ def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
     return Cost(steps, steps * nbytes, steps * nbytes).plus(_fold_cost(world, nbytes))
 
 
-@register("all_reduce", "recursive_doubling", cost=_recursive_doubling_cost)
+@register("all_reduce", "recursive_doubling", cost=_recursive_doubling_cost, symmetry=xor_when_even)
 def all_reduce_recursive_doubling(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Recursive doubling: at step k each rank exchanges its whole vector with the rank whose
     (folded) rank differs in bit k and reduces it in. Latency-optimal. A non-power-of-two
@@ -106,7 +106,7 @@ def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
     return Cost(2 * _lg(pof2), 2 * share, share).plus(_fold_cost(world, nbytes))
 
 
-@register("all_reduce", "rabenseifner", cost=_rabenseifner_cost)
+@register("all_reduce", "rabenseifner", cost=_rabenseifner_cost, symmetry=xor_when_even)
 def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Rabenseifner: a recursive-halving reduce-scatter then a recursive-doubling all-gather.
 

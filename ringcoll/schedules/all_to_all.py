@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from ..schedule import Buf, Copy, Layout, Recv, Send, Step, step
-from ..registry import Cost, register
+from ..registry import Cost, register, rotation_when_even
 
 
 def _lg(world: int) -> int:
@@ -39,7 +39,7 @@ def _pairwise_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) / world * nbytes, 0)
 
 
-@register("all_to_all", "pairwise", cost=_pairwise_cost)
+@register("all_to_all", "pairwise", cost=_pairwise_cost, symmetry=rotation_when_even)
 def all_to_all_pairwise(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Pairwise exchange: at step s (1 .. p-1) each rank sends its block for
     (rank + s) % p to that peer and receives the block of (rank - s) % p from that peer; its
@@ -63,7 +63,7 @@ def _linear_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) / world * nbytes, 0)
 
 
-@register("all_to_all", "linear", cost=_linear_cost)
+@register("all_to_all", "linear", cost=_linear_cost, symmetry=rotation_when_even)
 def all_to_all_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Linear (MPICH's isend/irecv all-to-all): one step that posts every send and every
     receive at once, peers in the pairwise order, then copies the own block. The p-1
@@ -89,7 +89,7 @@ def _bruck_cost(world: int, nbytes: int) -> Cost:
     return Cost(_lg(world), sum(len(moved) for moved in _bruck_moves(world)) * block, 0)
 
 
-@register("all_to_all", "bruck", cost=_bruck_cost)
+@register("all_to_all", "bruck", cost=_bruck_cost, symmetry=rotation_when_even)
 def all_to_all_bruck(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bruck: ⌈lg p⌉ steps for equal blocks, the latency-optimal all-to-all.
 

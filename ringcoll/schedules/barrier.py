@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..schedule import Buf, Layout, Recv, Send, Step, step
-from ..registry import Cost, register
+from ..registry import Cost, register, rotation_when_even
 
 
 def _lg(world: int) -> int:
@@ -25,7 +25,7 @@ def _dissemination_cost(world: int, nbytes: int) -> Cost:
     return Cost(_lg(world), _lg(world), 0)     # one one-byte token per step
 
 
-@register("barrier", "dissemination", cost=_dissemination_cost)
+@register("barrier", "dissemination", cost=_dissemination_cost, symmetry=rotation_when_even)
 def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Dissemination (Hensgen, Finkel and Manber 1988): at step k each rank sends the token
     to (rank + 2^k) % p and receives one from (rank - 2^k) % p. After ⌈lg p⌉ steps every rank

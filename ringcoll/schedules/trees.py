@@ -22,6 +22,7 @@ pair, so messages match.
 """
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -94,6 +95,8 @@ def relabel(steps: Iterable[Step], rank_of: Callable[[int], int]) -> Iterator[St
 
 def rooted(steps: Iterable[Step], root: int, world: int) -> Iterator[Step]:
     """Steps written on vranks (root = vrank 0), with their peers turned into ranks."""
+    if root == 0:
+        return iter(steps)                  # vranks are ranks
     return relabel(steps, lambda vrank: (vrank + root) % world)
 
 
@@ -165,7 +168,7 @@ class Tree:
     children: Tuple[Tuple[int, ...], ...]
     depth: Tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def height(self) -> int:
         return max(self.depth)
 
@@ -186,31 +189,41 @@ class Tree:
 
     @staticmethod
     def chain(order: Sequence[int]) -> "Tree":
-        """The chain ``order[0] -> order[1] -> ...`` (order[0] at the top) over ranks 0..len-1."""
-        world = len(order)
-        parent: List[Optional[int]] = [None] * world
-        children: List[Tuple[int, ...]] = [()] * world
-        depth = [0] * world
-        for d, r in enumerate(order):
-            depth[r] = d
-            if d:
-                parent[r] = order[d - 1]
-                children[order[d - 1]] = (r,)
-        return Tree(tuple(parent), tuple(children), tuple(depth))
+        """The chain ``order[0] -> order[1] -> ...`` (order[0] at the top) over ranks 0..len-1
+        (built once per order: every rank of a simulated world asks for the same one)."""
+        return _chain(tuple(order))
 
 
+@functools.lru_cache(maxsize=16)
+def _chain(order: Tuple[int, ...]) -> Tree:
+    world = len(order)
+    parent: List[Optional[int]] = [None] * world
+    children: List[Tuple[int, ...]] = [()] * world
+    depth = [0] * world
+    for d, r in enumerate(order):
+        depth[r] = d
+        if d:
+            parent[r] = order[d - 1]
+            children[order[d - 1]] = (r,)
+    return Tree(tuple(parent), tuple(children), tuple(depth))
+
+
+@functools.lru_cache(maxsize=16)
 def all_reduce_trees(world: int) -> Tuple[Tree, Tree]:
-    """NCCL's two trees over all ranks (for the unrooted all-reduce)."""
+    """NCCL's two trees over all ranks (for the unrooted all-reduce), built once per world:
+    each rank's schedule reads its own node and the trees' heights, so rebuilding them per
+    rank would cost O(world) per rank in a simulated world."""
     trees = [nccl_dtree(world, r) for r in range(world)]
     return Tree.build(world, lambda r: trees[r][0]), Tree.build(world, lambda r: trees[r][1])
 
 
+@functools.lru_cache(maxsize=16)
 def rooted_trees(world: int) -> Tuple[Tree, Tree]:
     """Two trees on vranks for a rooted collective: NCCL's double binary tree over the
     world - 1 vranks other than the root (vrank i + 1 plays NCCL rank i), and the root, vrank
     0, above the top of each. The root thus has one child per tree and every other vrank is
     interior in at most one tree, except, as in NCCL, NCCL's rank 0 (vrank 1) when world - 1
-    is odd: the top of the first tree, with one child there."""
+    is odd: the top of the first tree, with one child there. Built once per world."""
     if world == 1:
         single = Tree((None,), ((),), (0,))
         return single, single
