@@ -23,8 +23,7 @@ from ringcoll.simulate import BUILDER_OF
 from ringcoll.study.bounds import lower_bounds
 
 #: (collective, algorithm, extra arguments, worlds) measured; hierarchical on nodes of 8.
-#: Every algorithm here admits any p (non-powers of two included); the only cap is
-#: ``direct``'s, at p = 64, for the simulator's speed (LIMITS).
+#: Every algorithm here admits any p (non-powers of two included), so every case runs at both.
 CASES = [
     ("all_reduce", "direct", {}, (64, 1024)),
     ("all_reduce", "swing_latency", {}, (64, 1024)),
@@ -49,13 +48,9 @@ CASES = [
     ("reduce", "hierarchical", {"dst": 0, "local_size": 8}, (64, 1024)),
     ("reduce", "binomial", {"dst": 0}, (64, 1024)),
 ]
-#: worlds a case is not run at, and why (written into the md and the json)
-LIMITS = {
-    "direct": (64, "not simulated: one step of p - 1 = 1023 messages per rank is 10^6 messages, and "
-                   "today's cost-only simulator took over 150 s for one size (all_reduce, 16 MiB; it "
-                   "was stopped there). direct is for small p anyway (auto weighs it only at p <= 8); "
-                   "regenerate with a faster simulator (the data=False speed-up under way) to fill it in"),
-}
+#: algorithm -> (the largest world it is run at, why), written into the md and the json; none
+#: today (direct at p = 1024, 10^6 messages, needed the simulator's symmetric cost-only runs)
+LIMITS: dict = {}
 SIZES = (64 * 1024, 16 * 1024 * 1024)       # n in bytes (float32): the vector, or the gathered total
 MACHINE = ringcoll.Machine()                # the simulator's default machine, also auto's default
 
