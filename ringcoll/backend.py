@@ -32,6 +32,7 @@ import torch.distributed as dist
 from . import registry
 from .collectives._common import BUILDERS, Context, as_real
 from .executor import P2PExecutor, get_timeout
+from .machine import Machine
 from .ops import RedOpType
 from .collectives.p2p import _SendRecvWork
 from .work import Work, submit, timeout_seconds
@@ -49,10 +50,15 @@ class Options:
     ``Options(all_reduce="ring", broadcast="binomial")``: keys are collectives
     (``ringcoll.algorithms()``), values one of their algorithms or ``"auto"``; collectives
     not named choose as the drop-ins do (``RINGCOLL_ALGO``, then the ``auto`` table). A name
-    given here wins over ``RINGCOLL_ALGO``. Checked when built: ValueError naming the
-    collective and its algorithms."""
+    given here wins over ``RINGCOLL_ALGO``. ``machine=ringcoll.Machine(...)`` (or
+    ``ringcoll.fit(...)``) is the machine ``auto``'s model weighs this group's calls on, in
+    place of ``RINGCOLL_MACHINE`` (ringcoll.selection.machine). Checked when built:
+    ValueError naming the collective and its algorithms."""
 
-    def __init__(self, **algorithms: str):
+    def __init__(self, machine: Optional[Machine] = None, **algorithms: str):
+        if machine is not None and not isinstance(machine, Machine):
+            raise TypeError(f"Options: machine must be a ringcoll.Machine, got {type(machine).__name__}")
+        self.machine = machine
         known = registry.algorithms()
         for collective, name in algorithms.items():
             if collective not in known:
@@ -69,7 +75,8 @@ class Options:
         return self.algorithms.get(_FAMILY.get(builder_name, builder_name), "auto")
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self.algorithms.items())
+        inner = ", ".join([f"{k}={v!r}" for k, v in self.algorithms.items()]
+                          + ([f"machine={self.machine!r}"] if self.machine is not None else []))
         return f"ringcoll.Options({inner})"
 
 
@@ -219,7 +226,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _context(self, tensor: Optional[torch.Tensor]) -> Context:
         device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
-        return Context(self._rank, self._world, self.executor(device))
+        return Context(self._rank, self._world, self.executor(device), machine=self.options.machine)
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
         """The drop-in's plan for this call on the executor of ``tensor``'s device; bad input
@@ -263,7 +270,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
             raise ValueError(f"op must be ReduceOp.SUM for a sparse tensor (as gloo), got {op}")
         tensor = tensors[0]
         executor, world = self.executor(tensor.device), self._world
-        ctx = Context(self._rank, world, executor)
+        ctx = Context(self._rank, world, executor, machine=self.options.machine)
         algorithm = self.options.algorithm("all_gather_into_tensor")
 
         def gathered(local: torch.Tensor) -> torch.Tensor:

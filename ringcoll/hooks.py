@@ -27,7 +27,8 @@ def ddp_comm_hook(algorithm: str = "auto") -> Callable:
     Args:
         algorithm (str): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``) or one of
             ``ringcoll.algorithms("all_reduce")``: ``ring``, ``recursive_doubling``,
-            ``rabenseifner``, ``double_binary_tree`` ...
+            ``rabenseifner``, ``double_binary_tree``, ``swing_latency``, ``swing_bandwidth``,
+            ``bine``, ``direct``, ``hierarchical``, ``torus2d``.
 
     Returns:
         ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``, which resolves to the

@@ -13,8 +13,10 @@ How ``auto`` decides, first source that answers:
    collective that matches decides if the call's world is within what its evidence measured
    (``world <= measured_upto``).
 4. Otherwise the model: the candidate with the least closed-form α-β-γ time (the cost each
-   algorithm registers) on the machine of ``RINGCOLL_MACHINE=machine.json`` (alpha, beta,
-   gamma), else :data:`DEFAULT_MACHINE`. ``direct`` is considered only at p <= 8; on a tie the
+   algorithm registers) on one machine, decided by :func:`machine`: the group's
+   ``ringcoll.Options(machine=...)``, else ``RINGCOLL_MACHINE=machine.json`` (a
+   ``ringcoll.Machine`` saved by ``Machine.save`` or ``ringcoll.fit(...).save``), else
+   :data:`DEFAULT_MACHINE`. ``direct`` is considered only at p <= 8; on a tie the
    classic algorithm wins over a newer one.
 
 ``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import registry
+from .machine import Machine
 
 log = logging.getLogger("ringcoll")
 
@@ -214,12 +217,13 @@ def _override(collective: str) -> Optional[str]:
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
-           exclude: tuple = ()) -> tuple[str, str]:
+           exclude: tuple = (), machine: Optional[Machine] = None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
     else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
     where that rule was measured, else the least modelled time (:func:`model_choice`).
-    ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run). The reason
-    names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
+    ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
+    is the group's (``Options(machine=...)``) for the model. The reason names the source that
+    decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -239,7 +243,7 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
                 return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
                                        f"{rule.evidence.split(';')[0]}"
             break           # the rule that would decide was not measured here: the model does
-    return model_choice(collective, nbytes, world, names)
+    return model_choice(collective, nbytes, world, names, machine)
 
 
 # -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------
@@ -319,9 +323,10 @@ def tuning_choice(collective: str, nbytes: int, world: int, names) -> Optional[t
 
 # -- the model: the least modelled time on the machine --------------------------------------
 
-#: the machine of the model when RINGCOLL_MACHINE names none: the simulator's default machine
-#: (α = 5 µs per message, 10 GB/s on the wire, 20 GB/s reducing), a modest cluster
-DEFAULT_MACHINE = {"alpha": 5e-6, "beta": 1 / 10e9, "gamma": 1 / 20e9}
+#: the machine of the model when neither Options nor RINGCOLL_MACHINE gives one: the
+#: simulator's default machine (α = 5 µs per message, 10 GB/s on the wire, 20 GB/s reducing,
+#: one port per rank), a modest cluster
+DEFAULT_MACHINE = Machine()
 
 #: algorithms the model never considers above this world size: one step of p - 1 messages
 #: per rank is for small groups (it also needs p - 1 receive buffers)
@@ -333,37 +338,35 @@ FRONTIER = ("direct", "swing_latency", "swing_bandwidth", "bine", "pat", "torus2
 _machine_cache: dict = {}
 
 
-def machine() -> tuple[dict, str]:
-    """The model's machine (alpha, beta, gamma in seconds per message / per byte) and where it
-    came from: the JSON file RINGCOLL_MACHINE names (``ringcoll.Machine.save`` writes one;
-    any JSON object with alpha, beta and gamma keys), else :data:`DEFAULT_MACHINE`."""
-    import json
-
+def machine(given: Optional[Machine] = None) -> tuple[Machine, str]:
+    """The model's :class:`ringcoll.Machine` and where it came from, first that answers: the
+    one the call's group was given (``ringcoll.Options(machine=...)``); the JSON file
+    ``RINGCOLL_MACHINE`` names, read by :meth:`Machine.load` (``Machine.save`` and
+    ``ringcoll.fit(...).save(path)`` write one); else :data:`DEFAULT_MACHINE`. A file that
+    cannot be read or is no Machine is a ValueError naming RINGCOLL_MACHINE and the path."""
+    if given is not None:
+        if not isinstance(given, Machine):
+            raise TypeError(f"machine must be a ringcoll.Machine, got {type(given).__name__}")
+        return given, "Options machine"
     path = os.environ.get("RINGCOLL_MACHINE", "").strip()
     if not path:
         return DEFAULT_MACHINE, "default machine"
-    cached = _machine_cache.get(path)
     try:
         stamp = os.stat(path).st_mtime_ns
     except OSError as error:
         raise ValueError(f"RINGCOLL_MACHINE names {path!r}, which cannot be read: {error}") from None
+    cached = _machine_cache.get(path)
     if cached is not None and cached[0] == stamp:
         return cached[1], path
-    with open(path) as handle:
-        try:
-            data = json.load(handle)
-        except ValueError as error:
-            raise ValueError(f"RINGCOLL_MACHINE: {path} is not JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"RINGCOLL_MACHINE: {path} must hold a JSON object with alpha, beta and gamma")
-    values = {}
-    for key in ("alpha", "beta", "gamma"):
-        value = data.get(key, 0.0 if key == "gamma" else None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"RINGCOLL_MACHINE: {path} needs a non-negative number {key!r}, got {value!r}")
-        values[key] = float(value)
-    _machine_cache[path] = (stamp, values)
-    return values, path
+    try:
+        loaded = Machine.load(path)
+    except (ValueError, TypeError) as error:        # bad JSON, unknown fields, bad values
+        raise ValueError(f"RINGCOLL_MACHINE={path}: not a ringcoll.Machine JSON "
+                         f"(ringcoll.Machine.save writes one): {error}") from None
+    except OSError as error:
+        raise ValueError(f"RINGCOLL_MACHINE names {path!r}, which cannot be read: {error}") from None
+    _machine_cache[path] = (stamp, loaded)
+    return loaded, path
 
 
 def _model_bytes(collective: str, nbytes: int, world: int) -> int:
@@ -372,29 +375,31 @@ def _model_bytes(collective: str, nbytes: int, world: int) -> int:
     return nbytes * world if collective == "all_to_all" else nbytes
 
 
-def modelled_times(collective: str, nbytes: int, world: int, names) -> list[tuple[float, str]]:
+def modelled_times(collective: str, nbytes: int, world: int, names,
+                   given: Optional[Machine] = None) -> list[tuple[float, str]]:
     """(time on the model's machine, name) of every candidate, fastest first (ties: the
-    classic algorithm, then registration order)."""
-    values, _ = machine()
+    classic algorithm, then registration order). ``given``: the group's machine, if any."""
+    on, _ = machine(given)
     n = _model_bytes(collective, nbytes, world)
     ranked = []
     for index, name in enumerate(names):
         if world > SMALL_WORLD_ONLY.get(name, world):
             continue
-        seconds = registry.get(collective, name).cost(world, n).time(values["alpha"], values["beta"], values["gamma"])
+        seconds = registry.get(collective, name).cost(world, n).on(on)
         ranked.append((round(seconds, 15), name in FRONTIER, index, name))
     ranked.sort()
     return [(seconds, name) for seconds, _, _, name in ranked]
 
 
-def model_choice(collective: str, nbytes: int, world: int, names) -> tuple[str, str]:
+def model_choice(collective: str, nbytes: int, world: int, names,
+                 given: Optional[Machine] = None) -> tuple[str, str]:
     """The candidate with the least modelled time: its closed-form α-β-γ cost on the
-    machine of :func:`machine`."""
-    ranked = modelled_times(collective, nbytes, world, names)
+    machine of :func:`machine` (on a hierarchical one, at its slowest link: Cost.on)."""
+    ranked = modelled_times(collective, nbytes, world, names, given)
     if not ranked:
         return names[0], "auto: no candidate the model may take, first registered"
     (best_time, best), rest = ranked[0], ranked[1:]
-    _, source = machine()
+    _, source = machine(given)
     runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.3g} us" if rest else ""
     return best, f"auto: model ({source}): {best} {best_time * 1e6:.3g} us{runner_up}"
 

@@ -1,6 +1,6 @@
 """The frontier algorithms (direct, Swing, Bine, PAT, 2-D torus, hierarchical): exact results
-in the simulator at every world size, their closed-form costs against the port-limited
-clock, node layouts; the built-in comparisons on gloo run in the collective's own test file,
+in the simulator at every world size, their closed-form costs against the simulator's
+port-limited clock (its cost-only run), node layouts; the built-in comparisons on gloo run in the collective's own test file,
 which takes every registered algorithm."""
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import torch
 
 import ringcoll
 from ringcoll import registry
-from ringcoll.bench.frontier_stats import port_time, schedules_of
-from ringcoll.simulate import rank_data
+from ringcoll.simulate import BUILDER_OF, rank_data
 
 R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
@@ -44,7 +43,15 @@ def xor_of(world, numel):
 
 
 def params_for(collective, world):
-    return {"root": world // 2} if collective in ("broadcast", "reduce") else {}
+    return {"broadcast": {"src": world // 2}, "reduce": {"dst": world // 2}}.get(collective, {})
+
+
+def cost_only(collective, algorithm, world, numel, **kwargs):
+    """The simulator's cost-only run of ``collective`` on float32 (numel: the cost model's n
+    in elements) on :data:`MACHINE`."""
+    return ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world, numel=numel,
+                             dtype=torch.float32, machine=ringcoll.Machine(**MACHINE), data=False,
+                             record=False, **kwargs)
 
 
 def simulated(collective, algorithm, world, numel, **kwargs):
@@ -101,8 +108,7 @@ def test_closed_form_equals_the_port_clock(collective, algorithm):
     machine, equals the time of the schedules on that clock (sizes divisible by p)."""
     for world in WORLDS:
         numel = world * 96
-        schedules = schedules_of(collective, algorithm, world, numel, params_for(collective, world))
-        clock, _ = port_time(schedules, 4, **MACHINE)
+        clock = cost_only(collective, algorithm, world, numel, **params_for(collective, world)).stats.time
         model = registry.get(collective, algorithm).cost(world, numel * 4).time(*MACHINE.values())
         assert clock == pytest.approx(model, rel=1e-9, abs=1e-15), f"{collective}/{algorithm} world {world}"
 
@@ -142,11 +148,10 @@ def test_pat_bounds_its_aggregation(monkeypatch, collective, segment_bytes):
     for world in (2, 5, 8, 13, 16):
         got, want = simulated(collective, "pat", world, 1)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"world {world}"
-        schedules = schedules_of(collective, "pat", world, world * 2, {"segment": per_message * 2})
-        clock, _ = port_time(schedules, 4, **MACHINE)
+        sim = cost_only(collective, "pat", world, world * 2)        # float32 blocks of 2: 8 bytes
         cost = registry.get(collective, "pat").cost(world, world * 8)
-        assert clock == pytest.approx(cost.time(*MACHINE.values()), rel=1e-9)
-        messages = sum(len([c for c in st.comms if type(c).__name__ == "Send"]) for st in schedules[0])
+        assert sim.stats.time == pytest.approx(cost.time(*MACHINE.values()), rel=1e-9)
+        messages = sim.stats.ranks[0].messages
         assert messages == cost.alpha
         if per_message == 1:
             assert messages == world - 1
@@ -180,14 +185,12 @@ def test_hierarchical_nodes_of_scattered_ranks(collective):
 
 @pytest.mark.parametrize("collective", HIERARCHICAL)
 def test_hierarchical_cost_equals_the_port_clock(monkeypatch, collective):
-    from ringcoll.topology import even_nodes
-
     for local_size in (2, 4):
-        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", str(local_size))
+        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", str(local_size))         # the closed form reads it
         for world in (4, 8, 12, 16, 32):
             numel = world * 96
-            params = {**params_for(collective, world), "nodes": even_nodes(world, local_size)}
-            clock, _ = port_time(schedules_of(collective, "hierarchical", world, numel, params), 4, **MACHINE)
+            clock = cost_only(collective, "hierarchical", world, numel, local_size=local_size,
+                              **params_for(collective, world)).stats.time
             model = registry.get(collective, "hierarchical").cost(world, numel * 4).time(*MACHINE.values())
             assert clock == pytest.approx(model, rel=1e-9), f"{collective} L={local_size} world {world}"
 
@@ -244,11 +247,119 @@ def test_model_follows_the_machine(plain_env, tmp_path):
     name, _ = selection.choose("all_reduce", "auto", 1 << 20, 16)
     assert registry.get("all_reduce", name).cost(16, 1 << 20).beta == pytest.approx(2 * 15 / 16 * (1 << 20))
     assert selection.choose("all_reduce", "auto", 64, 5)[0] != "direct"
+
+
+#: p = 16, 1 MiB: a machine where a message costs 1 ms and one where a byte costs 1 ns
+HIGH_ALPHA = ringcoll.Machine(alpha=1e-3, beta=1 / 100e9, gamma=1 / 200e9)
+HIGH_BETA = ringcoll.Machine(alpha=1e-7, beta=1e-9, gamma=1 / 200e9)
+
+
+def formula_best(collective, nbytes, world, machine):
+    """The least closed-form time on ``machine``, as the formulas give it (direct only at p <= 8)."""
+    names = [n for n in ringcoll.algorithms(collective) if not (n == "direct" and world > 8)]
+    return min(registry.get(collective, n).cost(world, nbytes).on(machine) for n in names)
+
+
+def test_saved_machines_change_the_choice_as_the_formulas_predict(plain_env, tmp_path):
+    """Machine.save / Machine.load is the one path: at p = 16 and 1 MiB the high-α machine
+    takes lg p = 4 whole-vector messages (recursive doubling: 4α + 4nβ beats Rabenseifner's
+    8α + 2(p-1)/p·nβ by 4 ms - 0.04 ms), the high-β machine the bandwidth-optimal form
+    (2(p-1)/p·n = 1.97 MB on the wire instead of 4 MiB)."""
+    n, world = 1 << 20, 16
+    chosen = {}
+    for label, machine in (("alpha", HIGH_ALPHA), ("beta", HIGH_BETA)):
+        path = tmp_path / f"{label}.json"
+        machine.save(str(path))
+        plain_env.setenv("RINGCOLL_MACHINE", str(path))
+        name, why = selection.choose("all_reduce", "auto", n, world)
+        assert why.startswith(f"auto: model ({path})"), why
+        cost = registry.get("all_reduce", name).cost(world, n)
+        assert cost.on(machine) == pytest.approx(formula_best("all_reduce", n, world, machine))
+        chosen[label] = (name, cost)
+    (_, alpha_cost), (_, beta_cost) = chosen["alpha"], chosen["beta"]
+    assert chosen["alpha"][0] != chosen["beta"][0]
+    assert alpha_cost.alpha == 4 and alpha_cost.beta == 4 * n
+    assert beta_cost.beta == pytest.approx(2 * 15 / 16 * n) and beta_cost.alpha > 4
+
+
+def test_fitted_machine_file_is_the_model(plain_env, tmp_path):
+    """``ringcoll.fit(...).save(path)`` with RINGCOLL_MACHINE=path: auto takes the least
+    closed-form time on the fitted machine, and names the file."""
+    import pathlib
+
+    run = pathlib.Path(__file__).resolve().parent.parent / "bench" / "results" / "20261202T144510Z_np4_gloo.json"
+    fitted = ringcoll.fit([str(run)])
+    path = tmp_path / "fitted.json"
+    fitted.save(str(path))
+    assert ringcoll.Machine.load(str(path)) == fitted
+    plain_env.setenv("RINGCOLL_MACHINE", str(path))
+    for world, n in ((16, 4096), (64, 1 << 24)):
+        name, why = selection.choose("all_reduce", "auto", n, world)
+        assert str(path) in why
+        assert registry.get("all_reduce", name).cost(world, n).on(fitted) == \
+            pytest.approx(formula_best("all_reduce", n, world, fitted))
+
+
+def test_options_machine_wins_over_the_file(plain_env, tmp_path):
+    path = tmp_path / "beta.json"
+    HIGH_BETA.save(str(path))
+    plain_env.setenv("RINGCOLL_MACHINE", str(path))
+    name, why = selection.choose("all_reduce", "auto", 1 << 20, 16, machine=HIGH_ALPHA)
+    assert why.startswith("auto: model (Options machine)")
+    assert registry.get("all_reduce", name).cost(16, 1 << 20).alpha == 4
+    assert ringcoll.Options(machine=HIGH_ALPHA).machine is HIGH_ALPHA
+    with pytest.raises(TypeError, match="machine must be a ringcoll.Machine, got dict"):
+        ringcoll.Options(machine={"alpha": 1.0})
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"alpha": "fast"}', "alpha must be a non-negative number"),
+    ("{alpha: 1}", "not a ringcoll.Machine JSON"),
+    ('{"alpha": 1e-6, "latency": 2}', "unknown"),
+])
+def test_bad_machine_file_names_the_variable_and_path(plain_env, tmp_path, text, message):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"alpha": "fast"}')
+    bad.write_text(text)
     plain_env.setenv("RINGCOLL_MACHINE", str(bad))
-    with pytest.raises(ValueError, match="needs a non-negative number 'alpha'"):
+    with pytest.raises(ValueError, match=message) as caught:
         selection.choose("all_reduce", "auto", 64, 16)
+    assert f"RINGCOLL_MACHINE={bad}" in str(caught.value)
+    plain_env.setenv("RINGCOLL_MACHINE", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="RINGCOLL_MACHINE names .*missing.json.*cannot be read"):
+        selection.choose("all_reduce", "auto", 64, 16)
+
+
+def options_machine_log(machine):
+    """The log line of one all_gather on a ringcoll group whose Options carry ``machine``."""
+    import logging
+
+    import torch.distributed as dist
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    log = logging.getLogger("ringcoll")
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(machine=machine))
+        out = torch.empty(3 * 4096)
+        dist.all_gather_into_tensor(out, torch.full((4096,), float(dist.get_rank() + 1)), group=group)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return records, out[::4096].tolist()
+
+
+def test_options_machine_reaches_auto_on_a_group(clusters):
+    """p = 3, 48 KiB gathered: no measured rule covers it, so the group's machine decides."""
+    for records, firsts in clusters(3).run(options_machine_log, HIGH_ALPHA):
+        assert firsts == [1.0, 2.0, 3.0]
+        line = next((r for r in records if " -> " in r), records)
+        assert "(auto: model (Options machine)" in line, line
+        want = selection.choose("all_gather", "auto", 3 * 4096 * 4, 3, machine=HIGH_ALPHA)[0]
+        assert f"-> {want} (" in line, line
 
 
 def test_direct_only_for_small_worlds(plain_env):
@@ -411,3 +522,78 @@ def test_bad_local_size_is_refused(plain_env):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=0)
     with pytest.raises(ValueError, match="must give the node of each of the 4 ranks, got 3"):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=(0, 0, 1))
+
+
+# -- a 2-level machine: where hierarchical wins, and where it does not -------------------------
+def test_hierarchical_wins_on_two_levels_as_the_formulas_predict():
+    """The study map's machine (bench/study_2level.py): nodes of L = 4, intra (αi, βi), inter
+    (αo, βo) through one NIC port per node. With N = p / L nodes:
+    flat ring: every step pays the slow link, one message per NIC at a time:
+        2(p-1)(αo + n/p·βo) + (p-1)/p·nγ;
+    hierarchical: rings inside (L-1 steps each way), then the N-node ring of each rank's
+    n/L shard, the NIC carrying the node's L messages of each of its 2(N-1) steps one after
+    another (which hides the inter-node reductions):
+        2(L-1)(αi + n/L·βi) + (L-1)/L·nγ + 2(N-1)·L·(αo + n/(NL)·βo);
+    Rabenseifner: its first and last steps (distance p/2) send n/2 from all L ranks of a node
+    through one NIC: at least 2L(αo + n/2·βo).
+    At p = 16 and 16 MiB hierarchical beats both; at p = 4 (one node) it is the ring and
+    Rabenseifner beats it; at p = 64 and 4 KiB Rabenseifner's 2 lg p steps beat its 2(L+N-2)."""
+    from ringcoll.bench.study_2level import MACHINE
+
+    L = MACHINE.ranks_per_node
+    ai, bi, ao, bo, g = MACHINE.alpha, MACHINE.beta, MACHINE.inter_alpha, MACHINE.inter_beta, MACHINE.gamma
+
+    def simulated(name, world, n):
+        return ringcoll.simulate("all_reduce", name, world, numel=n // 4, dtype=torch.float32, data=False,
+                                 record=False, machine=MACHINE, local_size=L).stats.time
+
+    def ring(p, n):
+        hop = (ao, bo) if p > L else (ai, bi)
+        return 2 * (p - 1) * (hop[0] + n / p * hop[1]) + (p - 1) / p * n * g
+
+    def hierarchical(p, n):
+        nodes = p // L
+        return 2 * (L - 1) * (ai + n / L * bi) + (L - 1) / L * n * g + 2 * (nodes - 1) * L * (ao + n / p * bo)
+
+    p, n = 16, 16 << 20
+    assert simulated("ring", p, n) == pytest.approx(ring(p, n), rel=1e-9)
+    assert simulated("hierarchical", p, n) == pytest.approx(hierarchical(p, n), rel=1e-9)
+    assert simulated("rabenseifner", p, n) >= 2 * L * (ao + n / 2 * bo)
+    assert hierarchical(p, n) < ring(p, n) and hierarchical(p, n) < 2 * L * (ao + n / 2 * bo)
+    # one node: hierarchical is the ring, and the ring loses to Rabenseifner
+    p, n = L, 1 << 20
+    assert simulated("hierarchical", p, n) == pytest.approx(ring(p, n), rel=1e-9)
+    assert simulated("hierarchical", p, n) > simulated("rabenseifner", p, n)
+    # many nodes, small message: latency decides
+    p, n = 64, 4096
+    assert simulated("hierarchical", p, n) > simulated("rabenseifner", p, n)
+
+
+# -- docstrings follow the registry --------------------------------------------------------------
+def test_algorithm_docs_list_every_registered_algorithm():
+    """Every public call's ``algorithm`` argument names exactly the algorithms its collective
+    registers (``ringcoll.algorithms(collective)``), so a new one cannot leave it stale."""
+    import inspect
+    import re
+
+    from ringcoll.simulate import COLLECTIVE_OF
+
+    documented = {}
+    for name in ringcoll.__all__:
+        fn = getattr(ringcoll, name)
+        if not callable(fn) or inspect.isclass(fn):
+            continue
+        doc = inspect.getdoc(fn) or ""
+        paragraph = re.search(r"^ *algorithm \(str[^)]*\):(.*?)(?=^ *\w+ \(|^\S|\Z)", doc, re.S | re.M)
+        if paragraph is None:
+            continue
+        collective = re.search(r'ringcoll\.algorithms\("(\w+)"\)', paragraph.group(1))
+        assert collective, f"{name}: the algorithm argument should say ringcoll.algorithms(collective)"
+        assert collective.group(1) == COLLECTIVE_OF.get(name, "all_reduce" if name == "ddp_comm_hook" else name)
+        listed = set(re.findall(r"``([a-z_0-9]+)``", paragraph.group(1))) - {"auto"}
+        assert listed == set(ringcoll.algorithms(collective.group(1))), \
+            f"{name}: documents {sorted(listed)}, registered {ringcoll.algorithms(collective.group(1))}"
+        documented[name] = collective.group(1)
+    assert {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
+            "reduce_scatter_single", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
+            "ddp_comm_hook"} <= set(documented), sorted(documented)

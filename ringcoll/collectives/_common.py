@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from .. import registry
 from ..executor import P2PExecutor
+from ..machine import Machine
 from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
 from ..schedule import Layout
@@ -43,6 +44,7 @@ class Context:
     executor: Optional[P2PExecutor] = None
     seq: Optional[int] = None
     nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.topology)
+    machine: Optional[Machine] = None            # the model's machine for auto (Options(machine=))
 
     def submit(self, plan: Optional[Plan], async_op: bool):
         if plan is None:
@@ -208,7 +210,7 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
-    name, why = choose(collective, algorithm, nbytes, ctx.world)
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine)
     return registry.get(collective, name), why
 
 

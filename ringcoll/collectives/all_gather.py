@@ -71,7 +71,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         async_op (bool, optional): Whether this op should be an async op.
         algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
             or one of ``ringcoll.algorithms("all_gather")``: ``ring``, ``recursive_doubling``,
-            ``bruck``.
+            ``bruck``, ``direct``, ``hierarchical``, ``pat``.
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is, as gloo's, the
@@ -145,7 +145,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="au
         group (ProcessGroup, optional): The process group to work on. If None, the default
             process group will be used.
         async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("all_gather")``.
+        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("all_gather")``:
+            ``ring``, ``recursive_doubling``, ``bruck``, ``direct``, ``hierarchical``, ``pat``.
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``tensor_list``.

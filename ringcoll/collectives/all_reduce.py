@@ -48,7 +48,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         async_op (bool, optional): Whether this op should be an async op.
         algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
             or one of ``ringcoll.algorithms("all_reduce")``: ``ring``,
-            ``recursive_doubling``, ``rabenseifner`` ...
+            ``recursive_doubling``, ``rabenseifner``, ``double_binary_tree``,
+            ``swing_latency``, ``swing_bandwidth``, ``bine``, ``direct``, ``hierarchical``,
+            ``torus2d``.
 
     Returns:
         Async work handle, if async_op is set to True. None, if not async_op or if not part

@@ -125,7 +125,7 @@ def _choose(ctx: Context, algorithm: str, send_counts: List[int], recv_counts: L
                          f"{recv_counts} elements: use 'pairwise' or 'linear'")
     block_bytes = max([*send_counts, *recv_counts], default=0) * element_size
     exclude = () if declared_equal and equal else ("bruck",)
-    name, why = choose("all_to_all", algorithm, block_bytes, ctx.world, exclude)
+    name, why = choose("all_to_all", algorithm, block_bytes, ctx.world, exclude, machine=ctx.machine)
     return registry.get("all_to_all", name), why
 
 

@@ -43,8 +43,9 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         group_src (int): Source rank on ``group``. Must specify one of ``group_src`` and
             ``src`` but not both.
         algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("broadcast")``: ``binomial``,
-            ``pipelined_chain``, ``scatter_allgather``, ``double_binary_tree``.
+            or one of ``ringcoll.algorithms("broadcast")``: ``binomial``, ``linear``,
+            ``pipelined_chain``, ``scatter_allgather``, ``double_binary_tree``, ``bine``,
+            ``hierarchical``.
 
     Returns:
         Async work handle, if async_op is set to True. None, if not async_op or if not part

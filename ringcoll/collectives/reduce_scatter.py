@@ -91,8 +91,8 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
             process group will be used.
         async_op (bool, optional): Whether this op should be an async op.
         algorithm (str, keyword-only): ``"auto"`` or one of
-            ``ringcoll.algorithms("reduce_scatter")``: ``ring``, ``recursive_halving``,
-            ``pairwise``.
+            ``ringcoll.algorithms("reduce_scatter")``: ``ring``, ``pairwise``,
+            ``recursive_halving``, ``direct``, ``hierarchical``, ``pat``.
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[output]`` (as
@@ -164,7 +164,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
             process group will be used.
         async_op (bool, optional): Whether this op should be an async op.
         algorithm (str, keyword-only): ``"auto"`` or one of
-            ``ringcoll.algorithms("reduce_scatter")``.
+            ``ringcoll.algorithms("reduce_scatter")``: ``ring``, ``pairwise``,
+            ``recursive_halving``, ``direct``, ``hierarchical``, ``pat``.
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[output]``.

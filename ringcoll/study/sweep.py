@@ -45,8 +45,11 @@ def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: 
     from ..simulate import simulate
 
     if world <= simulate_up_to:
+        # on a hierarchical machine the node-aware algorithms see the machine's own nodes
+        nodes = None if machine.flat else tuple(machine.node_of(rank) for rank in range(world))
         sim = simulate(_BUILDER.get(collective, collective), algorithm, world, numel=max(nbytes // 4, 0),
-                       dtype=__import__("torch").float32, data=False, machine=machine, record=False)
+                       dtype=__import__("torch").float32, data=False, machine=machine, record=False,
+                       local_size=nodes)
         seconds, source = sim.stats.time, "simulated"
     else:
         cost = registry.model(registry.get(collective, algorithm), world, nbytes)
