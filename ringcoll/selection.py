@@ -385,7 +385,7 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
     for index, name in enumerate(names):
         if world > SMALL_WORLD_ONLY.get(name, world):
             continue
-        seconds = registry.get(collective, name).cost(world, n).on(on)
+        seconds = registry.model(registry.get(collective, name), world, n).on(on)
         ranked.append((round(seconds, 15), name in FRONTIER, index, name))
     ranked.sort()
     return [(seconds, name) for seconds, _, _, name in ranked]

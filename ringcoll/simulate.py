@@ -153,11 +153,13 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     keeps the timeline that :meth:`Simulation.trace` and :meth:`Simulation.plot` draw.
     ``local_size`` puts the ranks on nodes for the node-aware algorithms (ringcoll.topology):
     an int for nodes of that many consecutive ranks, or a tuple giving each rank's node.
-    ``symmetry`` (default on) lets a run without data and timeline on a flat machine run rank
-    0 alone when the algorithm declares every rank's schedule to be rank 0's with its peers
-    relabelled (``ringcoll.register(..., symmetry=)``; the ring, pairwise, Bruck,
-    dissemination, direct and, on powers of two, the butterflies): same statistics and time,
-    in O(one rank's steps) (``stats.mirrored`` says so); ``symmetry=False`` runs every rank.
+    ``symmetry`` (default on) lets a run without data and timeline run only the
+    representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
+    schedule a representative's with its peers relabelled (``ringcoll.register(...,
+    symmetry=)``; the rings, pairwise, Bruck, PAT, dissemination, direct, the butterflies on
+    powers of two, the node-aware ones on nodes of L), on a flat machine or one whose nodes
+    the relabelling maps onto nodes: same statistics and time, in O(L ranks' steps)
+    (``stats.mirrored`` says so); ``symmetry=False`` runs every rank.
 
     >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)
     >>> sim.outputs[0][0]           # rank 0's reduced tensor

@@ -136,7 +136,8 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
     """Run every rank's plan to completion; ``plans[r]`` is rank r's. With ``data=False``
     only the clock runs: no buffer is read or written and schedules stream step by step, and
     where the algorithm declares its schedules the same on every rank up to relabelling
-    (``symmetry``, on a flat machine, without a timeline) rank 0's run stands for all.
+    (``symmetry``, without a timeline; :func:`symmetric` says on which machines) the
+    representatives' run stands for all.
     ``record`` keeps the :class:`Timeline` of every message and local operation."""
     world = len(plans)
     itemsizes = [torch.empty((), dtype=plan.dtype).element_size() for plan in plans]

@@ -125,10 +125,9 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
             comms.append(Send(right, data[send_idx]))
         if not own_lo <= recv_idx < own_hi:
             comms.append(Recv(left, data[recv_idx]))
-        if comms:
-            st = step(comms)
-            if st.comms:
-                yield st
+        st = step(comms)
+        if st.comms:
+            yield st
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
