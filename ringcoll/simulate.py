@@ -171,6 +171,8 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         raise ValueError(f"world must be a positive int, got {world!r}")
     if not isinstance(machine, Machine):
         raise TypeError(f"machine must be a ringcoll.Machine, got {type(machine).__name__}")
+    if not isinstance(symmetry, bool):
+        raise TypeError(f"symmetry must be a bool, got {type(symmetry).__name__} {symmetry!r}")
     if check is None:
         check = data
     if check and not data:

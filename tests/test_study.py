@@ -134,6 +134,8 @@ def test_a_schedule_that_breaks_its_declared_symmetry_is_an_error():
     binomial = ringcoll.registry.get("all_reduce", "recursive_doubling")
     ringcoll.register("all_reduce", "test_lying", cost=binomial.cost,
                       symmetry=lambda world, layout: "rotation")(binomial.schedule)
+    with pytest.raises(TypeError, match="symmetry must be a bool, got str 'no'"):
+        ringcoll.simulate("all_reduce", "ring", 4, numel=8, data=False, symmetry="no")
     try:
         with pytest.raises(ScheduleError, match="declared rotation-symmetric at world 8, but rank"):
             ringcoll.simulate("all_reduce", "test_lying", 8, numel=64, data=False, record=False)
