@@ -2,17 +2,21 @@
 result checks and registration."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
 import ringcoll
+from ringcoll.schedule import Layout
 from ringcoll.simulate import BUILDER_OF, rank_data
 from ringcoll.study.check import ResultError
 
 WORLDS = list(range(2, 18)) + [64]
-#: the pipelined trees' cost is a fit to the clock (message times per segment by world), not
-#: an exact count; every other algorithm's closed form is exact
-TOLERANCE = {"double_binary_tree": 0.2}
+#: the pipelined trees' cost takes its critical path message times first, so where a path of
+#: fewer messages but more reductions is longer on the clock it is a little short (0.13 % at
+#: most seen); every other algorithm's closed form is exact
+TOLERANCE = {"double_binary_tree": 0.01}
 KiB = 1024
 
 
@@ -31,7 +35,7 @@ def test_closed_form_equals_the_clock(small_segments, collective, algorithm):
     machine = ringcoll.Machine()
     tolerance = TOLERANCE.get(algorithm, 1e-9)
     for world in WORLDS:
-        for blocks in (1, 4, 256):            # 512 B .. 128 KiB per block; segments divide evenly
+        for blocks in (1, 4, 128, 256):       # 512 B .. 128 KiB per block; segments divide evenly
             numel = world * 64 * blocks       # chunks of world and of pof2 are all equal
             sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
                                     numel=numel, data=False, machine=machine, record=False)
@@ -39,6 +43,51 @@ def test_closed_form_equals_the_clock(small_segments, collective, algorithm):
             assert predicted == pytest.approx(simulated, rel=tolerance), \
                 f"{collective}/{algorithm} world {world} {numel * 8} B: cost {sim.cost} " \
                 f"gives {predicted:.4g} s, the clock {simulated:.4g} s"
+
+
+@pytest.mark.parametrize("world", list(range(2, 18)) + [64, 100])
+def test_tree_edges_get_as_many_colours_as_the_busiest_port_needs(world):
+    """port_colors: no rank sends two messages of one colour or receives two, with as many
+    colours as the busiest rank has sends or receives (König); so each step of the double
+    trees holds at most one send and one receive."""
+    from ringcoll.schedules.trees import all_reduce_phases, port_colors, rooted_phases
+
+    for phases in (all_reduce_phases(world), rooted_phases(world, True), rooted_phases(world, False)):
+        edges = [[(r, p) if up else (p, r) for r, p in enumerate(tree.parent) if p is not None]
+                 for tree, up, _ in phases]
+        colours = port_colors(edges)
+        sends, receives = {}, {}
+        for phase, pairs in enumerate(edges):
+            for sender, receiver in pairs:
+                c = colours[phase][sender, receiver]
+                assert (sender, c) not in sends and (receiver, c) not in receives, (phase, sender, receiver, c)
+                sends[sender, c], receives[receiver, c] = phase, phase
+        degree = max(max(Counter(s for pairs in edges for s, _ in pairs).values()),
+                     max(Counter(r for pairs in edges for _, r in pairs).values()))
+        assert len({c for by_edge in colours for c in by_edge.values()}) == degree
+    for collective in ("all_reduce", "broadcast", "reduce"):
+        algorithm = ringcoll.registry.get(collective, "double_binary_tree")
+        layout = Layout(world * 4000, {"segment": 300, "root": world // 3})
+        for rank in range(world):
+            for st in algorithm.schedule(rank, world, layout):
+                kinds = Counter(type(c).__name__ for c in st.comms)
+                assert kinds["Send"] <= 1 and kinds["Recv"] <= 1, (collective, rank, st)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce"])
+@pytest.mark.parametrize("world", [3, 7, 12, 19, 28])
+def test_pipelined_trees_match_their_cost_at_every_segment_count(small_segments, collective, world):
+    """The double binary trees from one segment (the fill) through a full pipeline and beyond
+    (span + 3 segments of 64 KiB per tree), odd segment counts included."""
+    machine = ringcoll.Machine()
+    algorithm = ringcoll.registry.get(BUILDER_OF.get(collective, collective), "double_binary_tree")
+    for k in range(1, 16):
+        numel = 2 * k * 64 * KiB // 8
+        sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), "double_binary_tree", world,
+                                numel=numel, data=False, machine=machine, record=False)
+        assert sim.cost == ringcoll.registry.model(algorithm, world, numel * 8, segment=64 * KiB)
+        assert sim.cost.on(machine) == pytest.approx(sim.stats.time, rel=TOLERANCE["double_binary_tree"]), \
+            f"{collective} world {world}, {k} segments per tree: cost {sim.cost}, the clock {sim.stats.time:.4g} s"
 
 
 def test_posted_together_sends_share_the_port():

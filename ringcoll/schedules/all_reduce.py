@@ -12,7 +12,8 @@ from typing import Iterator
 from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
 from ..registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
-from .trees import Phase, all_reduce_trees, halves, pipeline, pipelined_tree_cost, segment_count, segment_numel
+from .trees import Phase, all_reduce_colors, all_reduce_phases, all_reduce_shape, halves, pipeline, pipelined_tree_cost, \
+    segment_count, segment_numel
 
 
 def _lg(world: int) -> int:
@@ -148,20 +149,7 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
 
 
 def _double_binary_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
-    # per segment: an interior rank sends up to its parent and down to two children in one
-    # tree and up in the other, 4 messages a step (5 measured: the port queues do not pack
-    # the four trees' messages perfectly); fewer at p <= 5
-    per_segment = {2: 2, 3: 3, 4: 4, 5: 4.5}.get(world, 5)
-    return pipelined_tree_cost(world, nbytes, segment, fill=_tree_fill(world),
-                               per_segment=per_segment, reduced_fill=max(1, 2 * _lg(world) - 1),
-                               reduced_per_segment=1 if world == 2 else 2)
-
-
-def _tree_fill(world: int) -> int:
-    """Message times for the first segment to go up and back down NCCL's trees (measured on
-    the clock: 4 lg p - 2 at powers of two, 4⌊lg p⌋ otherwise)."""
-    floor_lg = world.bit_length() - 1
-    return 4 * floor_lg - 2 if world == largest_pof2(world) else 4 * floor_lg
+    return pipelined_tree_cost(all_reduce_shape(world), nbytes, segment)
 
 
 @register("all_reduce", "double_binary_tree", cost=_double_binary_tree_cost)
@@ -174,18 +162,20 @@ def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iter
     own (``data (op) first child (op) second child``), sends it up at step j + h - d; the top
     has the result at step j + h - 1 and from step j + h it flows down, a rank at depth d
     receiving it at step j + h + d - 1 and passing it on at step j + h + d. Every segment of
-    the result is reduced once, at a top, and copied everywhere: bitwise identical.
+    the result is reduced once, at a top, and copied everywhere: bitwise identical. Each
+    global step is split by the colours of the trees' edges (``port_colors``: 4 colours), so a
+    rank sends and receives at most one message at a time, and reduces at its step's end.
 
-    Cost: ≈ (4 lg p - 2 + 5(k - 1))(α + sβ) + (2 lg p - 1 + 2(k - 1))·sγ, k = ⌈n / (2·segment)⌉
-    segments of s = n/2k per tree: ≈ 2.5nβ + nγ for large k (within 10 % of the clock).
+    Cost: one segment crosses in ≈ 4 lg p message times; once the pipeline is full, each
+    further segment adds the busiest rank's 4(α + sβ) + 2sγ (parent and two children in one
+    tree, parent in the other): ≈ (4k + 7.5 lg p)(α + sβ) + (2k + O(lg p))·sγ, k = ⌈n /
+    (2·segment)⌉ segments of s = n/2k per tree, ≈ 2nβ + nγ for large k
+    (``PipelineShape``: the clock's time within 0.2 %).
     """
     if world == 1:
         return
-    first, second = all_reduce_trees(world)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     slot = max(s.numel for s in segs_a + segs_b)
-    phases = [Phase(first, segs_a, up=True, scratch=0),
-              Phase(first, segs_a, up=False, offset=first.height),
-              Phase(second, segs_b, up=True, scratch=2),
-              Phase(second, segs_b, up=False, offset=second.height)]
-    yield from pipeline(rank, phases, slot)
+    phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
+              in zip(all_reduce_phases(world), (segs_a, segs_a, segs_b, segs_b), (0, 0, 2, 2))]
+    yield from pipeline(rank, phases, slot, all_reduce_colors(world))

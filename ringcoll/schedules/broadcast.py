@@ -11,8 +11,8 @@ from typing import Iterator
 
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, chunks, segments, step
-from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_tree_fill, rooted_tree_per_segment, \
-    rooted_trees, segment_count, segment_numel
+from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_colors, rooted_phases, rooted_shape, \
+    segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
@@ -131,10 +131,7 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
-    # per segment: an interior rank sends to two children, 2 messages a step; 2.5 measured
-    # (2 to 3 by world: the port queues do not pack the two trees perfectly)
-    return pipelined_tree_cost(world, nbytes, segment, fill=rooted_tree_fill(world),
-                               per_segment=rooted_tree_per_segment("broadcast", world))
+    return pipelined_tree_cost(rooted_shape(world, up=False), nbytes, segment)
 
 
 @register("broadcast", "double_binary_tree", cost=_double_tree_cost)
@@ -144,14 +141,16 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     tree carries the first half of the vector, the second the other half, each pipelined in
     segments down its tree (a rank at depth d receives segment j at step j + d - 1 and sends
     it to its children at step j + d). A rank is interior in at most one tree, so it sends
-    at most two segments per step, and the root sends each byte once.
+    at most two segments per step, and the root sends each byte once. Each global step is
+    split by the colours of the trees' edges (``port_colors``: 2 colours), so a rank sends
+    and receives at most one message at a time.
 
-    Cost: ≈ (2 lg p + 2.5(k - 1))(α + sβ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree:
-    ≈ 1.25nβ + O(lg p)α for large k (within 10-20 % of the clock, which packs 2 to 3
-    messages a step by world).
+    Cost: ≈ (2k + 2 lg p)(α + sβ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree: once
+    the pipeline is full, each segment costs the busiest rank's two sends; ≈ nβ + 2 lg p·α
+    for large k (``PipelineShape``: the clock's time).
     """
     root = layout["root"]
-    first, second = rooted_trees(world)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
-    phases = [Phase(first, segs_a, up=False), Phase(second, segs_b, up=False)]
-    yield from rooted(pipeline((rank - root) % world, phases, 0), root, world)
+    phases = [Phase(tree, segs, up, offset)
+              for (tree, up, offset), segs in zip(rooted_phases(world, up=False), (segs_a, segs_b))]
+    yield from rooted(pipeline((rank - root) % world, phases, 0, rooted_colors(world, up=False)), root, world)

@@ -13,8 +13,8 @@ from typing import Iterator
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, segments, step
 from .fold import fold_in, folded_rank, largest_pof2, real_rank
-from .trees import Phase, Tree, binomial, halves, lg, pipeline, pipelined_tree_cost, relabel, rooted, rooted_tree_fill, rooted_tree_per_segment, \
-    rooted_trees, segment_count, segment_numel
+from .trees import Phase, Tree, binomial, halves, lg, pipeline, pipelined_tree_cost, relabel, rooted, rooted_colors, rooted_phases, rooted_shape, \
+    segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
@@ -129,11 +129,7 @@ def reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
-    # per segment: an interior rank receives from two children and reduces both, 2 messages
-    # a step; 2.5 measured (2 to 3 by world: the port queues do not pack the trees perfectly)
-    return pipelined_tree_cost(world, nbytes, segment, fill=rooted_tree_fill(world),
-                               per_segment=rooted_tree_per_segment("reduce", world),
-                               reduced_fill=min(world, 2 * lg(world) + 1), reduced_per_segment=2)
+    return pipelined_tree_cost(rooted_shape(world, up=True), nbytes, segment)
 
 
 @register("reduce", "double_binary_tree", cost=_double_tree_cost)
@@ -143,14 +139,17 @@ def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator
     vector, the second the other half, each pipelined in segments up its tree. A rank at
     depth d receives segment j of both children at step j + height - d - 1 into scratch and
     reduces them into its own (``data (op) first child (op) second child``), then sends it up
-    at step j + height - d.
+    at step j + height - d. Each global step is split by the colours of the trees' edges
+    (``port_colors``: 2 colours), so a rank sends and receives at most one message at a time,
+    and reduces at its step's end.
 
-    Cost: ≈ (2 lg p + 2.5(k - 1))(α + sβ) + (2 lg p + 1 + 2(k - 1))·sγ, k = ⌈n / (2·segment)⌉
-    segments of s = n/2k per tree (within 10-20 % of the clock).
+    Cost: ≈ (2k + 2 lg p)(α + sβ + sγ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree:
+    once the pipeline is full, each segment costs the busiest rank's two receives and their
+    reduction; ≈ nβ + nγ + 2 lg p·α for large k (``PipelineShape``: the clock's time).
     """
     root = layout["root"]
-    first, second = rooted_trees(world)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     slot = max(s.numel for s in segs_a + segs_b)
-    phases = [Phase(first, segs_a, up=True, scratch=0), Phase(second, segs_b, up=True, scratch=2)]
-    yield from rooted(pipeline((rank - root) % world, phases, slot), root, world)
+    phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
+              in zip(rooted_phases(world, up=True), (segs_a, segs_b), (0, 2))]
+    yield from rooted(pipeline((rank - root) % world, phases, slot, rooted_colors(world, up=True)), root, world)

@@ -16,16 +16,18 @@ one tree may be near the bottom of the other, and the two trees must not wait on
   ``j + height - d - 1``, reduces them into its own (children in a fixed order), and sends
   the result to its parent at step ``j + height - d``.
 
-Steps where a rank has nothing to do are left out; the transfers of one global step are
-posted in a fixed order (tree by tree, phase by phase), the same order on both ends of every
-pair, so messages match.
+Steps where a rank has nothing to do are left out. With colours (:func:`port_colors`) a
+global step is split into one step per colour of the trees' edges, so that a rank sends and
+receives at most one message at a time; without, its transfers are posted together, tree by
+tree, phase by phase. Either way both ends of every pair post in the same order, so messages
+match.
 """
 from __future__ import annotations
 
 import functools
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..schedule import Buf, Layout, Recv, Send, Step, reduce, segments, step
 from ..selection import segment_bytes
@@ -45,41 +47,85 @@ def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Op
     return max(1, -(-int(nbytes) // (segment or segment_bytes(collective, algorithm))))
 
 
-def rooted_tree_fill(world: int) -> int:
-    """Message times for the first segment to cross the rooted double binary tree (root
-    above NCCL's trees over the other p - 1 ranks), measured on the clock."""
-    return max(2, 2 * lg(world) - (1 if (world - 1) & (world - 2) == 0 else 0))
-
-
-#: message times per further segment on the clock's ports, by world (2 ideally: an interior
-#: rank has two children in one tree; the port queues pack the trees' steps less well at
-#: most worlds); 3 above 16 ranks
-_ROOTED_PER_SEGMENT = {
-    "broadcast": {2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 2.5, 8: 2, 9: 3, 10: 3, 11: 2.5, 12: 2.3, 13: 2.6,
-                  14: 3, 15: 2.9, 16: 3},
-    "reduce": {2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 2.5, 8: 2.4, 9: 2.7, 10: 3, 11: 2.5, 12: 3, 13: 2.4,
-               14: 3, 15: 3, 16: 3},
-}
-
-
-def rooted_tree_per_segment(collective: str, world: int) -> float:
-    return _ROOTED_PER_SEGMENT[collective].get(world, 3)
-
-
-def pipelined_tree_cost(world: int, nbytes: float, segment: Optional[int], *, fill: int,
-                        per_segment: float, reduced_fill: int = 0, reduced_per_segment: float = 0):
-    """α-β-γ cost of the double-binary-tree pipelines on the simulator's clock: the two trees
-    carry n/2 each in k segments of s = n/2k bytes; the first segment crosses the trees in
-    ``fill`` message times and each further one adds ``per_segment`` (the busiest port's
-    messages per global step); the γ term likewise, in segments reduced."""
+def pipelined_tree_cost(shape: "PipelineShape", nbytes: float, segment: Optional[int]):
+    """α-β-γ cost of a coloured tree pipeline (:func:`pipeline` with :func:`tree_colors`) whose
+    trees carry n/2 each in k segments of s = n/2k bytes, on the simulator's clock: split by
+    colour, a global step asks each rank for at most one send and one receive at a time, so
+    nothing queues on a port, and the cost is ``shape.time(k)`` message times (α + sβ) and
+    segments reduced (sγ) on the critical path."""
     from ..registry import Cost
 
-    if world == 1:
+    if shape.world == 1:
         return Cost(0, 0, 0)
     k = segment_count(nbytes / 2, segment=segment)
     seg = nbytes / 2 / k
-    messages = fill + per_segment * (k - 1)
-    return Cost(messages, messages * seg, (reduced_fill + reduced_per_segment * (k - 1)) * seg)
+    messages, reduced = shape.time(k)
+    return Cost(messages, messages * seg, reduced * seg)
+
+
+class PipelineShape:
+    """The critical path of a coloured tree pipeline, from its trees (built once per world).
+    ``phases``: (tree, up, offset) as in :class:`Phase`; ``colors`` as :func:`tree_colors`
+    gives them. Times are pairs (message times, segments reduced), compared message times
+    first.
+
+    Until the pipeline is full (k ≤ ``span``, the global steps one segment takes) the path
+    is :meth:`filled`'s. Once it is full, each further segment adds one global step of the
+    busiest rank: one message time per colour it uses (4 for the all-reduce, whose interior
+    rank sends to its parent and two children in one tree and to its parent in the other;
+    2 for broadcast and reduce) and the child segments it reduces (2)."""
+
+    def __init__(self, phases: Sequence[Tuple[Tree, bool, int]], colors: Sequence[Sequence[int]]):
+        world = len(phases[0][0].parent)
+        colours: List[set] = [set() for _ in range(world)]
+        units = [0] * world
+        #: the first segment's messages by (global step, colour), its reductions by global step
+        self.messages: Dict[Tuple[int, int], List[Tuple[int, int]]] = defaultdict(list)
+        self.reductions: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
+        for i, (tree, up, offset) in enumerate(phases):
+            for rank, parent in enumerate(tree.parent):
+                d = tree.depth[rank]
+                if parent is not None:
+                    at, colour = offset + (tree.height - d if up else d - 1), colors[i][rank]
+                    colours[rank].add(colour)
+                    colours[parent].add(colour)
+                    self.messages[at, colour].append((rank, parent) if up else (parent, rank))
+                if up and tree.children[rank]:
+                    units[rank] += len(tree.children[rank])
+                    self.reductions[offset + tree.height - d - 1].append((rank, len(tree.children[rank])))
+        self.world = world
+        self.span = 1 + max([at for at, _ in self.messages] + list(self.reductions), default=-1)
+        self.per_segment = max(zip(map(len, colours), units))        # (0, 0) alone
+
+    def time(self, k: int) -> Tuple[int, int]:
+        """(message times, segments reduced) on the critical path of k segments."""
+        full = min(k, self.span)
+        messages, reduced = self.filled(full)
+        return messages + (k - full) * self.per_segment[0], reduced + (k - full) * self.per_segment[1]
+
+    @functools.lru_cache(maxsize=64)
+    def filled(self, k: int) -> Tuple[int, int]:
+        """The critical path of k segments with nothing queued: a message of step (global
+        step, colour) starts when both its ranks are done with their earlier steps and takes
+        one message time; a rank's reductions follow its global step's last message."""
+        ready = [(0, 0)] * self.world
+        colours = sorted({c for _, c in self.messages})
+        for at in range(self.span + k - 1):
+            for colour in colours:
+                pairs = [pair for first in range(max(0, at - k + 1), at + 1)
+                         for pair in self.messages.get((first, colour), ())]
+                ends: Dict[int, Tuple[int, int]] = {}
+                for sender, receiver in pairs:
+                    start = max(ready[sender], ready[receiver])
+                    end = (start[0] + 1, start[1])
+                    for rank in (sender, receiver):
+                        ends[rank] = max(end, ends.get(rank, end))
+                for rank, end in ends.items():
+                    ready[rank] = end
+            for first in range(max(0, at - k + 1), at + 1):
+                for rank, units in self.reductions.get(first, ()):
+                    ready[rank] = (ready[rank][0], ready[rank][1] + units)
+        return max(ready)
 
 
 def lg(world: int) -> int:
@@ -241,6 +287,44 @@ def rooted_trees(world: int) -> Tuple[Tree, Tree]:
     return trees[0], trees[1]
 
 
+@functools.lru_cache(maxsize=16)
+def all_reduce_phases(world: int) -> Tuple[Tuple[Tree, bool, int], ...]:
+    """The tree all-reduce's four pipelines as (tree, up, offset): the first tree up, then
+    down from its top's step on, the second tree likewise."""
+    first, second = all_reduce_trees(world)
+    return (first, True, 0), (first, False, first.height), (second, True, 0), (second, False, second.height)
+
+
+@functools.lru_cache(maxsize=32)
+def rooted_phases(world: int, up: bool) -> Tuple[Tuple[Tree, bool, int], ...]:
+    """The rooted double tree's two pipelines, both up (reduce) or both down (broadcast)."""
+    return tuple((tree, up, 0) for tree in rooted_trees(world))
+
+
+# colours and cost shapes keyed by world, not by the trees: hashing a tree costs O(world),
+# paid by every rank's schedule
+@functools.lru_cache(maxsize=16)
+def all_reduce_colors(world: int) -> Tuple[Tuple[int, ...], ...]:
+    """:func:`tree_colors` of :func:`all_reduce_phases`, once per world."""
+    return tree_colors([(tree, up) for tree, up, _ in all_reduce_phases(world)])
+
+
+@functools.lru_cache(maxsize=32)
+def rooted_colors(world: int, up: bool) -> Tuple[Tuple[int, ...], ...]:
+    """:func:`tree_colors` of :func:`rooted_phases`, once per world."""
+    return tree_colors([(tree, up) for tree, up, _ in rooted_phases(world, up)])
+
+
+@functools.lru_cache(maxsize=16)
+def all_reduce_shape(world: int) -> "PipelineShape":
+    return PipelineShape(all_reduce_phases(world), all_reduce_colors(world))
+
+
+@functools.lru_cache(maxsize=32)
+def rooted_shape(world: int, up: bool) -> "PipelineShape":
+    return PipelineShape(rooted_phases(world, up), rooted_colors(world, up))
+
+
 def halves(numel: int, segment: int, name: str = "data") -> Tuple[List[Buf], List[Buf]]:
     """The vector cut in two halves (the first one element longer when numel is odd), each
     cut into segments: what the two trees carry."""
@@ -261,15 +345,85 @@ class Phase:
     scratch: int = 0
 
 
-def pipeline(rank: int, phases: Sequence[Phase], scratch_numel: int) -> Iterator[Step]:
+def port_colors(edges: Sequence[Sequence[Tuple[int, int]]]) -> List[Dict[Tuple[int, int], int]]:
+    """A colour for every message edge ``(sender, receiver)`` of each phase, such that no rank
+    sends two messages of one colour nor receives two of one colour: a proper edge colouring
+    of the bipartite graph senders -> receivers (all phases together), with as many colours
+    as the busiest rank has messages to send or to receive (König's theorem; Kempe-chain
+    flips, as in the classic proof). A pipeline step split into one step per colour thus asks
+    each rank for at most one send and one receive at a time, which one send and one receive
+    port carry without queueing."""
+    at_sender: Dict[int, Dict[int, Tuple[int, int]]] = defaultdict(dict)    # rank: colour -> edge
+    at_receiver: Dict[int, Dict[int, Tuple[int, int]]] = defaultdict(dict)
+    colour_of: Dict[Tuple[int, int, int], int] = {}
+
+    def free(used: Dict[int, Tuple[int, int]]) -> int:
+        colour = 0
+        while colour in used:
+            colour += 1
+        return colour
+
+    def paint(edge, colour):
+        phase, sender, receiver = edge
+        colour_of[edge] = colour
+        at_sender[sender][colour] = edge
+        at_receiver[receiver][colour] = edge
+
+    for phase, pairs in enumerate(edges):
+        for sender, receiver in pairs:
+            a, b = free(at_sender[sender]), free(at_receiver[receiver])
+            if a not in at_receiver[receiver]:
+                paint((phase, sender, receiver), a)
+                continue
+            # the path from the receiver alternating colours a and b never reaches the
+            # sender (bipartite); swapping a and b along it frees a at the receiver
+            path, side, rank, colour = [], at_receiver, receiver, a
+            while colour in side[rank]:
+                edge = side[rank][colour]
+                path.append(edge)
+                rank = edge[1] if side is at_receiver else edge[2]
+                side = at_receiver if side is at_sender else at_sender
+                colour = b if colour == a else a
+            for edge in path:
+                del at_sender[edge[1]][colour_of[edge]], at_receiver[edge[2]][colour_of[edge]]
+            for edge in path:
+                paint(edge, b if colour_of[edge] == a else a)
+            paint((phase, sender, receiver), a)
+    colours = [dict() for _ in edges]
+    for (phase, sender, receiver), colour in colour_of.items():
+        colours[phase][sender, receiver] = colour
+    return colours
+
+
+def tree_colors(phases: Sequence[Tuple[Tree, bool]]) -> Tuple[Tuple[int, ...], ...]:
+    """:func:`port_colors` of pipelined trees: for each ``(tree, up)``, the colour of the
+    message between each rank and its parent (child -> parent when up, parent -> child when
+    down), indexed by the child; 0 at a top."""
+    edges = [[(r, p) if up else (p, r) for r, p in enumerate(tree.parent) if p is not None]
+             for tree, up in phases]
+    colours = port_colors(edges)
+    return tuple(tuple(colours[i].get((r, p) if up else (p, r), 0) for r, p in enumerate(tree.parent))
+                 for i, (tree, up) in enumerate(phases))
+
+
+def pipeline(rank: int, phases: Sequence[Phase], scratch_numel: int,
+             colors: Optional[Sequence[Sequence[int]]] = None) -> Iterator[Step]:
     """The steps of ``rank`` for pipelined phases on one global clock (module docstring).
     An up phase reduces children's segments received into scratch slots of
-    ``scratch_numel`` elements (slot ``phase.scratch + i`` for child i)."""
+    ``scratch_numel`` elements (slot ``phase.scratch + i`` for child i).
+
+    ``colors[i][c]``: the colour of phase i's message between rank c and its parent
+    (:func:`tree_colors`); a global step is then split into one step per colour, in colour
+    order, the same order on both ends of every message. A reduction runs in the step of the
+    last child's colour. Without colours every global step is one step."""
     comms = defaultdict(list)
     local = defaultdict(list)
-    for phase in phases:
+    for i, phase in enumerate(phases):
         tree, d = phase.tree, phase.tree.depth[rank]
         parent, children = tree.parent[rank], tree.children[rank]
+        colour = colors[i] if colors is not None else None
+        mine = colour[rank] if colour is not None else 0
+        theirs = [colour[c] for c in children] if colour is not None else [0] * len(children)
         for j, seg in enumerate(phase.segs):
             if seg.numel == 0:
                 continue
@@ -279,16 +433,22 @@ def pipeline(rank: int, phases: Sequence[Phase], scratch_numel: int) -> Iterator
                     slots = [Buf("scratch", (phase.scratch + i) * scratch_numel,
                                  (phase.scratch + i) * scratch_numel + seg.numel)
                              for i in range(len(children))]
-                    comms[at - 1].extend(Recv(c, s) for c, s in zip(children, slots))
+                    for c, s, col in zip(children, slots, theirs):
+                        comms[at - 1, col].append(Recv(c, s))
                     local[at - 1].append(reduce(seg, *slots))
                 if parent is not None:
-                    comms[at].append(Send(parent, seg))
+                    comms[at, mine].append(Send(parent, seg))
             else:
                 at = phase.offset + j + d
                 if parent is not None:
-                    comms[at - 1].append(Recv(parent, seg))
-                comms[at].extend(Send(c, seg) for c in children)
-    for at in sorted(set(comms) | set(local)):
-        st = step(comms.get(at, ()), local.get(at, ()))
+                    comms[at - 1, mine].append(Recv(parent, seg))
+                for c, col in zip(children, theirs):
+                    comms[at, col].append(Send(c, seg))
+    last = {}                         # global step -> its last colour on this rank
+    for at, colour in comms:
+        last[at] = max(colour, last.get(at, colour))
+    for at, colour in sorted(comms):
+        st = step(comms[at, colour], local.pop(at, ()) if colour == last[at] else ())
         if st.comms or st.local:
             yield st
+    assert not local, "a reduction without receives"
