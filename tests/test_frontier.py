@@ -524,6 +524,23 @@ def test_bad_local_size_is_refused(plain_env):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=(0, 0, 1))
 
 
+def test_model_local_size_of_node_layouts(plain_env):
+    """The cost models' L of a node layout: the ranks per node, the last rank's node allowed
+    fewer (nodes of L consecutive ranks); simulate's cost takes it, not the environment's."""
+    from ringcoll.topology import even_nodes, model_local_size
+
+    assert model_local_size(None) is None
+    assert [model_local_size(even_nodes(p, 4)) for p in (3, 4, 10, 12)] == [3, 4, 4, 4]
+    assert model_local_size((0, 1, 0, 1)) == 2                  # equal nodes, ranks interleaved
+    assert model_local_size((0, 0, 1, 1, 1)) is None            # the last node holds more
+    assert model_local_size((0, 1, 0, 1, 0, 2)) is None         # nodes of 3, 2 and 1
+    plain_env.setenv("RINGCOLL_LOCAL_SIZE", "2")
+    algorithm = registry.get("all_reduce", "hierarchical")
+    sim = ringcoll.simulate("all_reduce", "hierarchical", 8, numel=96, data=False, local_size=3)
+    assert sim.cost == registry.model(algorithm, 8, 96 * 8, local_size=3)
+    assert sim.cost != registry.model(algorithm, 8, 96 * 8)
+
+
 # -- a 2-level machine: where hierarchical wins, and where it does not -------------------------
 def test_hierarchical_wins_on_two_levels_as_the_formulas_predict():
     """The study map's machine (bench/study_2level.py): nodes of L = 4, intra (αi, βi), inter
