@@ -141,7 +141,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
     bytes per rank and per link, time on ``machine``'s port-limited clock), the algorithm's
-    cost model and every rank's plan.
+    cost model and every rank's plan. ``algorithm="auto"`` chooses as on a group
+    (ringcoll.selection), its model weighing the algorithms on ``machine``; ``sim.algorithm``
+    is the one chosen.
 
     ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
     builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
@@ -208,7 +210,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
-        plans.append(build(Context(rank, world, nodes=nodes), *args, **extra))
+        plans.append(build(Context(rank, world, nodes=nodes, machine=machine), *args, **extra))
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]

@@ -305,11 +305,30 @@ def test_options_machine_wins_over_the_file(plain_env, tmp_path):
     HIGH_BETA.save(str(path))
     plain_env.setenv("RINGCOLL_MACHINE", str(path))
     name, why = selection.choose("all_reduce", "auto", 1 << 20, 16, machine=HIGH_ALPHA)
-    assert why.startswith("auto: model (Options machine)")
+    assert why.startswith("auto: model (given machine)")
     assert registry.get("all_reduce", name).cost(16, 1 << 20).alpha == 4
     assert ringcoll.Options(machine=HIGH_ALPHA).machine is HIGH_ALPHA
     with pytest.raises(TypeError, match="machine must be a ringcoll.Machine, got dict"):
         ringcoll.Options(machine={"alpha": 1.0})
+
+
+def test_simulate_auto_weighs_the_simulated_machine(plain_env, caplog):
+    """``simulate(..., "auto", machine=M)``: auto's model is M, the machine the ranks run on.
+    At p = 16 and 1 MiB the high-α machine and the high-β one choose differently, each the
+    least closed-form time on it, and ``sim.algorithm`` is the algorithm chosen."""
+    n, world = 1 << 20, 16
+    chosen = {}
+    for label, machine in (("alpha", HIGH_ALPHA), ("beta", HIGH_BETA)):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="ringcoll"):
+            sim = ringcoll.simulate("all_reduce", "auto", world, numel=n // 4, dtype=torch.float32,
+                                    machine=machine, data=False, record=False)
+        assert sim.algorithm.name == selection.choose("all_reduce", "auto", n, world, machine=machine)[0]
+        assert sim.cost.on(machine) == pytest.approx(formula_best("all_reduce", n, world, machine))
+        line = next(r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage())
+        assert f"-> {sim.algorithm.name} (auto: model (given machine)" in line, line
+        chosen[label] = sim.algorithm.name
+    assert chosen["alpha"] != chosen["beta"]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -357,7 +376,7 @@ def test_options_machine_reaches_auto_on_a_group(clusters):
     for records, firsts in clusters(3).run(options_machine_log, HIGH_ALPHA):
         assert firsts == [1.0, 2.0, 3.0]
         line = next((r for r in records if " -> " in r), records)
-        assert "(auto: model (Options machine)" in line, line
+        assert "(auto: model (given machine)" in line, line
         want = selection.choose("all_gather", "auto", 3 * 4096 * 4, 3, machine=HIGH_ALPHA)[0]
         assert f"-> {want} (" in line, line
 
@@ -413,7 +432,7 @@ def test_debug_log_names_the_source(plain_env, tmp_path, caplog):
     sources = [r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage()]
     assert "direct (auto: tuning table" in sources[0]
     assert "(auto: rule measured up to p=4" in sources[1]
-    assert "(auto: model (default machine)" in sources[2]
+    assert "(auto: model (given machine)" in sources[2]
 
 
 # -- real gloo ranks against the built-ins ------------------------------------------------------
