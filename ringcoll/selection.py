@@ -14,10 +14,10 @@ How ``auto`` decides, first source that answers:
    (``world <= measured_upto``).
 4. Otherwise the model: the candidate with the least closed-form α-β-γ time (the cost each
    algorithm registers) on one machine, decided by :func:`machine`: the group's
-   ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``, the machine it runs on), else ``RINGCOLL_MACHINE=machine.json`` (a
-   ``ringcoll.Machine`` saved by ``Machine.save`` or ``ringcoll.fit(...).save``), else
-   :data:`DEFAULT_MACHINE`. ``direct`` is considered only at p <= 8; on a tie the
-   classic algorithm wins over a newer one.
+   ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``, the machine it runs on),
+   else ``RINGCOLL_MACHINE=machine.json`` (a ``ringcoll.Machine`` saved by ``Machine.save``
+   or ``ringcoll.fit(...).save``), else :data:`DEFAULT_MACHINE`. ``direct`` is considered
+   only at p <= 8; on a tie the classic algorithm wins over a newer one.
 
 ``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided.
 """
@@ -222,8 +222,8 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
     where that rule was measured, else the least modelled time (:func:`model_choice`).
     ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
-    is the call's for the model (its group's ``Options(machine=...)``, or simulate's). The reason names the source that
-    decided, for ``RINGCOLL_DEBUG=INFO``."""
+    is the call's for the model (its group's ``Options(machine=...)``, or simulate's). The
+    reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":

@@ -4,7 +4,8 @@ machine, the best algorithm of each cell, the sizes where the best changes, and 
 Up to ``simulate_up_to`` ranks every cell is a cost-only simulation on the machine's clock
 (ports, nodes and NICs included); beyond, the closed forms serve, on the machine's slowest
 link and, for the node-aware algorithms, its nodes (they equal the clock on a flat
-single-port machine, validated up to 1024 ranks by the tests and bench/study_scale.py). Each cell also carries its ratio to the lower bound
+single-port machine, validated up to 1024 ranks by the tests and bench/study_scale.py). Each
+cell also carries its ratio to the lower bound
 T_lb = ⌈lg p⌉α + (bandwidth bound)β + (compute bound)γ on the machine's fastest link.
 """
 from __future__ import annotations
