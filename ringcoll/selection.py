@@ -14,10 +14,10 @@ How ``auto`` decides, first source that answers:
    (``world <= measured_upto``).
 4. Otherwise the model: the candidate with the least closed-form α-β-γ time (the cost each
    algorithm registers) on one machine, decided by :func:`machine`: the group's
-   ``ringcoll.Options(machine=...)``, else ``RINGCOLL_MACHINE=machine.json`` (a
-   ``ringcoll.Machine`` saved by ``Machine.save`` or ``ringcoll.fit(...).save``), else
-   :data:`DEFAULT_MACHINE`. ``direct`` is considered only at p <= 8; on a tie the
-   classic algorithm wins over a newer one.
+   ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``, the machine it runs on),
+   else ``RINGCOLL_MACHINE=machine.json`` (a ``ringcoll.Machine`` saved by ``Machine.save``
+   or ``ringcoll.fit(...).save``), else :data:`DEFAULT_MACHINE`. ``direct`` is considered
+   only at p <= 8; on a tie the classic algorithm wins over a newer one.
 
 ``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided.
 """
@@ -222,8 +222,8 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
     where that rule was measured, else the least modelled time (:func:`model_choice`).
     ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
-    is the group's (``Options(machine=...)``) for the model. The reason names the source that
-    decided, for ``RINGCOLL_DEBUG=INFO``."""
+    is the call's for the model (its group's ``Options(machine=...)``, or simulate's). The
+    reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -340,14 +340,15 @@ _machine_cache: dict = {}
 
 def machine(given: Optional[Machine] = None) -> tuple[Machine, str]:
     """The model's :class:`ringcoll.Machine` and where it came from, first that answers: the
-    one the call's group was given (``ringcoll.Options(machine=...)``); the JSON file
+    one the call was given (its group's ``ringcoll.Options(machine=...)``, or the machine
+    ``ringcoll.simulate`` runs on: "given machine"); the JSON file
     ``RINGCOLL_MACHINE`` names, read by :meth:`Machine.load` (``Machine.save`` and
     ``ringcoll.fit(...).save(path)`` write one); else :data:`DEFAULT_MACHINE`. A file that
     cannot be read or is no Machine is a ValueError naming RINGCOLL_MACHINE and the path."""
     if given is not None:
         if not isinstance(given, Machine):
             raise TypeError(f"machine must be a ringcoll.Machine, got {type(given).__name__}")
-        return given, "Options machine"
+        return given, "given machine"
     path = os.environ.get("RINGCOLL_MACHINE", "").strip()
     if not path:
         return DEFAULT_MACHINE, "default machine"
@@ -378,7 +379,7 @@ def _model_bytes(collective: str, nbytes: int, world: int) -> int:
 def modelled_times(collective: str, nbytes: int, world: int, names,
                    given: Optional[Machine] = None) -> list[tuple[float, str]]:
     """(time on the model's machine, name) of every candidate, fastest first (ties: the
-    classic algorithm, then registration order). ``given``: the group's machine, if any."""
+    classic algorithm, then registration order). ``given``: the call's machine, if any."""
     on, _ = machine(given)
     n = _model_bytes(collective, nbytes, world)
     ranked = []

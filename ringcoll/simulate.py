@@ -1,7 +1,6 @@
 """``ringcoll.simulate``: run a collective on every rank of a world in one process."""
 from __future__ import annotations
 
-import collections
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -15,7 +14,7 @@ from .plan import Plan
 from .registry import Algorithm, Cost, model
 from .schedule import Step
 from .simulator import SimStats, run_plans
-from .topology import even_nodes
+from .topology import even_nodes, model_local_size
 
 #: the registry's collective of each builder (the tensor-list forms share their algorithms)
 COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
@@ -142,7 +141,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
     bytes per rank and per link, time on ``machine``'s port-limited clock), the algorithm's
-    cost model and every rank's plan.
+    cost model and every rank's plan. ``algorithm="auto"`` chooses as on a group
+    (ringcoll.selection), its model weighing the algorithms on ``machine``; ``sim.algorithm``
+    is the one chosen.
 
     ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
     builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
@@ -209,19 +210,15 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
-        plans.append(build(Context(rank, world, nodes=nodes), *args, **extra))
+        plans.append(build(Context(rank, world, nodes=nodes, machine=machine), *args, **extra))
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
     itemsize = torch.empty((), dtype=first.dtype).element_size()
     nbytes = first.layout.numel * itemsize
     segment = first.layout.get("segment")
-    per_node = None
-    if nodes is not None:
-        sizes = set(collections.Counter(nodes).values())
-        per_node = sizes.pop() if len(sizes) == 1 else None        # even nodes: the model's L
     cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
-                 local_size=per_node)
+                 local_size=model_local_size(nodes))
     sim = Simulation(collective, first.algorithm, world,
                      [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes)
     if check:

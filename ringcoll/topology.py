@@ -16,6 +16,7 @@ add it, for schedules marked with :func:`needs_nodes` only, from the first of:
 """
 from __future__ import annotations
 
+import collections
 import os
 import socket
 from typing import Callable, Optional, Sequence, Tuple
@@ -42,6 +43,23 @@ def even_nodes(world: int, local_size: int, global_ranks: Optional[Sequence[int]
         raise ValueError(f"local_size must be a positive int, got {local_size!r}")
     ranks = range(world) if global_ranks is None else global_ranks
     return grouped([rank // local_size for rank in ranks])
+
+
+def model_local_size(nodes: Optional[Nodes]) -> Optional[int]:
+    """The L (ranks per node) the node-aware cost models take for ranks on ``nodes``: the
+    ranks every node holds, the node of the last rank allowed fewer (nodes of L consecutive
+    ranks, as :func:`even_nodes` and ``RINGCOLL_LOCAL_SIZE=L`` give them: the models count
+    ⌈p/L⌉ nodes); None without nodes or for other uneven ones (the models then read the
+    environment)."""
+    if nodes is None:
+        return None
+    counts = collections.Counter(nodes)
+    last = counts.pop(nodes[-1])
+    sizes = set(counts.values())
+    if not sizes:
+        return last
+    size = sizes.pop()
+    return size if not sizes and last <= size else None
 
 
 def _env_local_size(name: str) -> Optional[int]:

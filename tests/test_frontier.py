@@ -305,11 +305,31 @@ def test_options_machine_wins_over_the_file(plain_env, tmp_path):
     HIGH_BETA.save(str(path))
     plain_env.setenv("RINGCOLL_MACHINE", str(path))
     name, why = selection.choose("all_reduce", "auto", 1 << 20, 16, machine=HIGH_ALPHA)
-    assert why.startswith("auto: model (Options machine)")
+    assert why.startswith("auto: model (given machine)")
     assert registry.get("all_reduce", name).cost(16, 1 << 20).alpha == 4
     assert ringcoll.Options(machine=HIGH_ALPHA).machine is HIGH_ALPHA
     with pytest.raises(TypeError, match="machine must be a ringcoll.Machine, got dict"):
         ringcoll.Options(machine={"alpha": 1.0})
+
+
+def test_simulate_auto_weighs_the_simulated_machine(plain_env, caplog):
+    """``simulate(..., "auto", machine=M)``: auto's model is M, the machine the ranks run on.
+    At p = 16 and 1 MiB the high-α machine and the high-β one choose differently, each the
+    least closed-form time on it, and ``sim.algorithm`` is the algorithm chosen."""
+    n, world = 1 << 20, 16
+    chosen = {}
+    for label, machine in (("alpha", HIGH_ALPHA), ("beta", HIGH_BETA)):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="ringcoll"):
+            sim = ringcoll.simulate("all_reduce", "auto", world, numel=n // 4, dtype=torch.float32,
+                                    machine=machine, data=False, record=False)
+        want, _ = selection.choose("all_reduce", "auto", n, world, machine=machine)
+        assert sim.algorithm.name == want
+        assert sim.cost.on(machine) == pytest.approx(formula_best("all_reduce", n, world, machine))
+        line = next(r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage())
+        assert f"-> {sim.algorithm.name} (auto: model (given machine)" in line, line
+        chosen[label] = sim.algorithm.name
+    assert chosen["alpha"] != chosen["beta"]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -357,7 +377,7 @@ def test_options_machine_reaches_auto_on_a_group(clusters):
     for records, firsts in clusters(3).run(options_machine_log, HIGH_ALPHA):
         assert firsts == [1.0, 2.0, 3.0]
         line = next((r for r in records if " -> " in r), records)
-        assert "(auto: model (Options machine)" in line, line
+        assert "(auto: model (given machine)" in line, line
         want = selection.choose("all_gather", "auto", 3 * 4096 * 4, 3, machine=HIGH_ALPHA)[0]
         assert f"-> {want} (" in line, line
 
@@ -413,7 +433,7 @@ def test_debug_log_names_the_source(plain_env, tmp_path, caplog):
     sources = [r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage()]
     assert "direct (auto: tuning table" in sources[0]
     assert "(auto: rule measured up to p=4" in sources[1]
-    assert "(auto: model (default machine)" in sources[2]
+    assert "(auto: model (given machine)" in sources[2]
 
 
 # -- real gloo ranks against the built-ins ------------------------------------------------------
@@ -522,6 +542,23 @@ def test_bad_local_size_is_refused(plain_env):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=0)
     with pytest.raises(ValueError, match="must give the node of each of the 4 ranks, got 3"):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8, local_size=(0, 0, 1))
+
+
+def test_model_local_size_of_node_layouts(plain_env):
+    """The cost models' L of a node layout: the ranks per node, the last rank's node allowed
+    fewer (nodes of L consecutive ranks); simulate's cost takes it, not the environment's."""
+    from ringcoll.topology import even_nodes, model_local_size
+
+    assert model_local_size(None) is None
+    assert [model_local_size(even_nodes(p, 4)) for p in (3, 4, 10, 12)] == [3, 4, 4, 4]
+    assert model_local_size((0, 1, 0, 1)) == 2                  # equal nodes, ranks interleaved
+    assert model_local_size((0, 0, 1, 1, 1)) is None            # the last node holds more
+    assert model_local_size((0, 1, 0, 1, 0, 2)) is None         # nodes of 3, 2 and 1
+    plain_env.setenv("RINGCOLL_LOCAL_SIZE", "2")
+    algorithm = registry.get("all_reduce", "hierarchical")
+    sim = ringcoll.simulate("all_reduce", "hierarchical", 8, numel=96, data=False, local_size=3)
+    assert sim.cost == registry.model(algorithm, 8, 96 * 8, local_size=3)
+    assert sim.cost != registry.model(algorithm, 8, 96 * 8)
 
 
 # -- a 2-level machine: where hierarchical wins, and where it does not -------------------------

@@ -44,7 +44,7 @@ class Context:
     executor: Optional[P2PExecutor] = None
     seq: Optional[int] = None
     nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.topology)
-    machine: Optional[Machine] = None            # the model's machine for auto (Options(machine=))
+    machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
 
     def submit(self, plan: Optional[Plan], async_op: bool):
         if plan is None:

@@ -3,8 +3,9 @@ machine, the best algorithm of each cell, the sizes where the best changes, and 
 
 Up to ``simulate_up_to`` ranks every cell is a cost-only simulation on the machine's clock
 (ports, nodes and NICs included); beyond, the closed forms serve, on the machine's slowest
-link (they equal the clock on a flat single-port machine, validated up to 1024 ranks by the
-tests and bench/study_scale.py). Each cell also carries its ratio to the lower bound
+link and, for the node-aware algorithms, its nodes (they equal the clock on a flat
+single-port machine, validated up to 1024 ranks by the tests and bench/study_scale.py). Each
+cell also carries its ratio to the lower bound
 T_lb = ⌈lg p⌉α + (bandwidth bound)β + (compute bound)γ on the machine's fastest link.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .. import registry
 from ..machine import Machine
+from ..topology import model_local_size
 from .bounds import lower_bounds
 
 #: the builder each registry collective is simulated through
@@ -44,15 +46,17 @@ def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: 
              simulate_up_to: int = 256) -> Cell:
     from ..simulate import simulate
 
+    # on a hierarchical machine the node-aware algorithms and their closed forms see the
+    # machine's own nodes
+    nodes = None if machine.flat else tuple(machine.node_of(rank) for rank in range(world))
     if world <= simulate_up_to:
-        # on a hierarchical machine the node-aware algorithms see the machine's own nodes
-        nodes = None if machine.flat else tuple(machine.node_of(rank) for rank in range(world))
         sim = simulate(_BUILDER.get(collective, collective), algorithm, world, numel=max(nbytes // 4, 0),
                        dtype=__import__("torch").float32, data=False, machine=machine, record=False,
                        local_size=nodes)
         seconds, source = sim.stats.time, "simulated"
     else:
-        cost = registry.model(registry.get(collective, algorithm), world, nbytes)
+        cost = registry.model(registry.get(collective, algorithm), world, nbytes,
+                              local_size=model_local_size(nodes))
         seconds, source = cost.on(machine), "closed form"
     lb = bound_time(collective, world, nbytes, machine)
     return Cell(collective, algorithm, world, nbytes, seconds, seconds / lb if lb else float("nan"), source)
