@@ -14,7 +14,7 @@ from ringcoll.study.check import ResultError
 
 WORLDS = list(range(2, 18)) + [64]
 #: the pipelined trees' cost takes its critical path message times first, so where a path of
-#: fewer messages but more reductions is longer on the clock it is a little short (0.13 % at
+#: fewer messages but more reductions is longer on the clock it is a little short (0.003 % at
 #: most seen); every other algorithm's closed form is exact
 TOLERANCE = {"double_binary_tree": 0.01}
 KiB = 1024
@@ -46,25 +46,23 @@ def test_closed_form_equals_the_clock(small_segments, collective, algorithm):
 
 
 @pytest.mark.parametrize("world", list(range(2, 18)) + [64, 100])
-def test_tree_edges_get_as_many_colours_as_the_busiest_port_needs(world):
-    """port_colors: no rank sends two messages of one colour or receives two, with as many
-    colours as the busiest rank has sends or receives (König); so each step of the double
-    trees holds at most one send and one receive."""
-    from ringcoll.schedules.trees import all_reduce_phases, port_colors, rooted_phases
+def test_each_global_step_gets_as_many_colours_as_its_busiest_port_needs(world):
+    """port_colors of each global step of the double trees: no rank sends two messages of one
+    colour or receives two, with as many colours as the step's busiest rank has sends or
+    receives (König); so each step of their schedules holds at most one send and one receive."""
+    from ringcoll.schedules.trees import all_reduce_pipeline, rooted_pipeline
 
-    for phases in (all_reduce_phases(world), rooted_phases(world, True), rooted_phases(world, False)):
-        edges = [[(r, p) if up else (p, r) for r, p in enumerate(tree.parent) if p is not None]
-                 for tree, up, _ in phases]
-        colours = port_colors(edges)
-        sends, receives = {}, {}
-        for phase, pairs in enumerate(edges):
-            for sender, receiver in pairs:
-                c = colours[phase][sender, receiver]
-                assert (sender, c) not in sends and (receiver, c) not in receives, (phase, sender, receiver, c)
-                sends[sender, c], receives[receiver, c] = phase, phase
-        degree = max(max(Counter(s for pairs in edges for s, _ in pairs).values()),
-                     max(Counter(r for pairs in edges for _, r in pairs).values()))
-        assert len({c for by_edge in colours for c in by_edge.values()}) == degree
+    for pipe in (all_reduce_pipeline(world), rooted_pipeline(world, True), rooted_pipeline(world, False)):
+        for k in (1, 2, pipe.span, pipe.span + 2):
+            for at in range(pipe.span + k - 1):
+                window = pipe.window(at, [k] * len(pipe.phases))
+                colour, active = pipe.colours(window), pipe.active(window)
+                assert sorted(e for e, c in enumerate(colour) if c != 255) == sorted(active)
+                senders = Counter(pipe.pairs[e][0] for e in active)
+                receivers = Counter(pipe.pairs[e][1] for e in active)
+                assert len({(pipe.pairs[e][0], colour[e]) for e in active}) == len(active)
+                assert len({(pipe.pairs[e][1], colour[e]) for e in active}) == len(active)
+                assert len({colour[e] for e in active}) == max([*senders.values(), *receivers.values(), 0])
     for collective in ("all_reduce", "broadcast", "reduce"):
         algorithm = ringcoll.registry.get(collective, "double_binary_tree")
         layout = Layout(world * 4000, {"segment": 300, "root": world // 3})

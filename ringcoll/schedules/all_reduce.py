@@ -12,7 +12,7 @@ from typing import Iterator
 from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
 from ..registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
-from .trees import Phase, all_reduce_colors, all_reduce_phases, all_reduce_shape, halves, pipeline, pipelined_tree_cost, \
+from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, \
     segment_count, segment_numel
 
 
@@ -149,7 +149,7 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
 
 
 def _double_binary_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
-    return pipelined_tree_cost(all_reduce_shape(world), nbytes, segment)
+    return pipelined_tree_cost(all_reduce_pipeline(world), nbytes, segment)
 
 
 @register("all_reduce", "double_binary_tree", cost=_double_binary_tree_cost)
@@ -163,19 +163,21 @@ def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iter
     has the result at step j + h - 1 and from step j + h it flows down, a rank at depth d
     receiving it at step j + h + d - 1 and passing it on at step j + h + d. Every segment of
     the result is reduced once, at a top, and copied everywhere: bitwise identical. Each
-    global step is split by the colours of the trees' edges (``port_colors``: 4 colours), so a
-    rank sends and receives at most one message at a time, and reduces at its step's end.
+    global step is split by the colours of its messages (``TreePipeline``: a proper edge
+    colouring, up to 4 colours), so a rank sends and receives at most one message at a time,
+    and reduces at its step's end.
 
-    Cost: one segment crosses in ≈ 4 lg p message times; once the pipeline is full, each
-    further segment adds the busiest rank's 4(α + sβ) + 2sγ (parent and two children in one
-    tree, parent in the other): ≈ (4k + 7.5 lg p)(α + sβ) + (2k + O(lg p))·sγ, k = ⌈n /
-    (2·segment)⌉ segments of s = n/2k per tree, ≈ 2nβ + nγ for large k
-    (``PipelineShape``: the clock's time within 0.2 %).
+    Cost: one segment crosses in 4 lg p - 2 message times (≈ at other p); once the pipeline
+    is full, each further segment adds the busiest rank's 4(α + sβ) + 2sγ (parent and two
+    children in one tree, parent in the other): ≈ (4k + 3.5 lg p)(α + sβ) + (2k + 1.7 lg p)·sγ
+    for large k, k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree, ≈ 2nβ + nγ
+    (``TreePipeline.time``: the clock's time).
     """
     if world == 1:
         return
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     slot = max(s.numel for s in segs_a + segs_b)
+    pipe = all_reduce_pipeline(world)
     phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
-              in zip(all_reduce_phases(world), (segs_a, segs_a, segs_b, segs_b), (0, 0, 2, 2))]
-    yield from pipeline(rank, phases, slot, all_reduce_colors(world))
+              in zip(pipe.phases, (segs_a, segs_a, segs_b, segs_b), (0, 0, 2, 2))]
+    yield from pipeline(rank, phases, slot, pipe)

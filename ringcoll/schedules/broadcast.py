@@ -11,7 +11,7 @@ from typing import Iterator
 
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, chunks, segments, step
-from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_colors, rooted_phases, rooted_shape, \
+from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
     segment_count, segment_numel
 
 
@@ -131,7 +131,7 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
-    return pipelined_tree_cost(rooted_shape(world, up=False), nbytes, segment)
+    return pipelined_tree_cost(rooted_pipeline(world, up=False), nbytes, segment)
 
 
 @register("broadcast", "double_binary_tree", cost=_double_tree_cost)
@@ -142,15 +142,17 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     segments down its tree (a rank at depth d receives segment j at step j + d - 1 and sends
     it to its children at step j + d). A rank is interior in at most one tree, so it sends
     at most two segments per step, and the root sends each byte once. Each global step is
-    split by the colours of the trees' edges (``port_colors``: 2 colours), so a rank sends
-    and receives at most one message at a time.
+    split by the colours of its messages (``TreePipeline``: a proper edge colouring, up to 2
+    colours), so a rank sends and receives at most one message at a time.
 
-    Cost: ≈ (2k + 2 lg p)(α + sβ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree: once
-    the pipeline is full, each segment costs the busiest rank's two sends; ≈ nβ + 2 lg p·α
-    for large k (``PipelineShape``: the clock's time).
+    Cost: ≈ (2k + 2 lg p)(α + sβ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree (one
+    segment: ≈ 2 lg p message times; once the pipeline is full each segment costs the
+    busiest rank's two sends): ≈ nβ + 2 lg p·α for large k (``TreePipeline.time``: the
+    clock's time).
     """
     root = layout["root"]
+    pipe = rooted_pipeline(world, up=False)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     phases = [Phase(tree, segs, up, offset)
-              for (tree, up, offset), segs in zip(rooted_phases(world, up=False), (segs_a, segs_b))]
-    yield from rooted(pipeline((rank - root) % world, phases, 0, rooted_colors(world, up=False)), root, world)
+              for (tree, up, offset), segs in zip(pipe.phases, (segs_a, segs_b))]
+    yield from rooted(pipeline((rank - root) % world, phases, 0, pipe), root, world)

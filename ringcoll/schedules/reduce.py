@@ -13,7 +13,7 @@ from typing import Iterator
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, segments, step
 from .fold import fold_in, folded_rank, largest_pof2, real_rank
-from .trees import Phase, Tree, binomial, halves, lg, pipeline, pipelined_tree_cost, relabel, rooted, rooted_colors, rooted_phases, rooted_shape, \
+from .trees import Phase, Tree, binomial, halves, lg, pipeline, pipelined_tree_cost, relabel, rooted, rooted_pipeline, \
     segment_count, segment_numel
 
 
@@ -129,7 +129,7 @@ def reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
-    return pipelined_tree_cost(rooted_shape(world, up=True), nbytes, segment)
+    return pipelined_tree_cost(rooted_pipeline(world, up=True), nbytes, segment)
 
 
 @register("reduce", "double_binary_tree", cost=_double_tree_cost)
@@ -139,17 +139,18 @@ def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator
     vector, the second the other half, each pipelined in segments up its tree. A rank at
     depth d receives segment j of both children at step j + height - d - 1 into scratch and
     reduces them into its own (``data (op) first child (op) second child``), then sends it up
-    at step j + height - d. Each global step is split by the colours of the trees' edges
-    (``port_colors``: 2 colours), so a rank sends and receives at most one message at a time,
-    and reduces at its step's end.
+    at step j + height - d. Each global step is split by the colours of its messages
+    (``TreePipeline``: a proper edge colouring, up to 2 colours), so a rank sends and
+    receives at most one message at a time, and reduces at its step's end.
 
     Cost: ≈ (2k + 2 lg p)(α + sβ + sγ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree:
     once the pipeline is full, each segment costs the busiest rank's two receives and their
-    reduction; ≈ nβ + nγ + 2 lg p·α for large k (``PipelineShape``: the clock's time).
+    reduction; ≈ nβ + nγ + 2 lg p·α for large k (``TreePipeline.time``: the clock's time).
     """
     root = layout["root"]
+    pipe = rooted_pipeline(world, up=True)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     slot = max(s.numel for s in segs_a + segs_b)
     phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
-              in zip(rooted_phases(world, up=True), (segs_a, segs_b), (0, 2))]
-    yield from rooted(pipeline((rank - root) % world, phases, slot, rooted_colors(world, up=True)), root, world)
+              in zip(pipe.phases, (segs_a, segs_b), (0, 2))]
+    yield from rooted(pipeline((rank - root) % world, phases, slot, pipe), root, world)

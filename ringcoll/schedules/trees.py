@@ -16,16 +16,16 @@ one tree may be near the bottom of the other, and the two trees must not wait on
   ``j + height - d - 1``, reduces them into its own (children in a fixed order), and sends
   the result to its parent at step ``j + height - d``.
 
-Steps where a rank has nothing to do are left out. With colours (:func:`port_colors`) a
-global step is split into one step per colour of the trees' edges, so that a rank sends and
-receives at most one message at a time; without, its transfers are posted together, tree by
-tree, phase by phase. Either way both ends of every pair post in the same order, so messages
-match.
+Steps where a rank has nothing to do are left out. The double trees (:class:`TreePipeline`)
+split each global step into one step per colour of a proper colouring of its messages
+(:func:`port_colors`), so that a rank sends and receives at most one message at a time and
+nothing queues on a port; the chains post each global step's transfers together. Either way
+both ends of every pair post in the same order, so messages match.
 """
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -45,87 +45,6 @@ def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Op
     """How many segments ``nbytes`` makes (at least one), for the cost models: segments of
     ``segment`` bytes, else of the segment table's for ``collective``/``algorithm``."""
     return max(1, -(-int(nbytes) // (segment or segment_bytes(collective, algorithm))))
-
-
-def pipelined_tree_cost(shape: "PipelineShape", nbytes: float, segment: Optional[int]):
-    """α-β-γ cost of a coloured tree pipeline (:func:`pipeline` with :func:`tree_colors`) whose
-    trees carry n/2 each in k segments of s = n/2k bytes, on the simulator's clock: split by
-    colour, a global step asks each rank for at most one send and one receive at a time, so
-    nothing queues on a port, and the cost is ``shape.time(k)`` message times (α + sβ) and
-    segments reduced (sγ) on the critical path."""
-    from ..registry import Cost
-
-    if shape.world == 1:
-        return Cost(0, 0, 0)
-    k = segment_count(nbytes / 2, segment=segment)
-    seg = nbytes / 2 / k
-    messages, reduced = shape.time(k)
-    return Cost(messages, messages * seg, reduced * seg)
-
-
-class PipelineShape:
-    """The critical path of a coloured tree pipeline, from its trees (built once per world).
-    ``phases``: (tree, up, offset) as in :class:`Phase`; ``colors`` as :func:`tree_colors`
-    gives them. Times are pairs (message times, segments reduced), compared message times
-    first.
-
-    Until the pipeline is full (k ≤ ``span``, the global steps one segment takes) the path
-    is :meth:`filled`'s. Once it is full, each further segment adds one global step of the
-    busiest rank: one message time per colour it uses (4 for the all-reduce, whose interior
-    rank sends to its parent and two children in one tree and to its parent in the other;
-    2 for broadcast and reduce) and the child segments it reduces (2)."""
-
-    def __init__(self, phases: Sequence[Tuple[Tree, bool, int]], colors: Sequence[Sequence[int]]):
-        world = len(phases[0][0].parent)
-        colours: List[set] = [set() for _ in range(world)]
-        units = [0] * world
-        #: the first segment's messages by (global step, colour), its reductions by global step
-        self.messages: Dict[Tuple[int, int], List[Tuple[int, int]]] = defaultdict(list)
-        self.reductions: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
-        for i, (tree, up, offset) in enumerate(phases):
-            for rank, parent in enumerate(tree.parent):
-                d = tree.depth[rank]
-                if parent is not None:
-                    at, colour = offset + (tree.height - d if up else d - 1), colors[i][rank]
-                    colours[rank].add(colour)
-                    colours[parent].add(colour)
-                    self.messages[at, colour].append((rank, parent) if up else (parent, rank))
-                if up and tree.children[rank]:
-                    units[rank] += len(tree.children[rank])
-                    self.reductions[offset + tree.height - d - 1].append((rank, len(tree.children[rank])))
-        self.world = world
-        self.span = 1 + max([at for at, _ in self.messages] + list(self.reductions), default=-1)
-        self.per_segment = max(zip(map(len, colours), units))        # (0, 0) alone
-
-    def time(self, k: int) -> Tuple[int, int]:
-        """(message times, segments reduced) on the critical path of k segments."""
-        full = min(k, self.span)
-        messages, reduced = self.filled(full)
-        return messages + (k - full) * self.per_segment[0], reduced + (k - full) * self.per_segment[1]
-
-    @functools.lru_cache(maxsize=64)
-    def filled(self, k: int) -> Tuple[int, int]:
-        """The critical path of k segments with nothing queued: a message of step (global
-        step, colour) starts when both its ranks are done with their earlier steps and takes
-        one message time; a rank's reductions follow its global step's last message."""
-        ready = [(0, 0)] * self.world
-        colours = sorted({c for _, c in self.messages})
-        for at in range(self.span + k - 1):
-            for colour in colours:
-                pairs = [pair for first in range(max(0, at - k + 1), at + 1)
-                         for pair in self.messages.get((first, colour), ())]
-                ends: Dict[int, Tuple[int, int]] = {}
-                for sender, receiver in pairs:
-                    start = max(ready[sender], ready[receiver])
-                    end = (start[0] + 1, start[1])
-                    for rank in (sender, receiver):
-                        ends[rank] = max(end, ends.get(rank, end))
-                for rank, end in ends.items():
-                    ready[rank] = end
-            for first in range(max(0, at - k + 1), at + 1):
-                for rank, units in self.reductions.get(first, ()):
-                    ready[rank] = (ready[rank][0], ready[rank][1] + units)
-        return max(ready)
 
 
 def lg(world: int) -> int:
@@ -288,41 +207,19 @@ def rooted_trees(world: int) -> Tuple[Tree, Tree]:
 
 
 @functools.lru_cache(maxsize=16)
-def all_reduce_phases(world: int) -> Tuple[Tuple[Tree, bool, int], ...]:
-    """The tree all-reduce's four pipelines as (tree, up, offset): the first tree up, then
-    down from its top's step on, the second tree likewise."""
+def all_reduce_pipeline(world: int) -> "TreePipeline":
+    """The tree all-reduce's four pipelines, once per world: the first tree up, then down
+    from its top's step on, the second tree likewise."""
     first, second = all_reduce_trees(world)
-    return (first, True, 0), (first, False, first.height), (second, True, 0), (second, False, second.height)
+    return TreePipeline(((first, True, 0), (first, False, first.height),
+                         (second, True, 0), (second, False, second.height)))
 
 
 @functools.lru_cache(maxsize=32)
-def rooted_phases(world: int, up: bool) -> Tuple[Tuple[Tree, bool, int], ...]:
-    """The rooted double tree's two pipelines, both up (reduce) or both down (broadcast)."""
-    return tuple((tree, up, 0) for tree in rooted_trees(world))
-
-
-# colours and cost shapes keyed by world, not by the trees: hashing a tree costs O(world),
-# paid by every rank's schedule
-@functools.lru_cache(maxsize=16)
-def all_reduce_colors(world: int) -> Tuple[Tuple[int, ...], ...]:
-    """:func:`tree_colors` of :func:`all_reduce_phases`, once per world."""
-    return tree_colors([(tree, up) for tree, up, _ in all_reduce_phases(world)])
-
-
-@functools.lru_cache(maxsize=32)
-def rooted_colors(world: int, up: bool) -> Tuple[Tuple[int, ...], ...]:
-    """:func:`tree_colors` of :func:`rooted_phases`, once per world."""
-    return tree_colors([(tree, up) for tree, up, _ in rooted_phases(world, up)])
-
-
-@functools.lru_cache(maxsize=16)
-def all_reduce_shape(world: int) -> "PipelineShape":
-    return PipelineShape(all_reduce_phases(world), all_reduce_colors(world))
-
-
-@functools.lru_cache(maxsize=32)
-def rooted_shape(world: int, up: bool) -> "PipelineShape":
-    return PipelineShape(rooted_phases(world, up), rooted_colors(world, up))
+def rooted_pipeline(world: int, up: bool) -> "TreePipeline":
+    """The rooted double tree's two pipelines, both up (reduce) or both down (broadcast),
+    once per world."""
+    return TreePipeline(tuple((tree, up, 0) for tree in rooted_trees(world)))
 
 
 def halves(numel: int, segment: int, name: str = "data") -> Tuple[List[Buf], List[Buf]]:
@@ -345,110 +242,238 @@ class Phase:
     scratch: int = 0
 
 
-def port_colors(edges: Sequence[Sequence[Tuple[int, int]]]) -> List[Dict[Tuple[int, int], int]]:
-    """A colour for every message edge ``(sender, receiver)`` of each phase, such that no rank
-    sends two messages of one colour nor receives two of one colour: a proper edge colouring
-    of the bipartite graph senders -> receivers (all phases together), with as many colours
-    as the busiest rank has messages to send or to receive (König's theorem; Kempe-chain
-    flips, as in the classic proof). A pipeline step split into one step per colour thus asks
-    each rank for at most one send and one receive at a time, which one send and one receive
-    port carry without queueing."""
-    at_sender: Dict[int, Dict[int, Tuple[int, int]]] = defaultdict(dict)    # rank: colour -> edge
-    at_receiver: Dict[int, Dict[int, Tuple[int, int]]] = defaultdict(dict)
-    colour_of: Dict[Tuple[int, int, int], int] = {}
+def port_colors(pairs: Sequence[Tuple[int, int]]) -> List[int]:
+    """A colour for every message ``(sender, receiver)`` such that no rank sends two messages
+    of one colour nor receives two: a proper edge colouring of the bipartite graph senders ->
+    receivers, with as many colours as the busiest rank has messages to send or to receive
+    (König's theorem; Kempe-chain flips, as in the classic proof). Messages are coloured
+    in order, each with the earliest colour free at both ends where there is one, so earlier
+    messages tend to go in earlier steps. Steps split by colour
+    thus ask each rank for at most one send and one receive at a time, which one send and
+    one receive port carry without queueing."""
+    colour_of = [-1] * len(pairs)
+    at_sender: Dict[int, Dict[int, int]] = defaultdict(dict)      # rank: colour -> message
+    at_receiver: Dict[int, Dict[int, int]] = defaultdict(dict)
 
-    def free(used: Dict[int, Tuple[int, int]]) -> int:
+    def free(used: Dict[int, int]) -> int:
         colour = 0
         while colour in used:
             colour += 1
         return colour
 
-    def paint(edge, colour):
-        phase, sender, receiver = edge
-        colour_of[edge] = colour
-        at_sender[sender][colour] = edge
-        at_receiver[receiver][colour] = edge
+    def paint(message: int, colour: int) -> None:
+        sender, receiver = pairs[message]
+        colour_of[message] = colour
+        at_sender[sender][colour] = message
+        at_receiver[receiver][colour] = message
 
-    for phase, pairs in enumerate(edges):
-        for sender, receiver in pairs:
-            a, b = free(at_sender[sender]), free(at_receiver[receiver])
-            if a not in at_receiver[receiver]:
-                paint((phase, sender, receiver), a)
-                continue
+    degree = max(max(Counter(s for s, _ in pairs).values(), default=0),
+                 max(Counter(r for _, r in pairs).values(), default=0))
+    for message, (sender, receiver) in enumerate(pairs):
+        shared = next((c for c in range(degree)
+                       if c not in at_sender[sender] and c not in at_receiver[receiver]), None)
+        if shared is not None:          # the earliest colour free at both ends
+            paint(message, shared)
+            continue
+        a, b = free(at_sender[sender]), free(at_receiver[receiver])
+        if a in at_receiver[receiver]:
             # the path from the receiver alternating colours a and b never reaches the
             # sender (bipartite); swapping a and b along it frees a at the receiver
-            path, side, rank, colour = [], at_receiver, receiver, a
-            while colour in side[rank]:
-                edge = side[rank][colour]
-                path.append(edge)
-                rank = edge[1] if side is at_receiver else edge[2]
-                side = at_receiver if side is at_sender else at_sender
-                colour = b if colour == a else a
-            for edge in path:
-                del at_sender[edge[1]][colour_of[edge]], at_receiver[edge[2]][colour_of[edge]]
-            for edge in path:
-                paint(edge, b if colour_of[edge] == a else a)
-            paint((phase, sender, receiver), a)
-    colours = [dict() for _ in edges]
-    for (phase, sender, receiver), colour in colour_of.items():
-        colours[phase][sender, receiver] = colour
-    return colours
+            path, at_a_receiver, rank, colour = [], True, receiver, a
+            while colour in (at_receiver if at_a_receiver else at_sender)[rank]:
+                other = (at_receiver if at_a_receiver else at_sender)[rank][colour]
+                path.append(other)
+                rank = pairs[other][0] if at_a_receiver else pairs[other][1]
+                at_a_receiver, colour = not at_a_receiver, (b if colour == a else a)
+            for other in path:
+                del at_sender[pairs[other][0]][colour_of[other]]
+                del at_receiver[pairs[other][1]][colour_of[other]]
+            for other in path:
+                paint(other, b if colour_of[other] == a else a)
+        paint(message, a)
+    return colour_of
 
 
-def tree_colors(phases: Sequence[Tuple[Tree, bool]]) -> Tuple[Tuple[int, ...], ...]:
-    """:func:`port_colors` of pipelined trees: for each ``(tree, up)``, the colour of the
-    message between each rank and its parent (child -> parent when up, parent -> child when
-    down), indexed by the child; 0 at a top."""
-    edges = [[(r, p) if up else (p, r) for r, p in enumerate(tree.parent) if p is not None]
-             for tree, up in phases]
-    colours = port_colors(edges)
-    return tuple(tuple(colours[i].get((r, p) if up else (p, r), 0) for r, p in enumerate(tree.parent))
-                 for i, (tree, up) in enumerate(phases))
+class TreePipeline:
+    """Pipelines over trees on one global clock (module docstring), each global step split
+    into one step per colour of the messages it holds (:func:`port_colors` of that step's
+    messages alone), so that a rank sends and receives at most one message at a time; a
+    rank reduces at its global step's end. A step's messages are those of the edges whose
+    first segment's message is ``k`` steps or less before it, so its colouring depends on
+    the window of first steps it holds: computed once per window.
+
+    ``phases``: (tree, up, offset) as in :class:`Phase`. ``time(k)`` is the critical path of
+    k segments per tree (message times, segments reduced), compared message times first."""
+
+    def __init__(self, phases: Sequence[Tuple[Tree, bool, int]]):
+        self.phases = tuple(phases)
+        self.world = len(phases[0][0].parent)
+        #: per phase, each child's edge (to or from its parent) as an index into pairs
+        self.edge: List[List[int]] = []
+        self.pairs: List[Tuple[int, int]] = []                    # (sender, receiver)
+        self.first: List[int] = []                                # the first segment's step
+        #: the hops a segment still has to go after this message (its tree's up then down)
+        self.urgency: List[int] = []
+        self.by_first: Dict[int, List[Tuple[int, int]]] = defaultdict(list)   # (phase, edge)
+        self.reductions: Dict[int, List[Tuple[int, int, int]]] = defaultdict(list)
+        for i, (tree, up, offset) in enumerate(phases):
+            ids = [-1] * self.world
+            # message times for a rank to pass a segment on to its whole subtree, sending to
+            # the slowest child first
+            below = [0] * self.world
+            for rank in sorted(range(self.world), key=tree.depth.__getitem__, reverse=True):
+                later = sorted((below[c] for c in tree.children[rank]), reverse=True)
+                below[rank] = max((n + 1 + t for n, t in enumerate(later)), default=0)
+            for child, parent in enumerate(tree.parent):
+                d = tree.depth[child]
+                if parent is not None:
+                    ids[child] = len(self.pairs)
+                    self.urgency.append(-below[child] if up else below[child])
+                    first = offset + (tree.height - d if up else d - 1)
+                    self.by_first[first].append((i, len(self.pairs)))
+                    self.pairs.append((child, parent) if up else (parent, child))
+                    self.first.append(first)
+                if up and tree.children[child]:
+                    self.reductions[offset + tree.height - d - 1].append((i, child, len(tree.children[child])))
+            self.edge.append(ids)
+        self.span = 1 + max(self.first + list(self.reductions), default=-1)
+
+    def window(self, at: int, counts: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
+        """Per phase of ``counts[i]`` segments, the first steps [lo, hi] of the edges that
+        have a message at global step ``at``."""
+        return tuple((max(0, at - count + 1), min(at, self.span - 1)) if count else (1, 0)
+                     for count in counts)
+
+    def active(self, window: Tuple[Tuple[int, int], ...]) -> List[int]:
+        """The edges with a message in a global step of ``window``."""
+        return [edge for first in range(min(lo for lo, _ in window), max(hi for _, hi in window) + 1)
+                for i, edge in self.by_first.get(first, ()) if window[i][0] <= first <= window[i][1]]
+
+    @functools.lru_cache(maxsize=128)
+    def colours(self, window: Tuple[Tuple[int, int], ...]) -> bytes:
+        """Each edge's colour in the global steps of ``window`` (255: no message)."""
+        active = sorted(self.active(window), key=lambda edge: -self.urgency[edge])
+        colour = bytearray(b"\xff" * len(self.pairs))
+        for edge, c in zip(active, port_colors([self.pairs[edge] for edge in active])):
+            colour[edge] = c
+        return bytes(colour)
+
+    def time(self, k: int) -> Tuple[int, int]:
+        """(message times, segments reduced) on the critical path of k segments per tree:
+        exact until the pipeline is full (k ≤ span, :meth:`filled`); each further segment
+        adds one full global step, as long as its busiest rank needs (:meth:`per_segment`)."""
+        full = min(k, self.span)
+        messages, reduced = self.filled(full)
+        more_messages, more_reduced = self.per_segment
+        return messages + (k - full) * more_messages, reduced + (k - full) * more_reduced
+
+    @functools.cached_property
+    def per_segment(self) -> Tuple[int, int]:
+        """A full global step: the busiest rank's colours (4 for the all-reduce, whose
+        interior rank sends to its parent and two children in one tree and to its parent in
+        the other; 2 for broadcast and reduce) and the child segments it reduces."""
+        colour = self.colours(self.window(self.span - 1, [self.span] * len(self.phases)))
+        used: List[set] = [set() for _ in range(self.world)]
+        for edge, (sender, receiver) in enumerate(self.pairs):
+            used[sender].add(colour[edge])
+            used[receiver].add(colour[edge])
+        units = [0] * self.world
+        for reductions in self.reductions.values():
+            for _, rank, count in reductions:
+                units[rank] += count
+        return max(zip(map(len, used), units))
+
+    @functools.lru_cache(maxsize=64)
+    def filled(self, k: int) -> Tuple[int, int]:
+        """The critical path of k segments per tree, nothing queued: a message of step
+        (global step, colour) starts when both its ranks are done with their earlier steps
+        and takes one message time; a rank's reductions follow its global step's last
+        message."""
+        ready = [(0, 0)] * self.world
+        counts = [k] * len(self.phases)
+        for at in range(self.span + k - 1):
+            window = self.window(at, counts)
+            colour = self.colours(window)
+            by_colour: Dict[int, List[int]] = defaultdict(list)
+            for edge in self.active(window):
+                by_colour[colour[edge]].append(edge)
+            for c in sorted(by_colour):
+                ends: Dict[int, Tuple[int, int]] = {}
+                for edge in by_colour[c]:
+                    sender, receiver = self.pairs[edge]
+                    start = max(ready[sender], ready[receiver])
+                    end = (start[0] + 1, start[1])
+                    for rank in (sender, receiver):
+                        ends[rank] = max(end, ends.get(rank, end))
+                for rank, end in ends.items():
+                    ready[rank] = end
+            for first in range(window[0][0], window[0][1] + 1):      # every phase's window
+                for _, rank, count in self.reductions.get(first, ()):
+                    ready[rank] = (ready[rank][0], ready[rank][1] + count)
+        return max(ready)
+
+
+def pipelined_tree_cost(pipe: TreePipeline, nbytes: float, segment: Optional[int]):
+    """α-β-γ cost of a :class:`TreePipeline` whose trees carry n/2 each in k segments of
+    s = n/2k bytes, on the simulator's clock: nothing queues on a port, so the cost is
+    ``pipe.time(k)`` message times (α + sβ) and segments reduced (sγ)."""
+    from ..registry import Cost
+
+    if pipe.world == 1:
+        return Cost(0, 0, 0)
+    k = segment_count(nbytes / 2, segment=segment)
+    seg = nbytes / 2 / k
+    messages, reduced = pipe.time(k)
+    return Cost(messages, messages * seg, reduced * seg)
 
 
 def pipeline(rank: int, phases: Sequence[Phase], scratch_numel: int,
-             colors: Optional[Sequence[Sequence[int]]] = None) -> Iterator[Step]:
+             coloured: Optional[TreePipeline] = None) -> Iterator[Step]:
     """The steps of ``rank`` for pipelined phases on one global clock (module docstring).
     An up phase reduces children's segments received into scratch slots of
     ``scratch_numel`` elements (slot ``phase.scratch + i`` for child i).
 
-    ``colors[i][c]``: the colour of phase i's message between rank c and its parent
-    (:func:`tree_colors`); a global step is then split into one step per colour, in colour
-    order, the same order on both ends of every message. A reduction runs in the step of the
-    last child's colour. Without colours every global step is one step."""
+    ``coloured``: the :class:`TreePipeline` of these phases' trees; each global step is then
+    split into one step per colour, in colour order (the same order on both ends of every
+    message), and a rank's reductions run in its global step's last. Without it every
+    global step is one step."""
     comms = defaultdict(list)
     local = defaultdict(list)
+    counts = [sum(1 for seg in phase.segs if seg.numel) for phase in phases]
+
+    def colour(at: int, i: int, child: int) -> int:
+        if coloured is None:
+            return 0
+        return coloured.colours(coloured.window(at, counts))[coloured.edge[i][child]]
+
     for i, phase in enumerate(phases):
         tree, d = phase.tree, phase.tree.depth[rank]
         parent, children = tree.parent[rank], tree.children[rank]
-        colour = colors[i] if colors is not None else None
-        mine = colour[rank] if colour is not None else 0
-        theirs = [colour[c] for c in children] if colour is not None else [0] * len(children)
         for j, seg in enumerate(phase.segs):
             if seg.numel == 0:
                 continue
             if phase.up:
                 at = phase.offset + j + tree.height - d
                 if children:
-                    slots = [Buf("scratch", (phase.scratch + i) * scratch_numel,
-                                 (phase.scratch + i) * scratch_numel + seg.numel)
-                             for i in range(len(children))]
-                    for c, s, col in zip(children, slots, theirs):
-                        comms[at - 1, col].append(Recv(c, s))
+                    slots = [Buf("scratch", (phase.scratch + n) * scratch_numel,
+                                 (phase.scratch + n) * scratch_numel + seg.numel)
+                             for n in range(len(children))]
+                    for c, slot in zip(children, slots):
+                        comms[at - 1, colour(at - 1, i, c)].append(Recv(c, slot))
                     local[at - 1].append(reduce(seg, *slots))
                 if parent is not None:
-                    comms[at, mine].append(Send(parent, seg))
+                    comms[at, colour(at, i, rank)].append(Send(parent, seg))
             else:
                 at = phase.offset + j + d
                 if parent is not None:
-                    comms[at - 1, mine].append(Recv(parent, seg))
-                for c, col in zip(children, theirs):
-                    comms[at, col].append(Send(c, seg))
+                    comms[at - 1, colour(at - 1, i, rank)].append(Recv(parent, seg))
+                for c in children:
+                    comms[at, colour(at, i, c)].append(Send(c, seg))
     last = {}                         # global step -> its last colour on this rank
-    for at, colour in comms:
-        last[at] = max(colour, last.get(at, colour))
-    for at, colour in sorted(comms):
-        st = step(comms[at, colour], local.pop(at, ()) if colour == last[at] else ())
+    for at, c in comms:
+        last[at] = max(c, last.get(at, c))
+    for at, c in sorted(comms):
+        st = step(comms[at, c], local.pop(at, ()) if c == last[at] else ())
         if st.comms or st.local:
             yield st
     assert not local, "a reduction without receives"
