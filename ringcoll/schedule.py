@@ -20,6 +20,7 @@ Iterable[Step]`` that never touches torch.distributed: executors run it on a pro
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Iterable, Optional, Tuple
@@ -159,6 +160,14 @@ def chunks(name: str, numel: int, parts: int, offset: int = 0) -> Chunks:
     """``parts`` near-equal chunks of ``name[offset : offset + numel]`` (a lazy sequence of
     Bufs, see :class:`Chunks`)."""
     return Chunks(name, numel, parts, offset)
+
+
+@functools.lru_cache(maxsize=16)
+def chunk_table(name: str, numel: int, parts: int, offset: int = 0) -> Tuple[Buf, ...]:
+    """The Bufs of :func:`chunks` as one tuple, built once per arguments: every rank of a
+    simulated world that walks all the chunks shares this table (O(world) objects for the
+    world), where building them on access costs each rank a Buf per step."""
+    return tuple(Chunks(name, numel, parts, offset))
 
 
 def segments(chunk: Buf, segment_numel: int) -> Sequence[Buf]:
