@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Iterable, Optional, Tuple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Buf:
     """Elements ``[start, stop)`` of the buffer called ``name``."""
 
@@ -46,19 +46,19 @@ class Buf:
         return f"{self.name}[{self.start}:{self.stop}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     peer: int
     buf: Buf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recv:
     peer: int
     buf: Buf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reduce:
     """``dst = dst (op) srcs[0] (op) srcs[1] ...``; with ``out``, the result is also copied there."""
 
@@ -67,13 +67,13 @@ class Reduce:
     out: Optional[Buf] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Copy:
     dst: Buf
     src: Buf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     comms: Tuple[Send | Recv, ...] = ()
     local: Tuple[Reduce | Copy, ...] = ()
