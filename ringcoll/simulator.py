@@ -508,13 +508,16 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 depends[dst] = post_chain[src]
             if post_chain[dst] > depends[src]:
                 depends[src] = post_chain[dst]
-            for rank in (src, dst):
-                if end > step_end[rank]:
-                    step_end[rank] = end
-                left = outstanding[rank] - 1
-                outstanding[rank] = left
-                if not left:
-                    wake(rank, step_end[rank] + reducing[rank] * gamma)
+            if end > step_end[src]:
+                step_end[src] = end
+            outstanding[src] -= 1
+            if not outstanding[src]:
+                wake(src, step_end[src] + reducing[src] * gamma)
+            if end > step_end[dst]:
+                step_end[dst] = end
+            outstanding[dst] -= 1
+            if not outstanding[dst]:
+                wake(dst, step_end[dst] + reducing[dst] * gamma)
 
     stuck = [r for r in range(world) if current[r] is not None]
     if stuck:
