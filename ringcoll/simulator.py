@@ -459,7 +459,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         if not matched:
             continue
         if len(matched) > 1:
-            matched.sort()          # (send position, receive position, sender) is unique
+            matched.sort()      # posting order: (send position, receive position, sender), never tied
         batch = matched.copy()
         matched.clear()
         for _, _, src, dst, send_item, recv_item in batch:
