@@ -20,12 +20,13 @@ Iterable[Step]`` that never touches torch.distributed: executors run it on a pro
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Iterable, Optional, Tuple
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Buf:
     """Elements ``[start, stop)`` of the buffer called ``name``."""
 
@@ -45,19 +46,19 @@ class Buf:
         return f"{self.name}[{self.start}:{self.stop}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     peer: int
     buf: Buf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recv:
     peer: int
     buf: Buf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reduce:
     """``dst = dst (op) srcs[0] (op) srcs[1] ...``; with ``out``, the result is also copied there."""
 
@@ -66,13 +67,13 @@ class Reduce:
     out: Optional[Buf] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Copy:
     dst: Buf
     src: Buf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     comms: Tuple[Send | Recv, ...] = ()
     local: Tuple[Reduce | Copy, ...] = ()
@@ -159,6 +160,14 @@ def chunks(name: str, numel: int, parts: int, offset: int = 0) -> Chunks:
     """``parts`` near-equal chunks of ``name[offset : offset + numel]`` (a lazy sequence of
     Bufs, see :class:`Chunks`)."""
     return Chunks(name, numel, parts, offset)
+
+
+@functools.lru_cache(maxsize=16)
+def chunk_table(name: str, numel: int, parts: int, offset: int = 0) -> Tuple[Buf, ...]:
+    """The Bufs of :func:`chunks` as one tuple, built once per arguments: every rank of a
+    simulated world that walks all the chunks shares this table (O(world) objects for the
+    world), where building them on access costs each rank a Buf per step."""
+    return tuple(Chunks(name, numel, parts, offset))
 
 
 def segments(chunk: Buf, segment_numel: int) -> Sequence[Buf]:

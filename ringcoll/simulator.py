@@ -34,7 +34,6 @@ import functools
 import gc
 import heapq
 import itertools
-import operator
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -250,8 +249,6 @@ def reduced_bytes(local, itemsize: int) -> int:
 
 
 _INF = float("inf")
-#: messages matched at one time are booked in posting order: send position, receive position, sender
-_ORDER = operator.itemgetter(0, 1, 2)
 
 
 def _choices(tables):
@@ -333,8 +330,10 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     timeline = Timeline(world) if record else None
     sends: Dict[int, deque] = {}
     recvs: Dict[int, deque] = {}
-    heap: List[Tuple[float, int, int]] = [(0.0, r, r) for r in range(world)]
-    seq = world
+    # the ranks whose step ends at each time, in the order those ends were found (the order
+    # they post their next steps in), and the heap of those times
+    due: Dict[float, List[int]] = {0.0: list(range(world))} if world else {}
+    times: List[float] = list(due)
     matched: List = []
 
     def where(rank):
@@ -440,20 +439,29 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 best = (t, choice)
         return best
 
-    heappush = heapq.heappush
-    while heap:
-        now = heap[0][0]
-        while heap and heap[0][0] == now:
-            _, _, rank = heapq.heappop(heap)
+    def wake(rank, time):
+        """Post the rank's next step at ``time`` (after the ranks already due then)."""
+        ranks = due.get(time)
+        if ranks is None:
+            due[time] = [rank]
+            heapq.heappush(times, time)
+        else:
+            ranks.append(rank)
+
+    while times:
+        now = times[0]
+        for rank in due[now]:       # a step that ends at once joins this list, and posts now
             finish = post(rank, now)
             if finish is not None:
-                heapq.heappush(heap, (finish, seq, rank))
-                seq += 1
+                wake(rank, finish)
+        heapq.heappop(times)
+        del due[now]
         if not matched:
             continue
         if len(matched) > 1:
-            matched.sort(key=_ORDER)
-        batch, matched[:] = list(matched), []
+            matched.sort()      # posting order: (send position, receive position, sender), never tied
+        batch = matched.copy()
+        matched.clear()
         for _, _, src, dst, send_item, recv_item in batch:
             sent, received = send_item.buf, recv_item.buf
             numel = sent.stop - sent.start
@@ -500,14 +508,16 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 depends[dst] = post_chain[src]
             if post_chain[dst] > depends[src]:
                 depends[src] = post_chain[dst]
-            for rank in (src, dst):
-                if end > step_end[rank]:
-                    step_end[rank] = end
-                left = outstanding[rank] - 1
-                outstanding[rank] = left
-                if not left:
-                    heappush(heap, (step_end[rank] + reducing[rank] * gamma, seq, rank))
-                    seq += 1
+            if end > step_end[src]:
+                step_end[src] = end
+            outstanding[src] -= 1
+            if not outstanding[src]:
+                wake(src, step_end[src] + reducing[src] * gamma)
+            if end > step_end[dst]:
+                step_end[dst] = end
+            outstanding[dst] -= 1
+            if not outstanding[dst]:
+                wake(dst, step_end[dst] + reducing[dst] * gamma)
 
     stuck = [r for r in range(world) if current[r] is not None]
     if stuck:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..registry import Cost, register
-from ..schedule import Buf, Layout, Recv, Send, Step, chunks, segments, step
+from ..schedule import Buf, Layout, Recv, Send, Step, chunk_table, segments, step
 from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
     segment_count, segment_numel
 
@@ -103,7 +103,8 @@ def broadcast_scatter_allgather(rank: int, world: int, layout: Layout) -> Iterat
 def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
     if world == 1:
         return
-    data = chunks("data", numel, world)
+    data = chunk_table("data", numel, world)
+    filled = min(numel, world)            # the chunks that hold elements: 0 .. filled - 1
 
     def span(lo: int, hi: int) -> Buf:
         return Buf("data", data[lo].start, data[hi - 1].stop)
@@ -114,20 +115,18 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
         yield step([Recv(parent, span(*binomial_span(vrank, world)))])
     for child in children:
         yield step([Send(child, span(*binomial_span(child, world)))])
-    # allgather
+    # allgather: one Step per step with a transfer, built directly (its chunks are not empty)
     right, left = (vrank + 1) % world, (vrank - 1) % world
     right_lo, right_hi = binomial_span(right, world)      # the chunks each already holds
     own_lo, own_hi = binomial_span(vrank, world)
     for s in range(world - 1):
         send_idx, recv_idx = (vrank - s) % world, (vrank - s - 1) % world
-        comms = []
-        if not right_lo <= send_idx < right_hi:
-            comms.append(Send(right, data[send_idx]))
-        if not own_lo <= recv_idx < own_hi:
-            comms.append(Recv(left, data[recv_idx]))
-        st = step(comms)
-        if st.comms:
-            yield st
+        sends = send_idx < filled and not right_lo <= send_idx < right_hi
+        if recv_idx < filled and not own_lo <= recv_idx < own_hi:
+            received = Recv(left, data[recv_idx])
+            yield Step((Send(right, data[send_idx]), received) if sends else (received,))
+        elif sends:
+            yield Step((Send(right, data[send_idx]),))
 
 
 def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
