@@ -217,13 +217,15 @@ def _override(collective: str) -> Optional[str]:
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
-           exclude: tuple = (), machine: Optional[Machine] = None) -> tuple[str, str]:
+           exclude: tuple = (), machine: Optional[Machine] = None,
+           local_size: Optional[int] = None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
     else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
     where that rule was measured, else the least modelled time (:func:`model_choice`).
     ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
-    is the call's for the model (its group's ``Options(machine=...)``, or simulate's). The
-    reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
+    is the call's for the model (its group's ``Options(machine=...)``, or simulate's), and
+    ``local_size`` the ranks per node its node-aware costs take (simulate's nodes; None: the
+    environment's). The reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -243,7 +245,7 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
                 return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
                                        f"{rule.evidence.split(';')[0]}"
             break           # the rule that would decide was not measured here: the model does
-    return model_choice(collective, nbytes, world, names, machine)
+    return model_choice(collective, nbytes, world, names, machine, local_size)
 
 
 # -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------
@@ -377,26 +379,27 @@ def _model_bytes(collective: str, nbytes: int, world: int) -> int:
 
 
 def modelled_times(collective: str, nbytes: int, world: int, names,
-                   given: Optional[Machine] = None) -> list[tuple[float, str]]:
+                   given: Optional[Machine] = None, local_size: Optional[int] = None) -> list[tuple[float, str]]:
     """(time on the model's machine, name) of every candidate, fastest first (ties: the
-    classic algorithm, then registration order). ``given``: the call's machine, if any."""
+    classic algorithm, then registration order). ``given``: the call's machine, if any;
+    ``local_size``: the ranks per node of the node-aware costs (None: the environment's)."""
     on, _ = machine(given)
     n = _model_bytes(collective, nbytes, world)
     ranked = []
     for index, name in enumerate(names):
         if world > SMALL_WORLD_ONLY.get(name, world):
             continue
-        seconds = registry.model(registry.get(collective, name), world, n).on(on)
+        seconds = registry.model(registry.get(collective, name), world, n, local_size=local_size).on(on)
         ranked.append((round(seconds, 15), name in FRONTIER, index, name))
     ranked.sort()
     return [(seconds, name) for seconds, _, _, name in ranked]
 
 
 def model_choice(collective: str, nbytes: int, world: int, names,
-                 given: Optional[Machine] = None) -> tuple[str, str]:
+                 given: Optional[Machine] = None, local_size: Optional[int] = None) -> tuple[str, str]:
     """The candidate with the least modelled time: its closed-form α-β-γ cost on the
     machine of :func:`machine` (on a hierarchical one, at its slowest link: Cost.on)."""
-    ranked = modelled_times(collective, nbytes, world, names, given)
+    ranked = modelled_times(collective, nbytes, world, names, given, local_size)
     if not ranked:
         return names[0], "auto: no candidate the model may take, first registered"
     (best_time, best), rest = ranked[0], ranked[1:]

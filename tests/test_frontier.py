@@ -332,6 +332,24 @@ def test_simulate_auto_weighs_the_simulated_machine(plain_env, caplog):
     assert chosen["alpha"] != chosen["beta"]
 
 
+def test_simulate_auto_prices_node_aware_candidates_on_the_simulated_nodes(plain_env, monkeypatch):
+    """Inside ``simulate(..., "auto", local_size=4)`` the model takes the hierarchical
+    candidates' cost at the simulated nodes of 4, not at RINGCOLL_LOCAL_SIZE's 2."""
+    plain_env.setenv("RINGCOLL_LOCAL_SIZE", "2")
+    seen, real = [], registry.model
+
+    def spy(algorithm, world, nbytes, **kwargs):
+        if algorithm.name == "hierarchical":
+            seen.append(kwargs.get("local_size"))
+        return real(algorithm, world, nbytes, **kwargs)
+
+    monkeypatch.setattr(registry, "model", spy)
+    for collective in ("all_reduce", "broadcast", "reduce", "all_gather"):
+        seen.clear()
+        ringcoll.simulate(collective, "auto", 24, numel=24 * 4096, local_size=4, data=False, record=False)
+        assert seen and set(seen) == {4}, (collective, seen)
+
+
 @pytest.mark.parametrize("text,message", [
     ('{"alpha": "fast"}', "alpha must be a non-negative number"),
     ("{alpha: 1}", "not a ringcoll.Machine JSON"),
