@@ -298,9 +298,10 @@ class TreePipeline:
     """Pipelines over trees on one global clock (module docstring), each global step split
     into one step per colour of the messages it holds (:func:`port_colors` of that step's
     messages alone), so that a rank sends and receives at most one message at a time; a
-    rank reduces at its global step's end. A step's messages are those of the edges whose
-    first segment's message is ``k`` steps or less before it, so its colouring depends on
-    the window of first steps it holds: computed once per window.
+    rank reduces at its global step's end. With k segments, global step t holds the message
+    of every edge whose first segment's message is at a step in [t - k + 1, t], so its
+    colouring depends only on that window of first steps: computed once per window, most
+    urgent messages first (they take the earlier colours).
 
     ``phases``: (tree, up, offset) as in :class:`Phase`. ``time(k)`` is the critical path of
     k segments per tree (message times, segments reduced), compared message times first."""
@@ -311,8 +312,9 @@ class TreePipeline:
         #: per phase, each child's edge (to or from its parent) as an index into pairs
         self.edge: List[List[int]] = []
         self.pairs: List[Tuple[int, int]] = []                    # (sender, receiver)
-        self.first: List[int] = []                                # the first segment's step
-        #: the hops a segment still has to go after this message (its tree's up then down)
+        #: per edge, what colouring it early gains: down, the message times its receiver needs
+        #: to pass a segment on to its subtree; up, minus those its sender needed to gather it
+        #: (the children ready first are received first)
         self.urgency: List[int] = []
         self.by_first: Dict[int, List[Tuple[int, int]]] = defaultdict(list)   # (phase, edge)
         self.reductions: Dict[int, List[Tuple[int, int, int]]] = defaultdict(list)
@@ -332,11 +334,10 @@ class TreePipeline:
                     first = offset + (tree.height - d if up else d - 1)
                     self.by_first[first].append((i, len(self.pairs)))
                     self.pairs.append((child, parent) if up else (parent, child))
-                    self.first.append(first)
                 if up and tree.children[child]:
                     self.reductions[offset + tree.height - d - 1].append((i, child, len(tree.children[child])))
             self.edge.append(ids)
-        self.span = 1 + max(self.first + list(self.reductions), default=-1)
+        self.span = 1 + max([*self.by_first, *self.reductions], default=-1)
 
     def window(self, at: int, counts: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
         """Per phase of ``counts[i]`` segments, the first steps [lo, hi] of the edges that
@@ -344,10 +345,17 @@ class TreePipeline:
         return tuple((max(0, at - count + 1), min(at, self.span - 1)) if count else (1, 0)
                      for count in counts)
 
+    @staticmethod
+    def _within(window: Tuple[Tuple[int, int], ...], by_first: Dict[int, list]) -> Iterator:
+        """The entries of ``by_first`` (phase first) whose first step is in their phase's window."""
+        for first in range(min(lo for lo, _ in window), max(hi for _, hi in window) + 1):
+            for entry in by_first.get(first, ()):
+                if window[entry[0]][0] <= first <= window[entry[0]][1]:
+                    yield entry
+
     def active(self, window: Tuple[Tuple[int, int], ...]) -> List[int]:
         """The edges with a message in a global step of ``window``."""
-        return [edge for first in range(min(lo for lo, _ in window), max(hi for _, hi in window) + 1)
-                for i, edge in self.by_first.get(first, ()) if window[i][0] <= first <= window[i][1]]
+        return [edge for _, edge in self._within(window, self.by_first)]
 
     @functools.lru_cache(maxsize=128)
     def colours(self, window: Tuple[Tuple[int, int], ...]) -> bytes:
@@ -407,9 +415,8 @@ class TreePipeline:
                         ends[rank] = max(end, ends.get(rank, end))
                 for rank, end in ends.items():
                     ready[rank] = end
-            for first in range(window[0][0], window[0][1] + 1):      # every phase's window
-                for _, rank, count in self.reductions.get(first, ()):
-                    ready[rank] = (ready[rank][0], ready[rank][1] + count)
+            for _, rank, count in self._within(window, self.reductions):
+                ready[rank] = (ready[rank][0], ready[rank][1] + count)
         return max(ready)
 
 
