@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 from . import registry
 from .machine import Machine
+from .topology import model_local_size
 
 log = logging.getLogger("ringcoll")
 
@@ -218,14 +219,14 @@ def _override(collective: str) -> Optional[str]:
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
            exclude: tuple = (), machine: Optional[Machine] = None,
-           local_size: Optional[int] = None) -> tuple[str, str]:
+           nodes: Optional[tuple] = None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
     else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
     where that rule was measured, else the least modelled time (:func:`model_choice`).
     ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
     is the call's for the model (its group's ``Options(machine=...)``, or simulate's), and
-    ``local_size`` the ranks per node its node-aware costs take (simulate's nodes; None: the
-    environment's). The reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
+    ``nodes`` each rank's node, whose size its node-aware costs take (simulate's nodes; None:
+    the environment's; read only when the model decides). The reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -245,7 +246,7 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
                 return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
                                        f"{rule.evidence.split(';')[0]}"
             break           # the rule that would decide was not measured here: the model does
-    return model_choice(collective, nbytes, world, names, machine, local_size)
+    return model_choice(collective, nbytes, world, names, machine, model_local_size(nodes))
 
 
 # -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------

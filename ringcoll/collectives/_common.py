@@ -18,7 +18,7 @@ from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
 from ..schedule import Layout
 from ..selection import choose, segment_elements
-from ..topology import model_local_size, node_layout
+from ..topology import node_layout
 from ..work import submit
 
 log = logging.getLogger("ringcoll")
@@ -210,8 +210,7 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
-    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
-                       local_size=model_local_size(ctx.nodes))
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine, nodes=ctx.nodes)
     return registry.get(collective, name), why
 
 
