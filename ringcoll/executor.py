@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+import weakref
 import zlib
 from collections import deque
 from datetime import timedelta
@@ -195,11 +196,16 @@ class P2PExecutor:
     """Runs plans for one process group; keeps scratch buffers and transports across calls."""
 
     def __init__(self, group: dist.ProcessGroup, *, rank: Optional[int] = None,
-                 world: Optional[int] = None, backend: Optional[str] = None):
+                 world: Optional[int] = None, backend: Optional[str] = None, weak: bool = False):
         """``group`` is a process group; or, with ``rank``, ``world`` and ``backend`` given,
         any object with ProcessGroup's ``send``/``recv`` in group ranks (a raw gloo or NCCL
-        group that c10d does not know, or a transport for measurements)."""
-        self.group = group
+        group that c10d does not know, or a transport for measurements). ``weak``: hold the
+        group by a weak reference (the drop-in's one executor per group does), so that it
+        never keeps a group that ``destroy_process_group`` released alive; a gloo group
+        destroyed only at the interpreter's teardown aborts the process ("terminate called
+        without an active exception")."""
+        self._group = weakref.ref(group) if weak else (lambda: group)
+        self._weak = weak
         if rank is None:
             rank, world = dist.get_rank(group), dist.get_world_size(group)
             backend = str(dist.get_backend(group))
@@ -226,6 +232,13 @@ class P2PExecutor:
         self._transports: Dict[Tuple[str, Optional[int]], object] = {}
         self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+    @property
+    def group(self):
+        group = self._group()
+        if group is None:
+            raise RuntimeError("ringcoll: this executor's process group has been destroyed")
+        return group
 
     # -- calls -------------------------------------------------------------------------
     def begin_call(self) -> int:
@@ -263,12 +276,13 @@ class P2PExecutor:
         key = (device.type, device.index)
         transport = self._transports.get(key)
         if transport is None:
+            group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
             if device.type == "cuda" and self.device_backends.get("cuda") == "nccl":
-                transport = BatchedTransport(NcclComm(self.group, device))
+                transport = BatchedTransport(NcclComm(group, device))
             elif device.type == "cpu" and self.transport_mode == "batched":
-                transport = BatchedTransport(NcclShim(self.group))
+                transport = BatchedTransport(NcclShim(group))
             else:
-                transport = HostTransport(self.group, stage=device.type != "cpu")
+                transport = HostTransport(group, stage=device.type != "cpu")
             self._transports[key] = transport
         return transport
 

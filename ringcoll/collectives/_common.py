@@ -70,10 +70,11 @@ _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _executor(group) -> P2PExecutor:
-    """The executor of a registered group this process belongs to (one per group)."""
+    """The executor of a registered group this process belongs to (one per group; it holds
+    the group weakly, or this cache would keep every destroyed group alive)."""
     executor = _executors.get(group)
     if executor is None:
-        executor = _executors[group] = P2PExecutor(group)
+        executor = _executors[group] = P2PExecutor(group, weak=True)
     return executor
 
 
