@@ -9,6 +9,8 @@
 2. The same for a whole call through the public API (argument checks, the choice, the plan).
 3. A cProfile of one 64 MiB float32 all_reduce (ring) on a local 4-rank gloo cluster, rank 0.
 4. The floor of one step: a bare gloo P2P exchange against the built-in barrier.
+5. A 1 KiB broadcast four ways (bare P2P, built-in, ringcoll with a new and a reused plan):
+   wall and main-thread CPU time per rank.
 Writes ``executor_overhead.json`` and ``profile_all_reduce_64MiB.txt`` under ``--out``.
 """
 from __future__ import annotations
@@ -142,6 +144,51 @@ def _message_floor(rounds: int = 30) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
+    """A 1 KiB broadcast from rank 0, four ways in turn, a barrier before each: bare gloo P2P
+    (the root sends to each peer: a one-step broadcast's floor), the built-in, ringcoll's
+    ``linear`` building its plan on every call (``PERSISTENT_PLANS = 0``) and reusing it.
+    Per way, this rank's median wall time and mean main-thread CPU time (``time.thread_time``)
+    in us. A rank leaves the barrier with cold caches: each us of Python it then runs costs
+    several, and with 4 ranks on 2 cores the others wait for it."""
+    import torch.distributed as dist
+    from ringcoll.collectives import _common
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensor = torch.arange(numel, dtype=torch.float32)
+    group = dist.group.WORLD
+    kept = _common.PERSISTENT_PLANS
+
+    def bare():
+        works = [group.send([tensor], peer, 7) for peer in range(1, world)] if rank == 0 \
+            else [group.recv([tensor], 0, 7)]
+        for work in works:
+            work.wait()
+
+    def fresh():
+        _common.PERSISTENT_PLANS = 0
+        try:
+            ringcoll.broadcast(tensor, src=0, algorithm="linear")
+        finally:
+            _common.PERSISTENT_PLANS = kept
+
+    ways = {"bare gloo p2p": bare, "built-in": lambda: dist.broadcast(tensor, 0),
+            "ringcoll, new plan": fresh,
+            "ringcoll, reused plan": lambda: ringcoll.broadcast(tensor, src=0, algorithm="linear")}
+    wall = {name: [] for name in ways}
+    cpu = {name: [] for name in ways}
+    for round_ in range(rounds + 5):
+        for name, fn in ways.items():
+            dist.barrier()
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            fn()
+            if round_ >= 5:
+                cpu[name].append(time.thread_time() - start_cpu)
+                wall[name].append(time.perf_counter() - start)
+    return {name: {"wall_us": statistics.median(wall[name]) * 1e6,
+                   "cpu_us": statistics.fmean(cpu[name]) * 1e6} for name in ways}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results")
@@ -159,12 +206,17 @@ def main(argv=None) -> None:
     with ringcoll.launch(args.np) as cluster:
         profile = cluster.run(_profiled_all_reduce, 16 * 1024 * 1024)[0]
         floors = cluster.run(_message_floor)
+        small = cluster.run(_small_calls)
     floor = {name: max(rank[name] for rank in floors) for name in floors[0]}
+    print(f"1 KiB broadcast at {args.np} ranks, per rank: median wall us / mean main-thread CPU us")
+    for name in small[0]:
+        print(f"  {name:22s} " + "  ".join(f"{r[name]['wall_us']:6.0f}/{r[name]['cpu_us']:4.0f}" for r in small))
     print(profile.split("\n")[0])
     print(f"one step's floor at {args.np} ranks (median ms, slowest rank): " +
           ", ".join(f"{name} {ms:.2f}" for name, ms in floor.items()))
     with open(os.path.join(args.out, "executor_overhead.json"), "w") as handle:
         json.dump({"per_step": steps, "per_call_us": calls, "message_floor_ms": floor,
+                   "broadcast_1KiB_per_rank": small,
                    "world": args.np, "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d")}, handle, indent=2)
     with open(os.path.join(args.out, "profile_all_reduce_64MiB.txt"), "w") as handle:

@@ -127,14 +127,14 @@ def _hook(inj: Injection, announce) -> dict:
             os._exit(KILL_CODE)
         time.sleep(inj.stall)
 
-    def hooked(self, plan, steps, index, *rest):
+    def hooked(self, prepared, index, *rest):
         if state["step"] is None:
-            state["steps"] = len(steps)
-            state["step"] = min(int(inj.step_fraction * len(steps)), len(steps) - 1)
+            state["steps"] = len(prepared.steps)
+            state["step"] = min(int(inj.step_fraction * len(prepared.steps)), len(prepared.steps) - 1)
         due = index == state["step"] and not state["fired"]
         if due and inj.hook == "post":
             fire()
-        handle = original(self, plan, steps, index, *rest)
+        handle = original(self, prepared, index, *rest)
         if due and inj.hook == "in_flight":
             fire()
         return handle

@@ -36,7 +36,7 @@ import struct
 import time
 import weakref
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from datetime import timedelta
 from typing import Dict, Optional, Tuple
 
@@ -47,7 +47,7 @@ from . import registry
 from .local import run_local
 from .plan import Plan
 from .schedule import Layout, Recv, Reduce, Send, extents
-from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError
+from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
 
 #: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
 #: torch's own send/recv use small ones (0 by default)
@@ -170,12 +170,20 @@ def _code(value) -> int:
     return zlib.crc32(repr(value).encode())
 
 
+def print_bits(print_: Tuple) -> int:
+    """The fingerprint's part of a call's tag: never 0 (check mode's tag)."""
+    return 1 + _code(print_) % ((1 << _PRINT_BITS) - 1)
+
+
+def _tag(seq: int, bits: int) -> int:
+    return TAG_BASE | ((seq & ((1 << _SEQ_BITS) - 1)) << _PRINT_BITS) | bits
+
+
 def call_tag(seq: int, print_: Tuple) -> int:
     """The tag of every message of call ``seq`` with fingerprint ``print_``: calls within
     4096 of each other never share a tag, two different calls at the same number share one
     with probability 2**-18 (and gloo then refuses the size if that differs)."""
-    bits = 1 + _code(print_) % ((1 << _PRINT_BITS) - 1)
-    return TAG_BASE | ((seq & ((1 << _SEQ_BITS) - 1)) << _PRINT_BITS) | bits
+    return _tag(seq, print_bits(print_))
 
 
 def _check_enabled() -> bool:
@@ -232,6 +240,8 @@ class P2PExecutor:
         self._transports: Dict[Tuple[str, Optional[int]], object] = {}
         self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        #: the drop-in's persistent plans on this group, by call (collectives._common.run_call)
+        self.persistent: "OrderedDict[tuple, Prepared]" = OrderedDict()
 
     @property
     def group(self):
@@ -307,6 +317,10 @@ class P2PExecutor:
             buffers[name] = scratch
         return buffers
 
+    def lent(self) -> set:
+        """The addresses of the storages this executor lends (scratch and staging buffers)."""
+        return {buffer.untyped_storage().data_ptr() for buffer in self._scratch.values()}
+
     def staging(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A buffer of ``numel`` elements that a builder stages a tensor list through, kept
         across calls like the scratch buffers (plans run one at a time, and each copies in and
@@ -318,66 +332,87 @@ class P2PExecutor:
         return buffer[:numel]
 
     # -- running -----------------------------------------------------------------------
+    def prepare(self, plan: Plan) -> "Prepared":
+        """``plan`` made ready to run any number of times (see :class:`Prepared`)."""
+        steps = plan.steps()
+        # detached: the schedule's copies and reductions need no autograd (no_grad), only
+        # the plan's own before/after steps on the caller's tensors do
+        buffers = {name: tensor.detach() for name, tensor in self._buffers(plan, steps).items()}
+        posts = []
+        for index, st in enumerate(steps):
+            for item in st.comms:
+                if not 0 <= item.peer < self.world or item.peer == self.rank:
+                    raise ValueError(f"ringcoll {plan.describe}: step {index + 1} names peer {item.peer}, "
+                                     f"which is not another rank of a world of {self.world}")
+            posts.append(tuple((item, wire(buffers[item.buf.name][item.buf.start:item.buf.stop]))
+                               for item in st.comms))
+        timeout = None if plan.timeout is not None else group_timeout(self.group, plan.device)
+        return Prepared(plan, steps, buffers, tuple(posts), self.transport(plan.device),
+                        print_bits(fingerprint(plan)), timeout)
+
     def run(self, plan: Plan) -> None:
-        """Run the plan's steps in order, keeping up to ``window`` steps' transfers in flight:
-        step j is posted early, while earlier steps are still moving or reducing, when none
-        of its transfers touches what those steps still read or write. A step's local
-        operations run as soon as its own transfers are done, so the reduction of one
-        segment overlaps the transfer of the next."""
+        """Run the plan's steps in order (see :meth:`run_prepared`)."""
         self.raise_if_failed()
         seq = plan.seq if plan.seq is not None else self.begin_call()
-        transport = self.transport(plan.device)
-        timeout = self.timeout(plan)
-        call = f"call #{seq} {plan.describe}"
-        steps = plan.steps()
+        self.run_prepared(self.prepare(plan), seq)
+
+    def run_prepared(self, prepared: "Prepared", seq: int) -> None:
+        """Run a prepared plan as call ``seq``, keeping up to ``window`` steps' transfers in
+        flight: step j is posted early, while earlier steps are still moving or reducing,
+        when none of its transfers touches what those steps still read or write. A step's
+        local operations run as soon as its own transfers are done, so the reduction of one
+        segment overlaps the transfer of the next."""
+        self.raise_if_failed()
+        plan, transport = prepared.plan, prepared.transport
+        timeout = plan.timeout if plan.timeout is not None else (
+            _timeout_override if _timeout_override is not None else prepared.group_timeout)
         try:
             transport.ready(time.monotonic() + timeout)
         except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
-            first = next((st.comms for st in steps if st.comms), ())
-            failure = self._peer_error(call, 0, len(steps), TransferError(first, error, timed_out=True,
-                                                                          batch=True), timeout)
+            first = next((st.comms for st in prepared.steps if st.comms), ())
+            failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
+                                       TransferError(first, error, timed_out=True, batch=True), timeout)
             self._failed(failure, [])
             raise failure from error
         if self.check:
             self._check(plan, seq, transport, timeout)
-        buffers = self._buffers(plan, steps)
         for before in plan.before:
             before()
-        self._run_steps(plan, steps, buffers, transport, call_tag(seq, fingerprint(plan)), timeout, call)
+        self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
         for after in plan.after:
             after()
 
-    def _run_steps(self, plan: Plan, steps, buffers, transport, tag: int, timeout: float, call: str) -> None:
+    def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, seq) -> None:
+        """``seq``: the call's number (or a name), for errors."""
+        steps, transport, op = prepared.steps, prepared.transport, prepared.plan.op
         total = len(steps)
         posted: deque = deque()          # (index, handle) of posted, unfinished steps
         next_post, waiting, handle = 0, 0, None
         try:
             for index, st in enumerate(steps):
                 while next_post < total and (next_post == index or (
-                        next_post - index < self.window and _independent(steps, next_post, index))):
-                    posted.append((next_post, self._post(plan, steps, next_post, buffers, transport, tag)))
+                        next_post - index < self.window and prepared.independent(next_post, index))):
+                    posted.append((next_post, self._post(prepared, next_post, tag)))
                     next_post += 1
                 waiting, handle = posted.popleft()
                 if handle is not None:
                     transport.wait(handle, time.monotonic() + timeout)
                 if st.local:
-                    run_local(plan.op, buffers, st.local)
+                    run_local(op, prepared.buffers, st.local)
         except TransferError as error:
+            call = f"call #{seq} {prepared.plan.describe}" if isinstance(seq, int) else seq
             failure = self._peer_error(call, getattr(error, "step", waiting), total, error, timeout)
             self._failed(failure, [handle] + [h for _, h in posted])
             raise failure from error.error
 
-    def _post(self, plan: Plan, steps, index: int, buffers, transport, tag: int):
-        comms = steps[index].comms
-        for item in comms:
-            if not 0 <= item.peer < self.world or item.peer == self.rank:
-                raise ValueError(f"ringcoll {plan.describe}: step {index + 1} names peer {item.peer}, "
-                                 f"which is not another rank of a world of {self.world}")
-        if not comms:
+    def _post(self, prepared: "Prepared", index: int, tag: int):
+        """Post step ``index``'s transfers (None when it has none): the one place a step
+        starts moving (bench/faults.py injects its faults here)."""
+        transfers = prepared.posts[index]
+        if not transfers:
             return None
         try:
-            return transport.post([(item, buffers[item.buf.name][item.buf.start:item.buf.stop])
-                                   for item in comms], tag)
+            return prepared.transport.post(transfers, tag)
         except TransferError as error:
             error.step = index
             raise
@@ -424,8 +459,7 @@ class P2PExecutor:
         layout = Layout(table.numel(), {"in_place": True})
         check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table},
                           describe=f"fingerprint check of call #{seq} {plan.describe}")
-        self._run_steps(check_plan, check_plan.steps(), {"output": table}, transport, CHECK_TAG, timeout,
-                        check_plan.describe)
+        self._run_steps(self.prepare(check_plan), CHECK_TAG, timeout, check_plan.describe)
         rows = [_unpack(bytes(table[r * _RECORD.size:(r + 1) * _RECORD.size].tolist())) for r in range(self.world)]
         names = ("call number",) + _FIELDS
         differences = []
@@ -460,6 +494,31 @@ def _unpack(record: bytes) -> Tuple:
     seq, numel, root, collective, algorithm, dtype, op = _RECORD.unpack(record)
     text = [value.rstrip(b"\0").decode() for value in (collective, algorithm, dtype, op)]
     return (seq, text[0], text[1], numel, text[2], text[3], root)
+
+
+class Prepared:
+    """A plan made ready to run again and again, as MPI-4's persistent collectives
+    (``MPI_Bcast_init`` once, ``MPI_Start`` per call): its steps; its buffers, scratch
+    included; each step's transfers as (item, bytes) on those buffers; its transport; the
+    fingerprint part of its tags; the group's timeout. Which later step may be posted while an
+    earlier one is in flight is worked out once per pair of steps. Valid for any later call
+    whose tensors name the same memory with the same shapes, strides and dtypes: the drop-in
+    checks that before it reuses one (ringcoll.collectives._common.run_call)."""
+
+    __slots__ = ("plan", "steps", "buffers", "posts", "transport", "print_bits", "group_timeout",
+                 "device", "_independent")
+
+    def __init__(self, plan, steps, buffers, posts, transport, bits, group_timeout):
+        self.plan, self.steps, self.buffers, self.posts = plan, steps, buffers, posts
+        self.device = plan.device
+        self.transport, self.print_bits, self.group_timeout = transport, bits, group_timeout
+        self._independent: Dict[Tuple[int, int], bool] = {}
+
+    def independent(self, later: int, first: int) -> bool:
+        known = self._independent.get((later, first))
+        if known is None:
+            known = self._independent[(later, first)] = _independent(self.steps, later, first)
+        return known
 
 
 def _overlap(a, b) -> bool:

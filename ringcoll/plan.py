@@ -32,6 +32,12 @@ class Plan:
     describe: str = ""                               # for logs and errors
     timeout: Optional[float] = None                  # seconds a step may wait; None: the group's
     seq: Optional[int] = None                        # the call's number in its group (executor.begin_call)
+    why: str = ""                                    # what chose the algorithm (RINGCOLL_DEBUG=INFO)
+    #: buffers the plan made itself that hold none of the caller's data from when it was
+    #: built (its ``before`` steps fill them on every run, or a token whose bytes never
+    #: matter); with the buffers that are the caller's memory (or the executor's), they make
+    #: a plan safe to run again (collectives._common.run_call)
+    own: set = field(default_factory=set)
 
     def steps(self) -> Tuple[Step, ...]:
         return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)

@@ -52,6 +52,8 @@ class Algorithm:
 
 
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
+#: bumped by every registration: what was chosen or prepared before may no longer hold
+version = 0
 
 
 def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
@@ -91,7 +93,9 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         if symmetry is not None and not callable(symmetry):
             raise TypeError(f"symmetry must be a callable symmetry(world, layout) -> 'rotation' | "
                             f"'xor' | None, got {type(symmetry).__name__}")
+        global version
         table[name] = Algorithm(collective, name, schedule, cost, symmetry)
+        version += 1
         return schedule
 
     return decorate

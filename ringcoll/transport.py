@@ -85,7 +85,10 @@ streams = CudaStreams()
 def wire(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes of a flat contiguous chunk. A chunk of 0 or 1 elements is contiguous whatever
     its stride (a one-element block of a strided tensor keeps stride 2, say), and ``view``
-    refuses such a stride for a change of element size: re-stride it first."""
+    refuses such a stride for a change of element size: re-stride it first. Bytes (a
+    prepared plan's transfers) are their own wire."""
+    if tensor.dtype is torch.uint8:
+        return tensor
     if tensor.numel() <= 1 and tensor.dim() > 0 and tensor.stride(-1) != 1:
         tensor = tensor.as_strided((tensor.numel(),), (1,))
     return tensor.view(torch.uint8)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import numbers
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .. import registry
-from ..executor import P2PExecutor
+from ..executor import P2PExecutor, Prepared
 from ..machine import Machine
 from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
@@ -78,21 +79,165 @@ def _executor(group) -> P2PExecutor:
     return executor
 
 
-def group_context(group) -> Context:
-    """The context of ``group`` (None: the default group) for this process."""
+def group_executor(group) -> Optional[P2PExecutor]:
+    """The executor of ``group`` (None: the default group) for this process; None when this
+    process is not a member."""
     if group is not None and not isinstance(group, dist.ProcessGroup) \
             and group is not dist.GroupMember.NON_GROUP_MEMBER:
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
     if group is None:
         group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
-        return Context(None, None)
-    executor = _executor(group)
+        return None
+    return _executor(group)
+
+
+def group_context(group) -> Context:
+    """The context of ``group`` (None: the default group) for this process."""
+    executor = group_executor(group)
     # The call takes its number here, once the group is known and before any check that
     # depends on this rank's role (the root's list, say): an argument error on one rank
     # only leaves the numbering aligned, so the others' pending call can never match this
     # rank's next one. A failed group raises here, at once.
-    return executor_context(executor)
+    return Context(None, None) if executor is None else executor_context(executor)
+
+
+# -- persistent plans ---------------------------------------------------------------------
+#: the environment a plan depends on (the algorithm ``auto`` picks, the segment, the node
+#: layout): a plan is reused only under the values it was built with
+PLAN_ENV = ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_SEGMENT",
+            "RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+
+#: plans kept per group (``RINGCOLL_PERSISTENT_PLANS``; 0: none, every call builds its own),
+#: least recently used dropped first; a call whose tensors hold more
+#: bytes than PERSISTENT_MAX_BYTES keeps none: its transfers dwarf the cost of a new plan, and
+#: a kept plan keeps its tensors' memory (see run_call)
+PERSISTENT_PLANS = int(os.environ.get("RINGCOLL_PERSISTENT_PLANS", "16"))
+PERSISTENT_MAX_BYTES = 1 << 20
+
+
+#: os.environ's own dict (bytes keys on POSIX), read directly: six lookups through the
+#: Mapping cost as much as the rest of a reused call's checks together
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEYS = tuple(os.environ.encodekey(name) for name in PLAN_ENV) if hasattr(os.environ, "encodekey") else None
+
+
+def _plan_environment() -> tuple:
+    if _ENV_DATA is not None and _ENV_KEYS is not None:
+        values = tuple(_ENV_DATA.get(name) for name in _ENV_KEYS)
+        values = tuple(None if value is None else os.environ.decodevalue(value) for value in values) \
+            if values[1] or values[2] else values
+    else:
+        values = tuple(os.environ.get(name) for name in PLAN_ENV)
+    stamps = []
+    for path in values[1:3]:            # the tuning table and the machine file: their contents too
+        if path and path.strip():
+            try:
+                stamps.append(os.stat(path.strip()).st_mtime_ns)
+            except OSError:
+                stamps.append(None)
+    return values + tuple(stamps) + (registry.version,)
+
+
+class _NotKeyed(Exception):
+    """An argument a call's key cannot hold: the call builds its plan afresh."""
+
+
+def _signature(values, tensors: list) -> tuple:
+    """The key of a call's arguments: each tensor by the memory and view it names (address,
+    shape, strides, dtype, device; the conjugate bit of a complex one), lists and tuples item
+    by item, anything else as itself (hashable, or the key is refused). ``tensors`` collects
+    the tensors."""
+    key = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter) \
+                    or value.layout is not torch.strided:
+                raise _NotKeyed
+            tensors.append(value)
+            item = (value.data_ptr(), value.shape, value.stride(), value.dtype, value.device)
+            key.append(item + (value.is_conj(), value.is_neg()) if value.dtype.is_complex else item)
+        elif isinstance(value, (list, tuple)):
+            key.append((type(value), _signature(value, tensors)))
+        else:
+            key.append(value)
+    return tuple(key)
+
+
+def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwargs):
+    """Run one drop-in call: ``build(ctx, *args, **kwargs)`` checks the arguments and makes
+    the plan, which this rank's executor for ``group`` runs now or, with ``async_op``, as a
+    Work.
+
+    A synchronous call repeated with the same arguments reuses the plan its first instance
+    prepared (the executor's :class:`~ringcoll.executor.Prepared`: checks passed, algorithm
+    chosen, schedule expanded, transfers resolved), as MPI's persistent collectives: on a
+    2-core gloo host a small broadcast spends more time building its plan than moving its
+    bytes. "The same" is exact: each tensor names the same memory with the same shape,
+    strides and dtype (the kept plan holds that memory, so the address cannot have been
+    handed to another tensor meanwhile), every other argument is equal, and so are the
+    environment variables that choose a plan (:data:`PLAN_ENV`, and the files they name)
+    and the registry of algorithms. Only calls whose tensors hold at most
+    :data:`PERSISTENT_MAX_BYTES` and whose plan reads their data when it runs (not a copy
+    made while building: :func:`_rerunnable`) keep a plan; a call takes its sequence number
+    and tag afresh either way."""
+    async_op = check_async(async_op)
+    executor = group_executor(group)
+    if executor is None or async_op or PERSISTENT_PLANS <= 0:
+        ctx = Context(None, None) if executor is None else executor_context(executor)
+        return ctx.submit(build(ctx, *args, **kwargs), async_op)
+    tensors: list = []
+    try:
+        key = (build, _signature(args, tensors), tuple(kwargs), _signature(kwargs.values(), tensors),
+               _plan_environment())
+        prepared = executor.persistent.get(key)
+    except (_NotKeyed, TypeError):      # TypeError: an argument that is not hashable
+        key = prepared = None
+    if prepared is not None:
+        seq = executor.begin_call()
+        executor.persistent.move_to_end(key)
+        plan = prepared.plan
+        log.info("%s: world %d, rank %d -> %s (%s; plan reused)", plan.describe, plan.world,
+                 plan.rank, plan.algorithm.name, plan.why)
+        return run_prepared(executor, prepared, seq)
+    ctx = executor_context(executor)
+    plan = build(ctx, *args, **kwargs)
+    if plan is None:
+        return None
+    if key is None or sum(t.numel() * t.element_size() for t in tensors) > PERSISTENT_MAX_BYTES \
+            or not _rerunnable(plan, tensors, executor):
+        return ctx.submit(plan, False)
+    executor.raise_if_failed()
+    prepared = executor.prepare(plan)
+    executor.persistent[key] = prepared
+    if len(executor.persistent) > PERSISTENT_PLANS:
+        executor.persistent.popitem(last=False)
+    return run_prepared(executor, prepared, ctx.seq)
+
+
+def _rerunnable(plan: Plan, tensors: list, executor: P2PExecutor) -> bool:
+    """Whether ``plan`` reads the caller's data when it runs, not when it was built: each of
+    its buffers is the memory of one of the call's tensors, or the executor's (staging), or
+    one of the plan's own (Plan.own). A buffer the builder filled itself (the contiguous
+    copy of a strided tensor, the clone that separates an input from its output) holds this
+    call's data only."""
+    owned = {t.untyped_storage().data_ptr() for t in tensors}
+    owned |= executor.lent()
+    return all(name in plan.own or buffer.untyped_storage().data_ptr() in owned
+               for name, buffer in plan.buffers.items())
+
+
+def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
+    """Run a synchronous call's prepared plan as call ``seq``, in call order."""
+    executor.raise_if_failed()
+    if not (prepared.plan.before or prepared.plan.after):      # the schedule alone: detached buffers
+        return submit(lambda: executor.run_prepared(prepared, seq), False, device=prepared.device)
+
+    def task():
+        with torch.no_grad():
+            executor.run_prepared(prepared, seq)
+
+    return submit(task, False, device=prepared.device)
 
 
 @contextlib.contextmanager
@@ -225,7 +370,7 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
     if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
         layout = Layout(layout.numel, {**layout.params, "nodes": node_layout(ctx)})
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
-                result=result, describe=describe_as, seq=ctx.seq)
+                result=result, describe=describe_as, seq=ctx.seq, why=why)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
     return plan
 

@@ -128,4 +128,5 @@ def separate_input(input_flat: torch.Tensor, output_flat: torch.Tensor, exact: b
     copy = torch.empty_like(input_flat)
     plan.before.insert(0, lambda: copy.copy_(input_flat))
     plan.buffers["input"] = copy
+    plan.own.add("input")
     return copy

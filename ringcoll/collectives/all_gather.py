@@ -8,7 +8,7 @@ import torch
 from typing_extensions import deprecated
 
 from ..schedule import Layout
-from ._common import Context, builder, check_async, check_device, describe, flat, group_context, new_plan, pick, real_tensor
+from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_out, is_block,
                      separate_input, stage_list)
 
@@ -91,9 +91,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         tensor([1, 2, 3, 4]) # Rank 0
         tensor([1, 2, 3, 4]) # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_all_gather_single(ctx, output_tensor, input_tensor, algorithm=algorithm), async_op)
+    return run_call(build_all_gather_single, group, async_op, output_tensor, input_tensor, algorithm=algorithm)
 
 
 # torch 2.13 deprecates the old name with a FutureWarning and forwards it; so does ringcoll
@@ -165,6 +163,4 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="au
         [tensor([1, 2]), tensor([3, 4])] # Rank 0
         [tensor([1, 2]), tensor([3, 4])] # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_all_gather(ctx, tensor_list, tensor, algorithm=algorithm), async_op)
+    return run_call(build_all_gather, group, async_op, tensor_list, tensor, algorithm=algorithm)

@@ -6,7 +6,7 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, check_async, builder, check_device, describe, flat, group_context, new_plan, pick, real_tensor
+from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
 
 
 @builder("all_reduce")
@@ -68,6 +68,4 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
         tensor([4, 6]) # Rank 0
         tensor([4, 6]) # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_all_reduce(ctx, tensor, op, algorithm=algorithm), async_op)
+    return run_call(build_all_reduce, group, async_op, tensor, op, algorithm=algorithm)

@@ -20,7 +20,7 @@ import torch
 from ..schedule import Buf, Layout
 from .. import registry
 from ..selection import choose
-from ._common import Context, check_async, builder, check_device, flat, group_context, new_plan, pick, real_tensor
+from ._common import builder, check_device, Context, flat, new_plan, pick, real_tensor, run_call
 
 
 
@@ -230,10 +230,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         tensor([0, 10, 11])   # Rank 0
         tensor([1, 2, 12])    # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_all_to_all_single(ctx, output, input, output_split_sizes, input_split_sizes,
-                                              algorithm=algorithm), async_op)
+    return run_call(build_all_to_all_single, group, async_op, output, input, output_split_sizes, input_split_sizes, algorithm=algorithm)
 
 
 # -- all_to_all (lists) -------------------------------------------------------------------
@@ -304,7 +301,4 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         [tensor([0]), tensor([10])]    # Rank 0
         [tensor([1]), tensor([11])]    # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_all_to_all(ctx, output_tensor_list, input_tensor_list, algorithm=algorithm),
-                      async_op)
+    return run_call(build_all_to_all, group, async_op, output_tensor_list, input_tensor_list, algorithm=algorithm)

@@ -10,7 +10,7 @@ import torch
 
 from ..schedule import Layout
 from ..schedules.barrier import token_numel
-from ._common import Context, check_async, builder, group_context, new_plan, pick
+from ._common import builder, Context, new_plan, pick, run_call
 
 
 def _token_device(ctx: Context, device_ids) -> torch.device:
@@ -43,6 +43,7 @@ def build_barrier(ctx: Context, device_ids=None, timeout=None, *, algorithm="aut
     plan = new_plan("barrier", chosen, why, ctx, Layout(numel), {"token": token}, result=[],
                     describe_as=f"barrier/{chosen.name}")
     plan.timeout = None if timeout is None else timeout.total_seconds()
+    plan.own.add("token")
     return plan
 
 
@@ -81,6 +82,4 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algori
         1764680402.1  # Rank 0: returns only once rank 1 has arrived
         1764680402.1  # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_barrier(ctx, device_ids, timeout, algorithm=algorithm), async_op)
+    return run_call(build_barrier, group, async_op, device_ids, timeout, algorithm=algorithm)

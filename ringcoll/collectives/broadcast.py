@@ -5,7 +5,7 @@ __all__ = ["broadcast"]
 
 
 from ..schedule import Layout
-from ._common import Context, check_async, builder, check_device, describe, flat, group_context, group_root, new_plan, pick, real_tensor
+from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
 
 
 @builder("broadcast")
@@ -62,6 +62,4 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         tensor([3, 4]) # Rank 0
         tensor([3, 4]) # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_broadcast(ctx, tensor, src, group_src=group_src, algorithm=algorithm), async_op)
+    return run_call(build_broadcast, group, async_op, tensor, src, group_src=group_src, algorithm=algorithm)

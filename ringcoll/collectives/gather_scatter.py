@@ -9,8 +9,7 @@ from __future__ import annotations
 __all__ = ["gather", "scatter"]
 
 from ..schedule import Layout
-from ._common import Context, builder, check_device, describe, flat, group_context, group_root, new_plan, pick, real_tensor
-from ._common import check_async
+from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
 from ._lists import (check_all_same, check_list_fits, check_tensor_list, copy_in,
                          copy_out, is_block, separate_input, stage_list)
 
@@ -98,9 +97,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         [tensor([1., 1.]), tensor([2., 2.])] # Rank 0
         None                                 # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_gather(ctx, tensor, gather_list, dst, group_dst, algorithm=algorithm), async_op)
+    return run_call(build_gather, group, async_op, tensor, gather_list, dst, group_dst, algorithm=algorithm)
 
 
 # -- scatter ------------------------------------------------------------------------------
@@ -165,6 +162,4 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         tensor([1., 1.]) # Rank 0
         tensor([5., 5.]) # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_scatter(ctx, tensor, scatter_list, src, group_src, algorithm=algorithm), async_op)
+    return run_call(build_scatter, group, async_op, tensor, scatter_list, src, group_src, algorithm=algorithm)

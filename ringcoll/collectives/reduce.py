@@ -6,7 +6,7 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, check_async, builder, check_device, describe, flat, group_context, group_root, new_plan, pick, real_tensor
+from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
 
 
 @builder("reduce")
@@ -70,6 +70,4 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         tensor([4, 6]) # Rank 0
         tensor([3, 4]) # Rank 1 (unspecified)
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_reduce(ctx, tensor, dst, op, group_dst=group_dst, algorithm=algorithm), async_op)
+    return run_call(build_reduce, group, async_op, tensor, dst, op, group_dst=group_dst, algorithm=algorithm)

@@ -16,8 +16,7 @@ from typing_extensions import deprecated
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedule import Layout
-from ._common import Context, builder, check_device, describe, flat, group_context, new_plan, pick, real_tensor
-from ._common import check_async
+from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
                          overlaps, stage_list)
 
@@ -49,6 +48,8 @@ def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: tor
                     describe_as=describe(name, chosen.name, output, spec.name))
     plan.before.extend(before)
     plan.after.extend(after)
+    if spec.premul is not None and staged_in is None:
+        plan.own.add("input")          # the copy it scales, made anew each run
     return plan
 
 
@@ -111,9 +112,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         tensor([0, 2]) # Rank 0
         tensor([4, 6]) # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_reduce_scatter_single(ctx, output, input, op, algorithm=algorithm), async_op)
+    return run_call(build_reduce_scatter_single, group, async_op, output, input, op, algorithm=algorithm)
 
 
 # torch 2.13 deprecates the old name with a FutureWarning and forwards it; so does ringcoll
@@ -184,6 +183,4 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         tensor([3, 5]) # Rank 0
         tensor([7, 9]) # Rank 1
     """
-    async_op = check_async(async_op)
-    ctx = group_context(group)
-    return ctx.submit(build_reduce_scatter(ctx, output, input_list, op, algorithm=algorithm), async_op)
+    return run_call(build_reduce_scatter, group, async_op, output, input_list, op, algorithm=algorithm)
