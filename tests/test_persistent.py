@@ -297,3 +297,30 @@ def test_the_key_of_a_call(value):
     assert len(tensors) == (1 if isinstance(value, tuple) else 0)
     with pytest.raises(_common._NotKeyed):
         _common._signature((torch.ones(2).to_sparse(),), [])
+
+
+def unkeyed_and_disabled():
+    """A call whose key cannot be made (a sparse tensor) gets its checks' own error; with
+    PERSISTENT_PLANS = 0 every call builds its plan."""
+    try:
+        ringcoll.broadcast(torch.ones(4).to_sparse(), src=0)
+        error = None
+    except TypeError as raised:
+        error = str(raised)
+    t = torch.ones(4)
+    kept = _common.PERSISTENT_PLANS
+    _common.PERSISTENT_PLANS = 0
+    try:
+        with _Counting() as counted:
+            for _ in range(ROUNDS):
+                ringcoll.all_reduce(t)
+    finally:
+        _common.PERSISTENT_PLANS = kept
+    return error, counted.count, t.tolist()
+
+
+def test_a_call_without_a_key_is_checked_and_no_plans_can_be_kept(clusters):
+    world = 3
+    for error, prepares, values in clusters(world).run(unkeyed_and_disabled):
+        assert error is not None and "tensor" in error and "strided" in error, error
+        assert prepares == ROUNDS and values == [float(world ** ROUNDS)] * 4

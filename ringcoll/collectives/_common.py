@@ -112,7 +112,15 @@ PLAN_ENV = ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_SE
 #: least recently used dropped first; a call whose tensors hold more
 #: bytes than PERSISTENT_MAX_BYTES keeps none: its transfers dwarf the cost of a new plan, and
 #: a kept plan keeps its tensors' memory (see run_call)
-PERSISTENT_PLANS = int(os.environ.get("RINGCOLL_PERSISTENT_PLANS", "16"))
+def _env_plans() -> int:
+    value = os.environ.get("RINGCOLL_PERSISTENT_PLANS", "").strip() or "16"
+    try:
+        return max(int(value), 0)
+    except ValueError:
+        raise ValueError(f"RINGCOLL_PERSISTENT_PLANS must be a number of plans (0: none), got {value!r}") from None
+
+
+PERSISTENT_PLANS = _env_plans()
 PERSISTENT_MAX_BYTES = 1 << 20
 
 
@@ -191,7 +199,8 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         key = (build, _signature(args, tensors), tuple(kwargs), _signature(kwargs.values(), tensors),
                _plan_environment())
         prepared = executor.persistent.get(key)
-    except (_NotKeyed, TypeError):      # TypeError: an argument that is not hashable
+    except (_NotKeyed, TypeError, RuntimeError):
+        # not hashable, or a tensor without an address (its call's checks say what is wrong)
         key = prepared = None
     if prepared is not None:
         seq = executor.begin_call()
