@@ -506,13 +506,20 @@ class Prepared:
     checks that before it reuses one (ringcoll.collectives._common.run_call)."""
 
     __slots__ = ("plan", "steps", "buffers", "posts", "transport", "print_bits", "group_timeout",
-                 "device", "_independent")
+                 "device", "_addresses", "_independent")
 
     def __init__(self, plan, steps, buffers, posts, transport, bits, group_timeout):
         self.plan, self.steps, self.buffers, self.posts = plan, steps, buffers, posts
         self.device = plan.device
         self.transport, self.print_bits, self.group_timeout = transport, bits, group_timeout
+        self._addresses = tuple((buffer, buffer.data_ptr()) for buffer in buffers.values())
         self._independent: Dict[Tuple[int, int], bool] = {}
+
+    def moved(self) -> bool:
+        """Whether a buffer's memory has moved since (its storage resized in place, as FSDP
+        frees and re-allocates parameters): the old address may then belong to another tensor,
+        and this plan must not run again."""
+        return any(buffer.data_ptr() != address for buffer, address in self._addresses)
 
     def independent(self, later: int, first: int) -> bool:
         known = self._independent.get((later, first))

@@ -324,3 +324,32 @@ def test_a_call_without_a_key_is_checked_and_no_plans_can_be_kept(clusters):
     for error, prepares, values in clusters(world).run(unkeyed_and_disabled):
         assert error is not None and "tensor" in error and "strided" in error, error
         assert prepares == ROUNDS and values == [float(world ** ROUNDS)] * 4
+
+
+def moved_memory_is_never_reused():
+    """A storage resized in place (FSDP frees and re-allocates parameters so) moves the
+    memory under a kept plan, and its old address may go to another tensor. Here the plan is
+    filed under the moved tensor's new key, as such a coincidence would: it must not run."""
+    world = dist.get_world_size()
+    executor = _common.group_executor(None)
+    t = torch.full((8,), 1.0)
+    ringcoll.all_reduce(t)
+    (key, prepared), = [(k, p) for k, p in executor.persistent.items()
+                        if p.plan.buffers["data"].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()]
+    storage = t.untyped_storage()
+    nbytes = storage.nbytes()
+    storage.resize_(0)
+    storage.resize_(nbytes)                  # new memory under the same tensor and plan
+    t.fill_(2.0)
+    moved = prepared.moved()
+    tensors: list = []
+    new_key = (key[0], _common._signature((t, dist.ReduceOp.SUM), tensors), key[2], key[3], key[4])
+    executor.persistent[new_key] = prepared
+    with _Counting() as counted:
+        ringcoll.all_reduce(t)
+    return moved, counted.count, t.tolist(), world
+
+
+def test_a_plan_whose_memory_moved_is_never_run_again(clusters):
+    for moved, prepares, values, world in clusters(3).run(moved_memory_is_never_reused):
+        assert moved and prepares == 1 and values == [2.0 * world] * 8

@@ -183,7 +183,8 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     2-core gloo host a small broadcast spends more time building its plan than moving its
     bytes. "The same" is exact: each tensor names the same memory with the same shape,
     strides and dtype (the kept plan holds that memory, so the address cannot have been
-    handed to another tensor meanwhile), every other argument is equal, and so are the
+    handed to another tensor meanwhile; a plan whose memory moved, a storage resized in
+    place, is dropped: :meth:`Prepared.moved`), every other argument is equal, and so are the
     environment variables that choose a plan (:data:`PLAN_ENV`, and the files they name)
     and the registry of algorithms. Only calls whose tensors hold at most
     :data:`PERSISTENT_MAX_BYTES` and whose plan reads their data when it runs (not a copy
@@ -202,6 +203,9 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     except (_NotKeyed, TypeError, RuntimeError):
         # not hashable, or a tensor without an address (its call's checks say what is wrong)
         key = prepared = None
+    if prepared is not None and prepared.moved():
+        del executor.persistent[key]
+        prepared = None
     if prepared is not None:
         seq = executor.begin_call()
         executor.persistent.move_to_end(key)
