@@ -204,11 +204,14 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         # not hashable, or a tensor without an address (its call's checks say what is wrong)
         key = prepared = None
     if prepared is not None and prepared.moved():
-        del executor.persistent[key]
+        executor.persistent.pop(key, None)
         prepared = None
     if prepared is not None:
         seq = executor.begin_call()
-        executor.persistent.move_to_end(key)
+        try:
+            executor.persistent.move_to_end(key)
+        except KeyError:                    # dropped meanwhile by a call on another thread
+            pass
         plan = prepared.plan
         log.info("%s: world %d, rank %d -> %s (%s; plan reused)", plan.describe, plan.world,
                  plan.rank, plan.algorithm.name, plan.why)
