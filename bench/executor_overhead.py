@@ -133,15 +133,26 @@ def _message_floor(rounds: int = 30) -> dict:
 
     cases = {"p2p exchange": exchange, "built-in barrier": dist.barrier,
              "built-in all_reduce 4 B": lambda: dist.all_reduce(out)}
-    times = {name: [] for name in cases}
-    for round_ in range(rounds + 3):
+    wall, _ = _in_turn(cases, rounds, warmup=3)
+    return {name: statistics.median(values) * 1e3 for name, values in wall.items()}
+
+
+def _in_turn(cases: dict, rounds: int, warmup: int) -> tuple:
+    """Each case once per round, in turn, a barrier before each; after ``warmup`` rounds, the
+    seconds of each call: ({case: wall times}, {case: main-thread CPU times})."""
+    import torch.distributed as dist
+
+    wall = {name: [] for name in cases}
+    cpu = {name: [] for name in cases}
+    for round_ in range(rounds + warmup):
         for name, fn in cases.items():
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             fn()
-            if round_ >= 3:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(values) for name, values in times.items()}
+            if round_ >= warmup:
+                cpu[name].append(time.thread_time() - start_cpu)
+                wall[name].append(time.perf_counter() - start)
+    return wall, cpu
 
 
 def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
@@ -175,16 +186,7 @@ def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
     ways = {"bare gloo p2p": bare, "built-in": lambda: dist.broadcast(tensor, 0),
             "ringcoll, new plan": fresh,
             "ringcoll, reused plan": lambda: ringcoll.broadcast(tensor, src=0, algorithm="linear")}
-    wall = {name: [] for name in ways}
-    cpu = {name: [] for name in ways}
-    for round_ in range(rounds + 5):
-        for name, fn in ways.items():
-            dist.barrier()
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            fn()
-            if round_ >= 5:
-                cpu[name].append(time.thread_time() - start_cpu)
-                wall[name].append(time.perf_counter() - start)
+    wall, cpu = _in_turn(ways, rounds, warmup=5)
     return {name: {"wall_us": statistics.median(wall[name]) * 1e6,
                    "cpu_us": statistics.fmean(cpu[name]) * 1e6} for name in ways}
 

@@ -296,12 +296,14 @@ class P2PExecutor:
             self._transports[key] = transport
         return transport
 
-    def timeout(self, plan: Plan) -> float:
+    def timeout(self, plan: Plan, of_group: Optional[float] = None) -> float:
+        """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's, else the
+        group's (``of_group`` when already known: a prepared plan's)."""
         if plan.timeout is not None:
             return plan.timeout
         if _timeout_override is not None:
             return _timeout_override
-        return group_timeout(self.group, plan.device)
+        return of_group if of_group is not None else group_timeout(self.group, plan.device)
 
     # -- buffers -----------------------------------------------------------------------
     def _buffers(self, plan: Plan, steps) -> Dict[str, torch.Tensor]:
@@ -364,8 +366,7 @@ class P2PExecutor:
         segment overlaps the transfer of the next."""
         self.raise_if_failed()
         plan, transport = prepared.plan, prepared.transport
-        timeout = plan.timeout if plan.timeout is not None else (
-            _timeout_override if _timeout_override is not None else prepared.group_timeout)
+        timeout = self.timeout(plan, prepared.group_timeout)
         try:
             transport.ready(time.monotonic() + timeout)
         except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)

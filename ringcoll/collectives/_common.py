@@ -108,10 +108,6 @@ def group_context(group) -> Context:
 PLAN_ENV = ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_SEGMENT",
             "RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
 
-#: plans kept per group (``RINGCOLL_PERSISTENT_PLANS``; 0: none, every call builds its own),
-#: least recently used dropped first; a call whose tensors hold more
-#: bytes than PERSISTENT_MAX_BYTES keeps none: its transfers dwarf the cost of a new plan, and
-#: a kept plan keeps its tensors' memory (see run_call)
 def _env_plans() -> int:
     value = os.environ.get("RINGCOLL_PERSISTENT_PLANS", "").strip() or "16"
     try:
@@ -120,6 +116,10 @@ def _env_plans() -> int:
         raise ValueError(f"RINGCOLL_PERSISTENT_PLANS must be a number of plans (0: none), got {value!r}") from None
 
 
+#: plans kept per group (``RINGCOLL_PERSISTENT_PLANS``; 0: none, every call builds its own),
+#: least recently used dropped first; a call whose tensors hold more bytes than
+#: PERSISTENT_MAX_BYTES keeps none: its transfers dwarf the cost of a new plan, and a kept
+#: plan keeps its tensors' memory (see run_call)
 PERSISTENT_PLANS = _env_plans()
 PERSISTENT_MAX_BYTES = 1 << 20
 
@@ -131,14 +131,14 @@ _ENV_KEYS = tuple(os.environ.encodekey(name) for name in PLAN_ENV) if hasattr(os
 
 
 def _plan_environment() -> tuple:
+    """The values of PLAN_ENV (as os.environ stores them: bytes on POSIX), the modification
+    times of the files RINGCOLL_TUNING and RINGCOLL_MACHINE name, the registry's version."""
     if _ENV_DATA is not None and _ENV_KEYS is not None:
         values = tuple(_ENV_DATA.get(name) for name in _ENV_KEYS)
-        values = tuple(None if value is None else os.environ.decodevalue(value) for value in values) \
-            if values[1] or values[2] else values
     else:
         values = tuple(os.environ.get(name) for name in PLAN_ENV)
     stamps = []
-    for path in values[1:3]:            # the tuning table and the machine file: their contents too
+    for path in values[1:3]:            # the tuning table and the machine file (os.stat takes bytes)
         if path and path.strip():
             try:
                 stamps.append(os.stat(path.strip()).st_mtime_ns)
