@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from . import registry
-from .local import run_local
+from .local import resolve_local, run_resolved
 from .plan import Plan
 from .schedule import Layout, Recv, Reduce, Send, extents
 from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
@@ -340,6 +340,13 @@ class P2PExecutor:
         # detached: the schedule's copies and reductions need no autograd (no_grad), only
         # the plan's own before/after steps on the caller's tensors do
         buffers = {name: tensor.detach() for name, tensor in self._buffers(plan, steps).items()}
+        before, after = plan.before, plan.after
+        for name, (tensors, hook, writes) in plan.lists.items():
+            blocks = Blocks.of(name, tensors, writes, steps, buffers)
+            if blocks is not None:       # the list itself, no staging copy
+                buffers[name] = blocks
+                before = [other for other in before if other is not hook]
+                after = [other for other in after if other is not hook]
         posts = []
         for index, st in enumerate(steps):
             for item in st.comms:
@@ -350,7 +357,7 @@ class P2PExecutor:
                                for item in st.comms))
         timeout = None if plan.timeout is not None else group_timeout(self.group, plan.device)
         return Prepared(plan, steps, buffers, tuple(posts), self.transport(plan.device),
-                        print_bits(fingerprint(plan)), timeout)
+                        print_bits(fingerprint(plan)), timeout, tuple(before), tuple(after))
 
     def run(self, plan: Plan) -> None:
         """Run the plan's steps in order (see :meth:`run_prepared`)."""
@@ -377,33 +384,32 @@ class P2PExecutor:
             raise failure from error
         if self.check:
             self._check(plan, seq, transport, timeout)
-        for before in plan.before:
+        for before in prepared.before:
             before()
         self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
-        for after in plan.after:
+        for after in prepared.after:
             after()
 
     def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, seq) -> None:
         """``seq``: the call's number (or a name), for errors."""
-        steps, transport, op = prepared.steps, prepared.transport, prepared.plan.op
-        total = len(steps)
-        posted: deque = deque()          # (index, handle) of posted, unfinished steps
-        next_post, waiting, handle = 0, 0, None
+        transport, op, local = prepared.transport, prepared.plan.op, prepared.local
+        reach = prepared.reach(self.window)
+        posted: deque = deque()          # handles of posted, unfinished steps, in step order
+        next_post, index, handle = 0, 0, None
         try:
-            for index, st in enumerate(steps):
-                while next_post < total and (next_post == index or (
-                        next_post - index < self.window and prepared.independent(next_post, index))):
-                    posted.append((next_post, self._post(prepared, next_post, tag)))
+            for index, last in enumerate(reach):
+                while next_post < last:
+                    posted.append(self._post(prepared, next_post, tag))
                     next_post += 1
-                waiting, handle = posted.popleft()
+                handle = posted.popleft()
                 if handle is not None:
                     transport.wait(handle, time.monotonic() + timeout)
-                if st.local:
-                    run_local(op, prepared.buffers, st.local)
+                if local[index]:
+                    run_resolved(op, local[index])
         except TransferError as error:
             call = f"call #{seq} {prepared.plan.describe}" if isinstance(seq, int) else seq
-            failure = self._peer_error(call, getattr(error, "step", waiting), total, error, timeout)
-            self._failed(failure, [handle] + [h for _, h in posted])
+            failure = self._peer_error(call, getattr(error, "step", index), len(reach), error, timeout)
+            self._failed(failure, [handle] + list(posted))
             raise failure from error.error
 
     def _post(self, prepared: "Prepared", index: int, tag: int):
@@ -506,15 +512,18 @@ class Prepared:
     whose tensors name the same memory with the same shapes, strides and dtypes: the drop-in
     checks that before it reuses one (ringcoll.collectives._common.run_call)."""
 
-    __slots__ = ("plan", "steps", "buffers", "posts", "transport", "print_bits", "group_timeout",
-                 "device", "_addresses", "_independent")
+    __slots__ = ("plan", "steps", "buffers", "posts", "local", "transport", "print_bits", "group_timeout",
+                 "before", "after", "device", "_addresses", "_reach")
 
-    def __init__(self, plan, steps, buffers, posts, transport, bits, group_timeout):
+    def __init__(self, plan, steps, buffers, posts, transport, bits, group_timeout, before, after):
         self.plan, self.steps, self.buffers, self.posts = plan, steps, buffers, posts
+        self.before, self.after = before, after         # the plan's, less any staging copy Blocks spares
         self.device = plan.device
         self.transport, self.print_bits, self.group_timeout = transport, bits, group_timeout
-        self._addresses = tuple((buffer, buffer.data_ptr()) for buffer in buffers.values())
-        self._independent: Dict[Tuple[int, int], bool] = {}
+        self.local = tuple(resolve_local(buffers, st.local) for st in steps)
+        self._addresses = tuple((tensor, tensor.data_ptr()) for buffer in buffers.values()
+                                for tensor in (buffer.pieces if isinstance(buffer, Blocks) else (buffer,)))
+        self._reach: Dict[int, Tuple[int, ...]] = {}
 
     def moved(self) -> bool:
         """Whether a buffer's memory has moved since (its storage resized in place, as FSDP
@@ -522,11 +531,77 @@ class Prepared:
         and this plan must not run again."""
         return any(buffer.data_ptr() != address for buffer, address in self._addresses)
 
-    def independent(self, later: int, first: int) -> bool:
-        known = self._independent.get((later, first))
+    def reach(self, window: int) -> Tuple[int, ...]:
+        """For each step, how many steps are posted once the executor waits on it, with up to
+        ``window`` steps in flight: step j is posted early, while steps i .. j-1 are in flight,
+        when none of its transfers touches what those steps still read or write. Worked out
+        once per window."""
+        known = self._reach.get(window)
         if known is None:
-            known = self._independent[(later, first)] = _independent(self.steps, later, first)
+            reach, next_post = [], 0
+            for index in range(len(self.steps)):
+                while next_post < len(self.steps) and (next_post == index or (
+                        next_post - index < window and _independent(self.steps, next_post, index))):
+                    next_post += 1
+                reach.append(next_post)
+            known = self._reach[window] = tuple(reach)
         return known
+
+
+class Blocks:
+    """A list argument's equal-sized tensors as the one flat buffer a schedule names: chunk
+    [start, stop) is a view of the tensor it lies in. The P2P executor uses it instead of the
+    plan's staging copy (Plan.lists) when every chunk the schedule names lies within one
+    tensor (linear scatter and gather, ring all_gather: one block per message), so the list
+    is sent from and received into directly, as gloo's own collectives do."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces, size: int):
+        self.pieces, self.size = pieces, size
+
+    def __getitem__(self, span: slice) -> torch.Tensor:
+        if span.stop <= span.start:
+            return self.pieces[0][:0]
+        index = span.start // self.size
+        base = index * self.size
+        return self.pieces[index][span.start - base:span.stop - base]
+
+    @classmethod
+    def of(cls, name: str, tensors, writes: bool, steps, buffers) -> Optional["Blocks"]:
+        """The blocks of ``tensors`` for the staging buffer ``name``, or None (stage) unless:
+        each is contiguous with the staging buffer's share of elements; none overlaps another
+        or any other buffer of the plan (the executor orders steps by buffer names, and the
+        staging copy is what kept aliases apart); every chunk of ``name`` the steps name lies
+        within one block; and, for a list the caller gave as input (``not writes``), no step
+        writes it."""
+        staging = buffers[name]
+        size = staging.numel() // len(tensors) if tensors else 0
+        if size == 0 or any(not t.is_contiguous() or t.numel() != size or t.device != staging.device
+                            for t in tensors):
+            return None
+        pieces = tuple(t.detach().view(-1) for t in tensors)
+        nbytes = size * staging.element_size()
+        spans = sorted((piece.data_ptr(), piece.data_ptr() + nbytes) for piece in pieces)
+        if any(later[0] < first[1] for first, later in zip(spans, spans[1:])):
+            return None
+        others = [tensor for other, buffer in buffers.items() if other != name
+                  for tensor in (buffer.pieces if isinstance(buffer, Blocks) else (buffer,))]
+        for tensor in others:
+            if tensor.numel() == 0 or tensor.device != staging.device:
+                continue
+            start = tensor.data_ptr()
+            stop = start + tensor.numel() * tensor.element_size()
+            if any(low < stop and start < high for low, high in spans):
+                return None
+        for st in steps:
+            sends, recvs, reads, written = _touches(st)
+            for buf in (*sends, *recvs, *reads, *written):
+                if buf.name == name and buf.stop > buf.start and buf.start // size != (buf.stop - 1) // size:
+                    return None
+            if not writes and any(buf.name == name for buf in (*recvs, *written)):
+                return None
+        return cls(pieces, size)
 
 
 def _overlap(a, b) -> bool:

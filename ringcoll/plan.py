@@ -38,6 +38,10 @@ class Plan:
     #: matter); with the buffers that are the caller's memory (or the executor's), they make
     #: a plan safe to run again (collectives._common.run_call)
     own: set = field(default_factory=set)
+    #: buffers that stage a list argument: name -> (the list's tensors, the ``before`` or
+    #: ``after`` hook that copies them in or out, whether the schedule may write the list);
+    #: the P2P executor names the tensors themselves instead when it can (executor.Blocks)
+    lists: Dict[str, tuple] = field(default_factory=dict)
 
     def steps(self) -> Tuple[Step, ...]:
         return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)

@@ -145,56 +145,68 @@ class HostTransport:
 
     def post(self, transfers: Sequence, tag: int) -> _HostStep:
         """``transfers``: (Send|Recv item, flat tensor). Returns the step's handle."""
-        handle = _HostStep()
-        hosts = [None] * len(transfers)
         if self.stage:
-            total = sum(t.numel() * t.element_size() for _, t in transfers)
-            handle.staging = entry = self._staging.take(total)
-            if entry[1] is not None:
-                streams.synchronize(entry[1])          # its last copy out has finished
-                entry[1] = None
-            offset, copied = 0, False
-            for index, (item, tensor) in enumerate(transfers):
-                nbytes = tensor.numel() * tensor.element_size()
-                hosts[index] = entry[0][offset:offset + nbytes]
-                offset += nbytes
-                if isinstance(item, Send):
-                    hosts[index].copy_(wire(tensor), non_blocking=True)
-                    copied = True
-            if copied:                                  # gloo reads host memory at once
-                streams.synchronize(streams.record(transfers[0][1].device))
-        for index, (item, tensor) in enumerate(transfers):
-            device_bytes = wire(tensor)
-            host = hosts[index] if self.stage else device_bytes
+            return self._post_staged(transfers, tag)
+        handle = _HostStep()
+        send, recv, posted = self.pg.send, self.pg.recv, handle.transfers
+        for item, tensor in transfers:
+            data = wire(tensor)
             try:
-                if isinstance(item, Send):
+                work = (send if type(item) is Send else recv)([data], item.peer, tag)
+            except Exception as error:  # noqa: BLE001 - the executor names the peer and step
+                raise TransferError([item], error, timed_out=False) from error
+            posted.append((item, work, data, data))
+        return handle
+
+    def _post_staged(self, transfers: Sequence, tag: int) -> _HostStep:
+        """CUDA tensors: sends copied into a pinned host buffer first, receives land there."""
+        handle = _HostStep()
+        total = sum(t.numel() * t.element_size() for _, t in transfers)
+        handle.staging = entry = self._staging.take(total)
+        if entry[1] is not None:
+            streams.synchronize(entry[1])          # its last copy out has finished
+            entry[1] = None
+        hosts, offset, copied = [], 0, False
+        for item, tensor in transfers:
+            nbytes = tensor.numel() * tensor.element_size()
+            hosts.append(entry[0][offset:offset + nbytes])
+            offset += nbytes
+            if type(item) is Send:
+                hosts[-1].copy_(wire(tensor), non_blocking=True)
+                copied = True
+        if copied:                                  # gloo reads host memory at once
+            streams.synchronize(streams.record(transfers[0][1].device))
+        for (item, tensor), host in zip(transfers, hosts):
+            try:
+                if type(item) is Send:
                     work = self.pg.send([host], item.peer, tag)
                 else:
                     work = self.pg.recv([host], item.peer, tag)
             except Exception as error:  # noqa: BLE001 - the executor names the peer and step
                 self.release(handle)
                 raise TransferError([item], error, timed_out=False) from error
-            handle.transfers.append((item, work, device_bytes, host))
+            handle.transfers.append((item, work, wire(tensor), host))
         return handle
 
     def wait(self, handle: _HostStep, deadline: float) -> None:
         try:
-            for item, work, device_bytes, host in handle.transfers:
+            for item, work, _, _ in handle.transfers:
                 try:
-                    work.wait(timedelta(seconds=_remaining(deadline)))
+                    work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
                 except Exception as error:  # noqa: BLE001
                     timed_out = "timed out" in str(error).lower() or time.monotonic() >= deadline
                     raise TransferError([item], error, timed_out=timed_out) from error
             if self.stage:
                 copied = False
                 for item, _, device_bytes, host in handle.transfers:
-                    if isinstance(item, Recv):
+                    if type(item) is Recv:
                         device_bytes.copy_(host, non_blocking=True)
                         copied = True
                 if copied:
                     handle.staging[1] = streams.record(handle.transfers[0][2].device)
         finally:
-            self.release(handle)
+            if handle.staging is not None:
+                self.release(handle)
 
     def release(self, handle: _HostStep) -> None:
         if handle.staging is not None:

@@ -134,9 +134,11 @@ def _plan_environment() -> tuple:
     """The values of PLAN_ENV (as os.environ stores them: bytes on POSIX), the modification
     times of the files RINGCOLL_TUNING and RINGCOLL_MACHINE name, the registry's version."""
     if _ENV_DATA is not None and _ENV_KEYS is not None:
-        values = tuple(_ENV_DATA.get(name) for name in _ENV_KEYS)
+        values = tuple(map(_ENV_DATA.get, _ENV_KEYS))
     else:
-        values = tuple(os.environ.get(name) for name in PLAN_ENV)
+        values = tuple(map(os.environ.get, PLAN_ENV))
+    if not (values[1] or values[2]):
+        return values + (registry.version,)
     stamps = []
     for path in values[1:3]:            # the tuning table and the machine file (os.stat takes bytes)
         if path and path.strip():
@@ -158,15 +160,20 @@ def _signature(values, tensors: list) -> tuple:
     the tensors."""
     key = []
     for value in values:
-        if isinstance(value, torch.Tensor):
-            if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter) \
-                    or value.layout is not torch.strided:
+        kind = type(value)
+        if kind is torch.Tensor or isinstance(value, torch.Tensor):
+            if kind is not torch.Tensor and not isinstance(value, torch.nn.Parameter) \
+                    or value.layout is not torch.strided:      # a subclass's dispatch may differ
                 raise _NotKeyed
             tensors.append(value)
-            item = (value.data_ptr(), value.shape, value.stride(), value.dtype, value.device)
-            key.append(item + (value.is_conj(), value.is_neg()) if value.dtype.is_complex else item)
+            dtype = value.dtype
+            if dtype.is_complex:
+                key.append((value.data_ptr(), value.shape, value.stride(), dtype, value.device,
+                            value.is_conj(), value.is_neg()))
+            else:
+                key.append((value.data_ptr(), value.shape, value.stride(), dtype, value.device))
         elif isinstance(value, (list, tuple)):
-            key.append((type(value), _signature(value, tensors)))
+            key.append((kind, _signature(value, tensors)))
         else:
             key.append(value)
     return tuple(key)
@@ -197,8 +204,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []
     try:
-        key = (build, _signature(args, tensors), tuple(kwargs), _signature(kwargs.values(), tensors),
-               _plan_environment())
+        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), _plan_environment())
         prepared = executor.persistent.get(key)
     except (_NotKeyed, TypeError, RuntimeError):
         # not hashable, or a tensor without an address (its call's checks say what is wrong)
@@ -246,7 +252,7 @@ def _rerunnable(plan: Plan, tensors: list, executor: P2PExecutor) -> bool:
 def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
     """Run a synchronous call's prepared plan as call ``seq``, in call order."""
     executor.raise_if_failed()
-    if not (prepared.plan.before or prepared.plan.after):      # the schedule alone: detached buffers
+    if not (prepared.before or prepared.after):      # the schedule alone: detached buffers
         return submit(lambda: executor.run_prepared(prepared, seq), False, device=prepared.device)
 
     def task():

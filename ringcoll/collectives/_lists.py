@@ -104,6 +104,17 @@ def copy_out(staging: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Callable
     return run
 
 
+def stage_through(plan, name: str, tensors: Sequence[torch.Tensor], *, into: bool) -> None:
+    """Stage the list ``tensors`` through the plan's buffer ``name`` (from :func:`stage_list`):
+    copied in before the schedule (``into``) or out after it. The P2P executor skips the copy
+    when the schedule names each tensor's block on its own (executor.Blocks); the simulator
+    always stages."""
+    staging = plan.buffers[name]
+    hook = copy_in(staging, tensors) if into else copy_out(staging, tensors)
+    (plan.before if into else plan.after).append(hook)
+    plan.lists[name] = (tuple(tensors), hook, not into)
+
+
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two flat contiguous tensors share any memory."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:

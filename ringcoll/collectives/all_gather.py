@@ -9,8 +9,8 @@ from typing_extensions import deprecated
 
 from ..schedule import Layout
 from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
-from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_out, is_block,
-                     separate_input, stage_list)
+from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, is_block,
+                     separate_input, stage_list, stage_through)
 
 
 # -- all_gather_single --------------------------------------------------------------------
@@ -123,7 +123,7 @@ def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
     input_flat, _ = flat(real)
     plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, tensor, tensor_list, "all_gather")
     if staged:
-        plan.after.append(copy_out(output_flat, real_list))
+        stage_through(plan, "output", real_list, into=False)
     return plan
 
 

@@ -10,8 +10,8 @@ __all__ = ["gather", "scatter"]
 
 from ..schedule import Layout
 from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
-from ._lists import (check_all_same, check_list_fits, check_tensor_list, copy_in,
-                         copy_out, is_block, separate_input, stage_list)
+from ._lists import (check_all_same, check_list_fits, check_tensor_list, is_block, separate_input,
+                     stage_list, stage_through)
 
 
 def _optional_list(param: str, tensors) -> tuple:
@@ -55,7 +55,7 @@ def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=Non
     if ctx.rank == root:
         separate_input(input_flat, buffers["output"], is_block(input_flat, buffers["output"], root), plan)
     if staged:
-        plan.after.append(copy_out(buffers["output"], real_outputs))
+        stage_through(plan, "output", real_outputs, into=False)
     return plan
 
 
@@ -120,7 +120,7 @@ def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=N
     plan = new_plan("scatter", chosen, why, ctx, Layout(ctx.world * output_flat.numel(), {"root": root}), buffers,
                     result=[tensor], describe_as=describe("scatter", chosen.name, tensor, f"root {root}"))
     if staged:
-        plan.before.append(copy_in(buffers["input"], real_inputs))
+        stage_through(plan, "input", real_inputs, into=True)
     if write_back is not None:
         plan.after.append(write_back)
     return plan
