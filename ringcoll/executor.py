@@ -374,14 +374,15 @@ class P2PExecutor:
         self.raise_if_failed()
         plan, transport = prepared.plan, prepared.transport
         timeout = self.timeout(plan, prepared.group_timeout)
-        try:
-            transport.ready(time.monotonic() + timeout)
-        except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
-            first = next((st.comms for st in prepared.steps if st.comms), ())
-            failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
-                                       TransferError(first, error, timed_out=True, batch=True), timeout)
-            self._failed(failure, [])
-            raise failure from error
+        if transport.batched:       # gloo connects lazily, NCCL's communicator is set up here
+            try:
+                transport.ready(time.monotonic() + timeout)
+            except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step
+                first = next((st.comms for st in prepared.steps if st.comms), ())
+                failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
+                                           TransferError(first, error, timed_out=True, batch=True), timeout)
+                self._failed(failure, [])
+                raise failure from error
         if self.check:
             self._check(plan, seq, transport, timeout)
         for before in prepared.before:

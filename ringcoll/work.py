@@ -129,6 +129,11 @@ class _Queue:
 
     def submit(self, task: Callable[[], None], async_op: bool, result=None, *,
                device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
+        if not async_op and self._pending == 0:
+            # nothing queued: run now (as before, a call racing in from another thread is
+            # ordered by the caller's own synchronisation, not by this check's lock)
+            task()
+            return None
         with self._lock:
             inline = not async_op and self._pending == 0
             if not inline:

@@ -79,6 +79,11 @@ def _executor(group) -> P2PExecutor:
     return executor
 
 
+#: the group of the last call and its executor: (weak reference, executor); the one
+#: lookup of a call that repeats on its group (a weak key's lookup builds a reference)
+_last: tuple = (lambda: None, None)
+
+
 def group_executor(group) -> Optional[P2PExecutor]:
     """The executor of ``group`` (None: the default group) for this process; None when this
     process is not a member."""
@@ -87,9 +92,15 @@ def group_executor(group) -> Optional[P2PExecutor]:
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
     if group is None:
         group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
+    global _last
+    last, executor = _last
+    if group is last():                 # a member: it had an executor
+        return executor
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
         return None
-    return _executor(group)
+    executor = _executor(group)
+    _last = (weakref.ref(group), executor)
+    return executor
 
 
 def group_context(group) -> Context:
