@@ -144,13 +144,13 @@ class HostTransport:
         """gloo connects lazily per pair; nothing to set up."""
 
     def post(self, transfers: Sequence, tag: int) -> _HostStep:
-        """``transfers``: (Send|Recv item, flat tensor). Returns the step's handle."""
+        """``transfers``: (Send|Recv item, bytes: a flat uint8 view, see :func:`wire`).
+        Returns the step's handle."""
         if self.stage:
             return self._post_staged(transfers, tag)
         handle = _HostStep()
         send, recv, posted = self.pg.send, self.pg.recv, handle.transfers
-        for item, tensor in transfers:
-            data = wire(tensor)
+        for item, data in transfers:
             try:
                 work = (send if type(item) is Send else recv)([data], item.peer, tag)
             except Exception as error:  # noqa: BLE001 - the executor names the peer and step
@@ -189,10 +189,11 @@ class HostTransport:
         return handle
 
     def wait(self, handle: _HostStep, deadline: float) -> None:
+        clock = time.monotonic
         try:
             for item, work, _, _ in handle.transfers:
                 try:
-                    work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                    work.wait(timedelta(seconds=max(deadline - clock(), 0.001)))
                 except Exception as error:  # noqa: BLE001
                     timed_out = "timed out" in str(error).lower() or time.monotonic() >= deadline
                     raise TransferError([item], error, timed_out=timed_out) from error

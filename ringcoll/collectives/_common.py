@@ -160,6 +160,11 @@ def _plan_environment() -> tuple:
     return values + tuple(stamps) + (registry.version,)
 
 
+#: argument types a key holds as they are, checked first (most of a call's arguments)
+_ATOMS = frozenset({int, str, bool, float, type(None)})
+_TENSOR, _PARAMETER, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
+
+
 class _NotKeyed(Exception):
     """An argument a call's key cannot hold: the call builds its plan afresh."""
 
@@ -171,11 +176,12 @@ def _signature(values, tensors: list) -> tuple:
     the tensors."""
     key = []
     for value in values:
-        kind = type(value)
-        if kind is torch.Tensor or isinstance(value, torch.Tensor):
-            if kind is not torch.Tensor and not isinstance(value, torch.nn.Parameter) \
-                    or value.layout is not torch.strided:      # a subclass's dispatch may differ
-                raise _NotKeyed
+        kind = value.__class__
+        if kind in _ATOMS:
+            key.append(value)
+        elif kind is _TENSOR or kind is _PARAMETER or isinstance(value, _TENSOR):
+            if kind is not _TENSOR and not isinstance(value, _PARAMETER) or value.layout is not _STRIDED:
+                raise _NotKeyed                 # a subclass's own dispatch may differ
             tensors.append(value)
             dtype = value.dtype
             if dtype.is_complex:
