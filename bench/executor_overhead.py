@@ -11,6 +11,10 @@
 4. The floor of one step: a bare gloo P2P exchange against the built-in barrier.
 5. A 1 KiB broadcast four ways (bare P2P, built-in, ringcoll with a new and a reused plan):
    wall and main-thread CPU time per rank.
+6. A 4 KiB all_to_all_single three ways (its floor by bare P2P from Python, the built-in,
+   ringcoll reused): the slowest rank's median, the median of its fast rounds, the share of
+   slow ones.
+7. A repeated call through the public API with the null transport, warm and cold.
 Writes ``executor_overhead.json`` and ``profile_all_reduce_64MiB.txt`` under ``--out``.
 """
 from __future__ import annotations
@@ -191,6 +195,86 @@ def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
                    "cpu_us": statistics.fmean(cpu[name]) * 1e6} for name in ways}
 
 
+def _reused_calls(world: int = 4, numel: int = 1024, repeats: int = 2000, cold_rounds: int = 300) -> dict:
+    """A repeated small call through the public API, its plan reused, with the null transport
+    (run on a 1-rank gloo group whose executor is swapped for a 4-rank one whose transfers
+    complete at once): µs per call warm (a tight loop) and cold (the median of calls after a
+    32 MiB write has flushed the caches, as a rank leaving a wait finds them here)."""
+    import torch.distributed as dist
+    from ringcoll.collectives import _common
+
+    group = dist.group.WORLD
+    kept = _common._executors.get(group)
+    _common._executors[group] = P2PExecutor(NullTransport(), rank=0, world=world, backend="gloo")
+    _common._last = (lambda: None, None)
+    data = torch.arange(numel * world, dtype=torch.float32)
+    into = torch.empty_like(data)
+    parts = [torch.arange(numel, dtype=torch.float32) + r for r in range(world)]
+    calls = {"broadcast": lambda: ringcoll.broadcast(data[:numel], 0),
+             "scatter (list of separate tensors)": lambda: ringcoll.scatter(into[:numel], parts, src=0),
+             "all_to_all_single": lambda: ringcoll.all_to_all_single(into, data),
+             "all_reduce": lambda: ringcoll.all_reduce(data[:numel]),
+             "barrier": ringcoll.barrier}
+    flush = torch.ones(8 << 20)
+    out = {}
+    try:
+        for name, call in calls.items():
+            for _ in range(50):
+                call()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            warm = (time.perf_counter() - start) / repeats * 1e6
+            cold = []
+            for _ in range(cold_rounds):
+                flush.add_(1)
+                start = time.perf_counter()
+                call()
+                cold.append(time.perf_counter() - start)
+            out[name] = {"warm_us": warm, "cold_us": statistics.median(cold) * 1e6}
+    finally:
+        _common._executors.pop(group, None)
+        if kept is not None:
+            _common._executors[group] = kept
+        _common._last = (lambda: None, None)
+    return out
+
+
+def _fast_rounds(times: list, slow: float = 2e-3) -> dict:
+    """The median of the rounds under ``slow`` seconds and the share of rounds above it."""
+    fast = [t for t in times if t < slow]
+    return {"median_us": statistics.median(times) * 1e6,
+            "fast_median_us": statistics.median(fast) * 1e6 if fast else None,
+            "slow_share": 1 - len(fast) / len(times)}
+
+
+def _all_to_all_floor(rounds: int = 300, numel: int = 1024) -> dict:
+    """A 4 KiB all_to_all_single three ways in turn, a barrier before each: its floor from
+    Python (the p-1 sends and p-1 receives each rank posts, by bare gloo P2P, then the own
+    block copied), the built-in, ringcoll (the plan reused). Per way, this rank's wall times."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.group.WORLD
+    data = torch.arange(numel * world, dtype=torch.float32)
+    into = torch.empty_like(data)
+    sends, recvs = list(data.view(torch.uint8).chunk(world)), list(into.view(torch.uint8).chunk(world))
+
+    def bare():
+        works = []
+        for step in range(1, world):
+            right, left = (rank + step) % world, (rank - step) % world
+            works += [group.send([sends[right]], right, 9), group.recv([recvs[left]], left, 9)]
+        for work in works:
+            work.wait()
+        recvs[rank].copy_(sends[rank])
+
+    ways = {"bare gloo p2p": bare, "built-in": lambda: dist.all_to_all_single(into, data),
+            "ringcoll, reused plan": lambda: ringcoll.all_to_all_single(into, data)}
+    wall, _ = _in_turn(ways, rounds, warmup=10)
+    return wall
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results")
@@ -209,16 +293,31 @@ def main(argv=None) -> None:
         profile = cluster.run(_profiled_all_reduce, 16 * 1024 * 1024)[0]
         floors = cluster.run(_message_floor)
         small = cluster.run(_small_calls)
+        alltoall = cluster.run(_all_to_all_floor)
+    with ringcoll.launch(1) as cluster:
+        reused = cluster.run(_reused_calls)[0]
+    slowest = {name: [max(rank[name][i] for rank in alltoall) for i in range(len(alltoall[0][name]))]
+               for name in alltoall[0]}
+    alltoall = {name: _fast_rounds(times) for name, times in slowest.items()}
     floor = {name: max(rank[name] for rank in floors) for name in floors[0]}
     print(f"1 KiB broadcast at {args.np} ranks, per rank: median wall us / mean main-thread CPU us")
     for name in small[0]:
         print(f"  {name:22s} " + "  ".join(f"{r[name]['wall_us']:6.0f}/{r[name]['cpu_us']:4.0f}" for r in small))
+    print("4 KiB all_to_all_single at 4 ranks, slowest rank per round: median / median of rounds "
+          "under 2 ms / share of rounds over 2 ms")
+    for name, row in alltoall.items():
+        print(f"  {name:22s} {row['median_us']:6.0f} us  {row['fast_median_us'] or 0:6.0f} us  {row['slow_share']:.2f}")
+    print("a repeated call, plan reused, null transport (4 KiB; scatter 1 KiB blocks): us warm / cold")
+    for name, row in reused.items():
+        print(f"  {name:36s} {row['warm_us']:6.1f} / {row['cold_us']:6.1f}")
     print(profile.split("\n")[0])
     print(f"one step's floor at {args.np} ranks (median ms, slowest rank): " +
           ", ".join(f"{name} {ms:.2f}" for name, ms in floor.items()))
     with open(os.path.join(args.out, "executor_overhead.json"), "w") as handle:
         json.dump({"per_step": steps, "per_call_us": calls, "message_floor_ms": floor,
                    "broadcast_1KiB_per_rank": small,
+                   "all_to_all_single_4KiB_slowest_rank": alltoall,
+                   "reused_call_null_transport_us": reused,
                    "world": args.np, "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d")}, handle, indent=2)
     with open(os.path.join(args.out, "profile_all_reduce_64MiB.txt"), "w") as handle:
