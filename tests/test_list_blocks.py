@@ -39,9 +39,10 @@ def _separate(numel: int, world: int, base: int = 0) -> list:
 
 
 def direct_lists_match_the_builtins():
-    """linear scatter and gather, ring all_gather: the list in place, results equal to the
-    built-ins'; binomial scatter and gather, whose messages span several blocks, and bruck
-    all_gather stay staged and equal too. Sizes 1 and not divisible, every root class."""
+    """linear scatter and gather, ring all_gather, ring, pairwise and direct reduce_scatter:
+    the list in place, results equal to the built-ins'; binomial scatter and gather, whose
+    messages span several blocks, bruck all_gather and recursive-halving reduce_scatter stay
+    staged and equal too. Sizes 1 and not divisible, every root class."""
     rank, world = dist.get_rank(), dist.get_world_size()
     problems = []
     for numel in (1, world + 2):
@@ -71,6 +72,20 @@ def direct_lists_match_the_builtins():
                     problems.append(f"scatter {algorithm} numel {numel}: the scatter_list changed")
                 if rank == root and algorithm == "linear" and seen != [True]:
                     problems.append(f"scatter linear root {root}: list staged ({seen})")
+        for algorithm in ringcoll.algorithms("reduce_scatter"):
+            parts = _separate(numel, world, 40 + rank)
+            kept = [p.clone() for p in parts]
+            want = torch.empty(numel, dtype=torch.int64)
+            dist.reduce_scatter(want, [p.clone() for p in parts])
+            got = torch.zeros(numel, dtype=torch.int64)
+            with _decisions() as seen:
+                ringcoll.reduce_scatter(got, parts, algorithm=algorithm)
+            if not torch.equal(got, want):
+                problems.append(f"reduce_scatter {algorithm} numel {numel}")
+            if not all(map(torch.equal, parts, kept)):
+                problems.append(f"reduce_scatter {algorithm} numel {numel}: the input_list changed")
+            if algorithm in ("ring", "pairwise", "direct") and seen != [True]:
+                problems.append(f"reduce_scatter {algorithm}: list staged ({seen})")
         for algorithm in ringcoll.algorithms("all_gather"):
             want = _separate(numel, world, 700)
             dist.all_gather(want, mine)
@@ -121,6 +136,15 @@ def aliased_lists_stay_staged():
         ringcoll.scatter(target, parts, src=root, algorithm="linear")
     want = block(60 + (root if rank == root else rank), numel)
     out["scatter into another rank's entry"] = torch.equal(target, want) and (rank != root or seen == [False])
+    # reduce_scatter with a premul: the staging copy is scaled in place, so it stays staged
+    parts = [torch.full((numel,), float(10 * rank + r + 1)) for r in range(world)]
+    kept = [p.clone() for p in parts]
+    got = torch.zeros(numel)
+    with _decisions() as seen:
+        ringcoll.reduce_scatter(got, parts, op=dist._make_nccl_premul_sum(2.0), algorithm="pairwise")
+    want = 2.0 * sum(10 * r + rank + 1 for r in range(world))
+    out["reduce_scatter premul: staged, input kept"] = seen == [] and torch.equal(
+        got, torch.full((numel,), want)) and all(map(torch.equal, parts, kept))
     # a strided entry: staged
     strided = [torch.zeros(numel * 2, dtype=torch.int64)[::2] for _ in range(world)]
     with _decisions() as seen:

@@ -18,7 +18,7 @@ from ..ops import ReduceOp, resolve
 from ..schedule import Layout
 from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
-                         overlaps, stage_list)
+                         overlaps, stage_list, stage_through)
 
 
 def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: torch.Tensor, staged_in,
@@ -142,8 +142,13 @@ def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, a
     check_list_fits("input_list", real_inputs, real_output, "output", ctx)
     check_device("output", output, ctx)
     input_flat, staged = stage_list(real_inputs, real_output, ctx)
-    return _plan(ctx, chosen, why, spec, real_output, input_flat,
-                 copy_in(input_flat, real_inputs) if staged else None, [output], "reduce_scatter")
+    if staged and spec.premul is not None:      # the premul scales the staging copy in place
+        return _plan(ctx, chosen, why, spec, real_output, input_flat, copy_in(input_flat, real_inputs),
+                     [output], "reduce_scatter")
+    plan = _plan(ctx, chosen, why, spec, real_output, input_flat, None, [output], "reduce_scatter")
+    if staged:
+        stage_through(plan, "input", real_inputs, into=True)
+    return plan
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
