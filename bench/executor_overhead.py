@@ -15,6 +15,8 @@
    ringcoll reused): the slowest rank's median, the median of its fast rounds, the share of
    slow ones.
 7. A repeated call through the public API with the null transport, warm and cold.
+8. Each thread's CPU time per round of a barrier and that all_to_all_single, built-in and
+   ringcoll: how much of the machine gloo's own threads take.
 Writes ``executor_overhead.json`` and ``profile_all_reduce_64MiB.txt`` under ``--out``.
 """
 from __future__ import annotations
@@ -275,6 +277,62 @@ def _all_to_all_floor(rounds: int = 300, numel: int = 1024) -> dict:
     return wall
 
 
+def _thread_times() -> dict:
+    """CPU seconds (user + system) and context switches of each thread of this process, by
+    thread name (Linux /proc; empty elsewhere)."""
+    out: dict = {}
+    base = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(base):
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/stat") as handle:
+                stat = handle.read()
+            with open(f"{base}/{tid}/status") as handle:
+                status = handle.read()
+        except OSError:
+            continue                    # the thread ended
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        switches = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))}
+        row = out.setdefault(name, [0.0, 0, 0])
+        row[0] += (int(fields[11]) + int(fields[12])) / tick
+        row[1] += switches.get("voluntary_ctxt_switches", 0)
+        row[2] += switches.get("nonvoluntary_ctxt_switches", 0)
+    return out
+
+
+def _thread_cpu(rounds: int = 500, numel: int = 1024) -> dict:
+    """Where the CPU goes: each thread's CPU time and context switches per round of a barrier
+    and a 4 KiB all_to_all_single, the built-in's rounds and then ringcoll's (sampled at the
+    clock tick, so a mean over many rounds). gloo's own threads (``gloo_tcp_loop``, which
+    moves every message of the process, and the built-in's ``pt_gloo_runloop`` workers) are
+    the same for both; the calling thread (``python``) runs ringcoll's part."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    data = torch.arange(numel * world, dtype=torch.float32)
+    into = torch.empty_like(data)
+    out = {}
+    for name, call in (("built-in", lambda: dist.all_to_all_single(into, data)),
+                       ("ringcoll", lambda: ringcoll.all_to_all_single(into, data))):
+        for _ in range(20):
+            dist.barrier()
+            call()
+        before = _thread_times()
+        for _ in range(rounds):
+            dist.barrier()
+            call()
+        after = _thread_times()
+        out[name] = {thread: {"cpu_us": (row[0] - before.get(thread, [0, 0, 0])[0]) / rounds * 1e6,
+                              "voluntary": (row[1] - before.get(thread, [0, 0, 0])[1]) / rounds,
+                              "involuntary": (row[2] - before.get(thread, [0, 0, 0])[2]) / rounds}
+                     for thread, row in after.items()}
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench/results")
@@ -294,6 +352,7 @@ def main(argv=None) -> None:
         floors = cluster.run(_message_floor)
         small = cluster.run(_small_calls)
         alltoall = cluster.run(_all_to_all_floor)
+        threads = cluster.run(_thread_cpu)
     with ringcoll.launch(1) as cluster:
         reused = cluster.run(_reused_calls)[0]
     slowest = {name: [max(rank[name][i] for rank in alltoall) for i in range(len(alltoall[0][name]))]
@@ -307,6 +366,11 @@ def main(argv=None) -> None:
           "under 2 ms / share of rounds over 2 ms")
     for name, row in alltoall.items():
         print(f"  {name:22s} {row['median_us']:6.0f} us  {row['fast_median_us'] or 0:6.0f} us  {row['slow_share']:.2f}")
+    print("CPU per round of barrier + 4 KiB all_to_all_single, rank 0, by thread: us (voluntary / "
+          "involuntary switches)")
+    for name, rows in threads[0].items():
+        print(f"  {name:10s} " + "  ".join(f"{thread} {row['cpu_us']:5.0f} ({row['voluntary']:.1f}/{row['involuntary']:.1f})"
+                                           for thread, row in rows.items() if row["cpu_us"] or row["voluntary"]))
     print("a repeated call, plan reused, null transport (4 KiB; scatter 1 KiB blocks): us warm / cold")
     for name, row in reused.items():
         print(f"  {name:36s} {row['warm_us']:6.1f} / {row['cold_us']:6.1f}")
@@ -318,6 +382,7 @@ def main(argv=None) -> None:
                    "broadcast_1KiB_per_rank": small,
                    "all_to_all_single_4KiB_slowest_rank": alltoall,
                    "reused_call_null_transport_us": reused,
+                   "thread_cpu_per_round_barrier_all_to_all_4KiB": threads,
                    "world": args.np, "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d")}, handle, indent=2)
     with open(os.path.join(args.out, "profile_all_reduce_64MiB.txt"), "w") as handle:
