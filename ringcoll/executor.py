@@ -508,8 +508,9 @@ class Prepared:
     """A plan made ready to run again and again, as MPI-4's persistent collectives
     (``MPI_Bcast_init`` once, ``MPI_Start`` per call): its steps; its buffers, scratch
     included; each step's transfers as (item, bytes) on those buffers; its transport; the
-    fingerprint part of its tags; the group's timeout. Which later step may be posted while an
-    earlier one is in flight is worked out once per pair of steps. Valid for any later call
+    fingerprint part of its tags; the group's timeout; its local operations on views of its
+    buffers. Which later step may be posted while an earlier one is in flight is worked out
+    once (:meth:`reach`). Valid for any later call
     whose tensors name the same memory with the same shapes, strides and dtypes: the drop-in
     checks that before it reuses one (ringcoll.collectives._common.run_call)."""
 
@@ -553,8 +554,9 @@ class Blocks:
     """A list argument's equal-sized tensors as the one flat buffer a schedule names: chunk
     [start, stop) is a view of the tensor it lies in. The P2P executor uses it instead of the
     plan's staging copy (Plan.lists) when every chunk the schedule names lies within one
-    tensor (linear scatter and gather, ring all_gather: one block per message), so the list
-    is sent from and received into directly, as gloo's own collectives do."""
+    tensor (linear scatter and gather, ring all_gather, ring, pairwise, direct and pat
+    reduce_scatter: one block per message), so the list is sent from and received into
+    directly, as gloo's own collectives do."""
 
     __slots__ = ("pieces", "size")
 
