@@ -90,14 +90,19 @@ def api_overhead(world: int = 4, numel: int = 256, repeats: int = 2000) -> dict:
     for algorithm in ringcoll.algorithms("all_reduce"):
         def call():
             context.submit(BUILDERS["all_reduce"](context, tensor, algorithm=algorithm), False)
-        for _ in range(50):
-            call()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        out[algorithm] = (time.perf_counter() - start) / repeats * 1e6
+        out[algorithm] = _warm_us(call, repeats)
     del submit
     return out
+
+
+def _warm_us(call, repeats: int, warmup: int = 50) -> float:
+    """Microseconds per ``call()`` in a tight loop, after ``warmup`` calls."""
+    for _ in range(warmup):
+        call()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def _profiled_all_reduce(numel: int) -> str:
@@ -221,12 +226,7 @@ def _reused_calls(world: int = 4, numel: int = 1024, repeats: int = 2000, cold_r
     out = {}
     try:
         for name, call in calls.items():
-            for _ in range(50):
-                call()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                call()
-            warm = (time.perf_counter() - start) / repeats * 1e6
+            warm = _warm_us(call, repeats)
             cold = []
             for _ in range(cold_rounds):
                 flush.add_(1)

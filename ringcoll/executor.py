@@ -374,15 +374,14 @@ class P2PExecutor:
         self.raise_if_failed()
         plan, transport = prepared.plan, prepared.transport
         timeout = self.timeout(plan, prepared.group_timeout)
-        if transport.batched:       # gloo connects lazily, NCCL's communicator is set up here
-            try:
-                transport.ready(time.monotonic() + timeout)
-            except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step
-                first = next((st.comms for st in prepared.steps if st.comms), ())
-                failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
-                                           TransferError(first, error, timed_out=True, batch=True), timeout)
-                self._failed(failure, [])
-                raise failure from error
+        try:
+            transport.ready(time.monotonic() + timeout)
+        except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
+            first = next((st.comms for st in prepared.steps if st.comms), ())
+            failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
+                                       TransferError(first, error, timed_out=True, batch=True), timeout)
+            self._failed(failure, [])
+            raise failure from error
         if self.check:
             self._check(plan, seq, transport, timeout)
         for before in prepared.before:
@@ -524,7 +523,7 @@ class Prepared:
         self.transport, self.print_bits, self.group_timeout = transport, bits, group_timeout
         self.local = tuple(resolve_local(buffers, st.local) for st in steps)
         self._addresses = tuple((tensor, tensor.data_ptr()) for buffer in buffers.values()
-                                for tensor in (buffer.pieces if isinstance(buffer, Blocks) else (buffer,)))
+                                for tensor in _tensors_of(buffer))
         self._reach: Dict[int, Tuple[int, ...]] = {}
 
     def moved(self) -> bool:
@@ -588,8 +587,7 @@ class Blocks:
         spans = sorted((piece.data_ptr(), piece.data_ptr() + nbytes) for piece in pieces)
         if any(later[0] < first[1] for first, later in zip(spans, spans[1:])):
             return None
-        others = [tensor for other, buffer in buffers.items() if other != name
-                  for tensor in (buffer.pieces if isinstance(buffer, Blocks) else (buffer,))]
+        others = [tensor for other, buffer in buffers.items() if other != name for tensor in _tensors_of(buffer)]
         for tensor in others:
             if tensor.numel() == 0 or tensor.device != staging.device:
                 continue
@@ -605,6 +603,11 @@ class Blocks:
             if not writes and any(buf.name == name for buf in (*recvs, *written)):
                 return None
         return cls(pieces, size)
+
+
+def _tensors_of(buffer) -> tuple:
+    """The tensors a prepared plan's buffer is made of: a Blocks' pieces, else itself."""
+    return buffer.pieces if isinstance(buffer, Blocks) else (buffer,)
 
 
 def _overlap(a, b) -> bool:

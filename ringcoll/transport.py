@@ -189,11 +189,10 @@ class HostTransport:
         return handle
 
     def wait(self, handle: _HostStep, deadline: float) -> None:
-        clock = time.monotonic
         try:
             for item, work, _, _ in handle.transfers:
                 try:
-                    work.wait(timedelta(seconds=max(deadline - clock(), 0.001)))
+                    work.wait(timedelta(seconds=_remaining(deadline)))
                 except Exception as error:  # noqa: BLE001
                     timed_out = "timed out" in str(error).lower() or time.monotonic() >= deadline
                     raise TransferError([item], error, timed_out=timed_out) from error
@@ -206,8 +205,7 @@ class HostTransport:
                 if copied:
                     handle.staging[1] = streams.record(handle.transfers[0][2].device)
         finally:
-            if handle.staging is not None:
-                self.release(handle)
+            self.release(handle)
 
     def release(self, handle: _HostStep) -> None:
         if handle.staging is not None:

@@ -130,20 +130,15 @@ class _Queue:
     def submit(self, task: Callable[[], None], async_op: bool, result=None, *,
                device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
         if not async_op and self._pending == 0:
-            # nothing queued: run now (as before, a call racing in from another thread is
-            # ordered by the caller's own synchronisation, not by this check's lock)
+            # nothing queued: run now (a call racing in from another thread is ordered by the
+            # caller's own synchronisation; a lock around this read would not order it)
             task()
             return None
         with self._lock:
-            inline = not async_op and self._pending == 0
-            if not inline:
-                self._pending += 1
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
-                    self._thread.start()
-        if inline:
-            task()
-            return None
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
+                self._thread.start()
         work = Work(result, describe)
         stream = None
         if device is not None and device.type == "cuda":

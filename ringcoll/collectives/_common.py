@@ -148,8 +148,6 @@ def _plan_environment() -> tuple:
         values = tuple(map(_ENV_DATA.get, _ENV_KEYS))
     else:
         values = tuple(map(os.environ.get, PLAN_ENV))
-    if not (values[1] or values[2]):
-        return values + (registry.version,)
     stamps = []
     for path in values[1:3]:            # the tuning table and the machine file (os.stat takes bytes)
         if path and path.strip():
@@ -179,7 +177,7 @@ def _signature(values, tensors: list) -> tuple:
         kind = value.__class__
         if kind in _ATOMS:
             key.append(value)
-        elif kind is _TENSOR or kind is _PARAMETER or isinstance(value, _TENSOR):
+        elif isinstance(value, _TENSOR):
             if kind is not _TENSOR and not isinstance(value, _PARAMETER) or value.layout is not _STRIDED:
                 raise _NotKeyed                 # a subclass's own dispatch may differ
             tensors.append(value)
