@@ -24,7 +24,7 @@ from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, apply_floor, failed_
                       job_numel, measure, summarize)
 from .report import (LEGEND, avg_bus_bandwidth, machine_info, plot, summary_lines, table_header, table_lines,
                      write_csv, write_json)
-from .specs import FLOOR_FAMILIES, IN_PLACE, OUT_OF_PLACE, SENDRECV, SPECS, available, family_of
+from .specs import FLOOR_FAMILIES, IN_PLACE, OUT_OF_PLACE, P2P_FLOOR, SENDRECV, SPECS, available, family_of
 from .tune import tuning_rows, write_tuning
 
 class OptionError(ValueError):
@@ -231,7 +231,7 @@ def make_jobs(options, catalogue: dict, world: int, imports: tuple = ()) -> List
             any(SPECS[name].family in FLOOR_FAMILIES for name in chosen):
         chosen.insert(0, SENDRECV)      # the point-to-point floor of the ring-bound collectives, first
     if options.algorithms:
-        known = {a for name in chosen for a in catalogue[name]} | {"auto", BUILTIN}
+        known = {a for name in chosen for a in catalogue[name]} | {"auto", BUILTIN, P2P_FLOOR}
         unknown = [a.strip() for a in options.algorithms.split(",") if a.strip() and a.strip() not in known]
         if unknown:
             raise OptionError(f"--algorithms names {unknown}, which none of {chosen} has; they have "
@@ -246,6 +246,8 @@ def make_jobs(options, catalogue: dict, world: int, imports: tuple = ()) -> List
             algorithms, variants = (OURS,), spec.variants
         else:
             algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
+            if spec.floor is not None and world > 1:
+                algorithms += (P2P_FLOOR,)      # its own messages by bare P2P, beside the built-in
             variants = spec.variants if options.variant == "both" else \
                 tuple(v for v in spec.variants if v == options.variant)
         if not variants:

@@ -17,7 +17,10 @@ median over rounds; algbw = bytes / time, busbw = algbw × the spec's bus factor
 ``vs_builtin`` = time / the built-in's time at the same size in the same run. The spread of the
 rounds is their 10th and 90th percentiles; a row whose own or whose built-in's p90/p10 exceeds
 :data:`NOISY` is flagged ``noisy``. ``floor_pct`` is a ring-bound row's busbw as a percentage of
-the point-to-point floor (sendrecv's busbw, the better contestant's, at the same size and run).
+the point-to-point floor (sendrecv's busbw, the better contestant's, at the same size and run);
+a collective with a ``p2p-floor`` contestant (all_to_all, scatter, gather: its own messages by bare
+P2P, :data:`~.specs.P2P_FLOOR`) has it on every row instead: that contestant's busbw at the same
+size and run, so the floor's own row reads 100.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Dict, List, Optional, Tuple
 
-from .specs import FLOOR_FAMILIES, SENDRECV, SPECS, Case, Spec
+from .specs import FLOOR_FAMILIES, P2P_FLOOR, SENDRECV, SPECS, Case, Spec
 
 BUILTIN = "built-in"
 #: the one contestant of a spec without algorithms (sendrecv): ringcoll's function as it is
@@ -121,7 +124,10 @@ def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
     fns = {BUILTIN: spec.builtin or getattr(dist, spec.name)}
     ours = getattr(ringcoll, spec.name, None)
     for name in algorithms:
-        fns[name] = ours if name == OURS else partial(ours, algorithm=name)
+        if name == P2P_FLOOR and spec.floor is not None:
+            fns[name] = spec.floor
+        else:
+            fns[name] = ours if name == OURS else partial(ours, algorithm=name)
     return fns
 
 
@@ -290,10 +296,12 @@ def summarize(job: Job, per_rank: List[dict]) -> List[Row]:
                 p90_us=percentile(rounds, 0.9) * 1e6 if rounds else None,
                 iters=len(rounds), error=error, times_us=[t * 1e6 for t in rounds],
                 traceback=raised[0].get("traceback") if raised else None)
-        base = variant_rows.get(BUILTIN)
+        base, floor = variant_rows.get(BUILTIN), variant_rows.get(P2P_FLOOR)
         for row in variant_rows.values():
             if base is not None and base.time_us and row.time_us:
                 row.vs_builtin = row.time_us / base.time_us
+            if floor is not None and floor.time_us and row.time_us:
+                row.floor_pct = 100.0 * floor.time_us / row.time_us     # = busbw / the floor's
             row.noisy = any((spread(r) or 1.0) > NOISY for r in (row, base) if r is not None)
             rows.append(row)
     return rows

@@ -21,7 +21,8 @@ _VAL_W = (11, 15, 8, 8, 7, 12, 7)
 #: the mark of a noisy row in the table, and its legend
 NOISY_MARK = "!"
 LEGEND = (f"# {NOISY_MARK} after vs built-in: this row's or the built-in's p90/p10 exceeds {NOISY:g}x, "
-          f"the ratio is noise-prone; %floor = busbw / sendrecv's busbw at this size")
+          f"the ratio is noise-prone; %floor = busbw / sendrecv's busbw at this size (all_to_all, "
+          f"scatter, gather: / the p2p-floor row's, their own messages by bare P2P)")
 
 
 def variants_of(rows: Sequence[Row]) -> List[str]:

@@ -177,6 +177,8 @@ class Spec:
     primary: bool = True                        # part of --collective all
     per_rank_count: bool = False                # count = elements per rank (nccl-tests' all_gather, reduce_scatter)
     builtin: Optional[Callable] = None          # the built-in, when it is not torch.distributed.<name>
+    #: the collective's own messages by bare point-to-point, same signature (see P2P_FLOOR)
+    floor: Optional[Callable] = None
 
     def count(self, numel: int, world: int) -> int:
         """The table's ``count``: the elements of the size buffer, or, as nccl-tests prints
@@ -359,6 +361,72 @@ def builtin_sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=Fa
         work.wait()
 
 
+# --------------------------------------------------------------------------------------
+# the point-to-point floors: what no algorithm built on send/recv can avoid
+
+
+#: the contestant of a collective whose messages its definition fixes (all_to_all: one block
+#: per pair of ranks; scatter and gather: one per rank and the root): those messages by bare
+#: point-to-point from Python, every one in flight at once, through the same ProcessGroup
+#: send/recv ringcoll's gloo transport calls, with no plan, check or tag of a library. An
+#: algorithm on this transport that sends these blocks as they are cannot beat it by more
+#: than the noise, so its time against the built-in's bounds what such an algorithm can reach.
+P2P_FLOOR = "p2p-floor"
+
+
+def _exchange(sends, recvs, group=None) -> None:
+    """Post every ``(tensor, peer)`` send and receive at once on ``group``'s ProcessGroup
+    (tag 0), then wait for them all."""
+    pg = group if group is not None else dist.group.WORLD
+    works = [pg.send([tensor], peer, 0) for tensor, peer in sends]
+    works += [pg.recv([tensor], peer, 0) for tensor, peer in recvs]
+    for work in works:
+        work.wait()
+
+
+def _pairwise(world: int, rank: int):
+    """(send peer, receive peer) of each of the p - 1 exchanges, MPICH's pairwise order."""
+    return [((rank + step) % world, (rank - step) % world) for step in range(1, world)]
+
+
+def p2p_all_to_all(output_tensor_list, input_tensor_list, group=None) -> None:
+    """all_to_all's floor: block j of this rank to rank j and rank j's block to this one,
+    every exchange at once; the own block copied."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    peers = _pairwise(world, rank)
+    _exchange([(input_tensor_list[right], right) for right, _ in peers],
+              [(output_tensor_list[left], left) for _, left in peers], group)
+    output_tensor_list[rank].copy_(input_tensor_list[rank])
+
+
+def p2p_all_to_all_single(output, input, group=None) -> None:
+    """all_to_all_single's floor (equal splits): as :func:`p2p_all_to_all` on the chunks."""
+    world = dist.get_world_size(group)
+    p2p_all_to_all(list(output.chunk(world)), list(input.chunk(world)), group)
+
+
+def p2p_scatter(tensor, scatter_list=None, src=0, group=None) -> None:
+    """scatter's floor: the root sends block j to rank j, every send at once, and copies its
+    own; every other rank receives its block."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank != src:
+        _exchange([], [(tensor, src)], group)
+        return
+    _exchange([(scatter_list[peer], peer) for peer, _ in _pairwise(world, rank)], [], group)
+    tensor.copy_(scatter_list[rank])
+
+
+def p2p_gather(tensor, gather_list=None, dst=0, group=None) -> None:
+    """gather's floor: every rank sends its block to the root, which receives them all at
+    once and copies its own."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank != dst:
+        _exchange([(tensor, dst)], [], group)
+        return
+    _exchange([], [(gather_list[peer], peer) for _, peer in _pairwise(world, rank)], group)
+    gather_list[rank].copy_(tensor)
+
+
 #: the point-to-point floor: its busbw is the wire's ceiling for the ring algorithms of these
 SENDRECV = "sendrecv"
 FLOOR_FAMILIES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -372,9 +440,10 @@ SPECS: Dict[str, Spec] = {spec.name: spec for spec in (
          (OUT_OF_PLACE, IN_PLACE), chunked=True, per_rank_count=True),
     Spec("reduce_scatter_single", "reduce_scatter", _ring_factor, _reduce_scatter_single,
          (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, per_rank_count=True),
-    Spec("all_to_all_single", "all_to_all", _ring_factor, _all_to_all_single, chunked=True),
-    Spec("gather", "gather", _ring_factor, _gather, rooted=True, chunked=True),
-    Spec("scatter", "scatter", _ring_factor, _scatter, rooted=True, chunked=True),
+    Spec("all_to_all_single", "all_to_all", _ring_factor, _all_to_all_single, chunked=True,
+         floor=p2p_all_to_all_single),
+    Spec("gather", "gather", _ring_factor, _gather, rooted=True, chunked=True, floor=p2p_gather),
+    Spec("scatter", "scatter", _ring_factor, _scatter, rooted=True, chunked=True, floor=p2p_scatter),
     Spec("barrier", "barrier", _one, _barrier, sized=False),
     Spec(SENDRECV, None, _one, _sendrecv, primary=False, builtin=builtin_sendrecv),
     # the list variants: same facts, tensors in lists
@@ -387,7 +456,8 @@ SPECS: Dict[str, Spec] = {spec.name: spec for spec in (
          (OUT_OF_PLACE, IN_PLACE), chunked=True, primary=False, per_rank_count=True),
     Spec("reduce_scatter_tensor", "reduce_scatter", _ring_factor, _reduce_scatter_single,
          (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, primary=False, per_rank_count=True),
-    Spec("all_to_all", "all_to_all", _ring_factor, _all_to_all, chunked=True, primary=False),
+    Spec("all_to_all", "all_to_all", _ring_factor, _all_to_all, chunked=True, primary=False,
+         floor=p2p_all_to_all),
 )}
 
 

@@ -23,10 +23,10 @@ from dataclasses import astuple, dataclass
 from typing import Dict, List, Sequence
 
 from .harness import BUILTIN, OURS, Row
-from .specs import SPECS
+from .specs import P2P_FLOOR, SPECS
 
 HEADER = ("collective", "nranks", "min_bytes", "max_bytes", "algorithm")
-_NOT_CANDIDATES = (BUILTIN, OURS, "auto")
+_NOT_CANDIDATES = (BUILTIN, OURS, "auto", P2P_FLOOR)
 
 
 @dataclass(frozen=True)

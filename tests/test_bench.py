@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ringcoll
-from ringcoll.bench import cli, harness, report, specs, summary
+from ringcoll.bench import cli, harness, report, specs, summary, tune
 from ringcoll.bench.harness import BUILTIN, Job, Row
 from ringcoll.bench.specs import IN_PLACE, OUT_OF_PLACE, SPECS, Case, Pattern
 
@@ -357,7 +357,8 @@ def test_cli_smoke(clusters, tmp_path, capsys):
     assert {r["algorithm"] for r in rows if r["collective"] == specs.SENDRECV} == {BUILTIN, harness.OURS}
     for name in expected:
         names = {r["algorithm"] for r in rows if r["collective"] == name}
-        assert names == {BUILTIN, "auto", *catalogue[name]}, name
+        floor = {specs.P2P_FLOOR} if SPECS[name].floor is not None else set()
+        assert names == {BUILTIN, "auto", *catalogue[name], *floor}, name
         if SPECS[name].sized:
             assert f"{json_name[:-5]}_{name}.png" in files
     assert all(r["wrong"] == 0 and r["error"] is None for r in rows), [r for r in rows if r["wrong"] or r["error"]]
@@ -366,8 +367,9 @@ def test_cli_smoke(clusters, tmp_path, capsys):
         table = list(csv.DictReader(handle))
     assert len(table) == len(rows) and table[0]["world_size"] == "2"
     assert "vs built-in" in printed and "# all_reduce" in printed and "# Avg bus bandwidth" in printed
-    for r in rows:      # % of floor on the ring-bound collectives only, the spread on every row
-        assert (r["floor_pct"] is not None) == (SPECS[r["collective"]].family in specs.FLOOR_FAMILIES), r
+    for r in rows:      # % of floor on the ring-bound and own-floor collectives only, the spread on every row
+        spec = SPECS[r["collective"]]
+        assert (r["floor_pct"] is not None) == (spec.family in specs.FLOOR_FAMILIES or spec.floor is not None), r
         assert r["p10_us"] <= r["time_us"] <= r["p90_us"]
     (tuning,) = [f for f in files if f.endswith("_tuning.csv")]
     with open(out / tuning, newline="") as handle:
@@ -489,6 +491,55 @@ def test_floor_goes_on_ring_bound_rows_only():
     assert report.table_lines(rows[:1], [OUT_OF_PLACE])[0].split()[-1] == "75.0"
     assert report.avg_bus_bandwidth(rows[:2] + floor) == \
         ["# Avg bus bandwidth    : built-in 2.000, ring 2.000, ringcoll 4.000 (GB/s)"]
+
+
+def test_an_own_floor_is_every_rows_percentage_and_never_a_tuning_candidate():
+    """all_to_all_single's p2p-floor row: %floor = its time / the row's (100 on itself); the
+    tuning table never picks it, even where it is fastest."""
+    def ranks(times):
+        return [{"numel": 1024, "variants": {OUT_OF_PLACE: {name: {"times": [t], "wrong": 0, "error": None}
+                                                           for name, t in times.items()}}}] * 4
+    job = Job("all_to_all_single", 4096, algorithms=("linear", specs.P2P_FLOOR), variants=(OUT_OF_PLACE,))
+    rows = {r.algorithm: r for r in harness.summarize(job, ranks({BUILTIN: 2e-3, "linear": 4e-3,
+                                                                  specs.P2P_FLOOR: 1e-3}))}
+    assert rows[specs.P2P_FLOOR].floor_pct == 100.0 and rows["linear"].floor_pct == 25.0
+    assert rows[BUILTIN].floor_pct == 50.0 and rows[specs.P2P_FLOOR].vs_builtin == 0.5
+    assert tune.fastest(list(rows.values())) == {4096: "linear"}
+    harness.apply_floor(list(rows.values()), 1.0)        # the sendrecv floor leaves them alone
+    assert rows["linear"].floor_pct == 25.0
+
+
+def test_the_own_floors_move_the_right_blocks(clusters):
+    """Each p2p-floor contestant is checked like any other: at 3 ranks (where the left and
+    right peers differ), a root that is not 0, a size that is not a whole number of chunks,
+    its every element is what the built-in produces; made to send blocks to the wrong peers,
+    it is counted wrong."""
+    jobs = [Job(name, size, root=1, algorithms=(specs.P2P_FLOOR,), iters=1, warmup=0)
+            for name in ("all_to_all_single", "all_to_all", "scatter", "gather") for size in (4, 1003 * 4)]
+    results = clusters(3).run(harness.measure_all, jobs)
+    for i, job in enumerate(jobs):
+        rows = {r.algorithm: r for r in harness.summarize(job, [r[i] for r in results])}
+        assert rows[specs.P2P_FLOOR].wrong == 0 and rows[specs.P2P_FLOOR].error is None, job
+        assert rows[BUILTIN].wrong == 0, job
+    swapped = clusters(3).run(_swapped_floor_wrong)
+    assert all(wrong > 0 for wrong in swapped), swapped
+
+
+def _swapped_floor_wrong() -> int:
+    """all_to_all's floor with each send's block and peer mismatched (the blocks sent in
+    reverse order): the wrong elements this rank counts."""
+    original = specs._exchange
+
+    def mismatched(sends, recvs, group=None):
+        original([(tensor, peer) for (tensor, _), (_, peer) in zip(sends, reversed(sends))], recvs, group)
+
+    specs._exchange = mismatched
+    try:
+        (result,) = harness.measure_all([Job("all_to_all", 1002 * 4, algorithms=(specs.P2P_FLOOR,),
+                                             iters=1, warmup=0)])
+    finally:
+        specs._exchange = original
+    return result["variants"][OUT_OF_PLACE][specs.P2P_FLOOR]["wrong"]
 
 
 def test_the_floor_runs_with_ring_bound_collectives():
