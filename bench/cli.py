@@ -20,11 +20,11 @@ import re
 import sys
 from typing import List, Optional, Sequence
 
-from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, apply_floor, failed_rows, floor_of, import_module,
-                      job_numel, measure, summarize)
+from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, failed_rows, import_module, job_numel, measure,
+                      summarize)
 from .report import (LEGEND, avg_bus_bandwidth, machine_info, plot, summary_lines, table_header, table_lines,
                      write_csv, write_json)
-from .specs import FLOOR_FAMILIES, IN_PLACE, OUT_OF_PLACE, P2P_FLOOR, SENDRECV, SPECS, available, family_of
+from .specs import IN_PLACE, OUT_OF_PLACE, P2P_FLOOR, SPECS, available, family_of
 from .tune import tuning_rows, write_tuning
 
 class OptionError(ValueError):
@@ -227,9 +227,6 @@ def make_jobs(options, catalogue: dict, world: int, imports: tuple = ()) -> List
     dtype = DTYPES[options.datatype]
     floating = dtype.startswith(("float", "bfloat"))
     chosen = choose_collectives(options.collective, catalogue)
-    if SENDRECV in catalogue and SENDRECV not in chosen and world > 1 and \
-            any(SPECS[name].family in FLOOR_FAMILIES for name in chosen):
-        chosen.insert(0, SENDRECV)      # the point-to-point floor of the ring-bound collectives, first
     if options.algorithms:
         known = {a for name in chosen for a in catalogue[name]} | {"auto", BUILTIN, P2P_FLOOR}
         unknown = [a.strip() for a in options.algorithms.split(",") if a.strip() and a.strip() not in known]
@@ -246,8 +243,8 @@ def make_jobs(options, catalogue: dict, world: int, imports: tuple = ()) -> List
             algorithms, variants = (OURS,), spec.variants
         else:
             algorithms = tuple(choose_algorithms(options.algorithms, catalogue[name]))
-            if spec.floor is not None and world > 1:
-                algorithms += (P2P_FLOOR,)      # its own messages by bare P2P, beside the built-in
+            if spec.has_floor and world > 1:
+                algorithms += (P2P_FLOOR,)      # bare P2P in the same rounds (see specs.P2P_FLOOR)
             variants = spec.variants if options.variant == "both" else \
                 tuple(v for v in spec.variants if v == options.variant)
         if not variants:
@@ -348,7 +345,6 @@ def run(options, cluster=None):
         with bar_type(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
                   dynamic_ncols=True) as bar:
             broken = set()
-            floors: dict = {}       # requested size -> the sendrecv floor's busbw in this run
             for index, job in enumerate(jobs):
                 bar.set_description(f"{job.collective} {job.size} B")
                 new: List[Row] = []
@@ -363,10 +359,6 @@ def run(options, cluster=None):
                     if not cluster.alive:
                         cluster.close()
                         cluster = start()
-                if job.collective == SENDRECV:
-                    floors[job.size] = floor_of(new)
-                else:
-                    apply_floor(new, floors.get(job.size))
                 rows += new
                 if main_rank:
                     variants = [v for v in job.spec.variants if v in (job.variants or job.spec.variants)]

@@ -16,11 +16,12 @@ For each variant (out-of-place, in-place) it sets the collective up from its spe
 median over rounds; algbw = bytes / time, busbw = algbw × the spec's bus factor, and
 ``vs_builtin`` = time / the built-in's time at the same size in the same run. The spread of the
 rounds is their 10th and 90th percentiles; a row whose own or whose built-in's p90/p10 exceeds
-:data:`NOISY` is flagged ``noisy``. ``floor_pct`` is a ring-bound row's busbw as a percentage of
-the point-to-point floor (sendrecv's busbw, the better contestant's, at the same size and run);
-a collective with a ``p2p-floor`` contestant (all_to_all, scatter, gather: its own messages by bare
-P2P, :data:`~.specs.P2P_FLOOR`) has it on every row instead: that contestant's busbw at the same
-size and run, so the floor's own row reads 100.
+:data:`NOISY` is flagged ``noisy``. A collective with a floor (:data:`~.specs.P2P_FLOOR`) times
+it as one more contestant of every round: its own messages by bare P2P (all_to_all, scatter,
+gather), or the built-in sendrecv of the same bytes on buffers of its own (all_reduce,
+all_gather, reduce_scatter: the wire's ceiling for their rings). ``floor_pct`` is each row's
+busbw as a percentage of the floor row's (whose busbw takes its own spec's bus factor), so the
+floor's own row reads 100 and the percentage compares rounds taken under the same conditions.
 """
 from __future__ import annotations
 
@@ -32,11 +33,11 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Dict, List, Optional, Tuple
 
-from .specs import FLOOR_FAMILIES, P2P_FLOOR, SENDRECV, SPECS, Case, Spec
+from .specs import P2P_FLOOR, SPECS, Case, Spec
 
 BUILTIN = "built-in"
 #: the one contestant of a spec without algorithms (sendrecv): ringcoll's function as it is
@@ -116,19 +117,29 @@ def job_numel(job: Job, world: int) -> int:
     return job.spec.numel(job.size, torch_dtype(job.dtype).itemsize, world)
 
 
-def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
+def _builtin(spec: Spec):
     import torch.distributed as dist
 
+    return spec.builtin or getattr(dist, spec.name)
+
+
+def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
     import ringcoll
 
-    fns = {BUILTIN: spec.builtin or getattr(dist, spec.name)}
+    fns = {BUILTIN: _builtin(spec)}
     ours = getattr(ringcoll, spec.name, None)
     for name in algorithms:
-        if name == P2P_FLOOR and spec.floor is not None:
-            fns[name] = spec.floor
+        if name == P2P_FLOOR and spec.has_floor:
+            fns[name] = spec.floor or _builtin(SPECS[spec.floor_spec])
         else:
             fns[name] = ours if name == OURS else partial(ours, algorithm=name)
     return fns
+
+
+def floor_spec(spec: Spec, name: str) -> Spec:
+    """The spec whose facts (set-up, bus factor) contestant ``name`` of ``spec`` runs under:
+    the floor spec for a ring-bound collective's floor, else ``spec`` itself."""
+    return SPECS[spec.floor_spec] if name == P2P_FLOOR and spec.floor_spec else spec
 
 
 def measure(job: Job) -> dict:
@@ -155,16 +166,26 @@ def measure(job: Job) -> dict:
         for variant in job.variants or spec.variants:
             case = Case(rank, world, numel, dtype, device, job.op if spec.reduces else None,
                         job.root, variant)
-            instance = spec.setup(case)
+            # each contestant's (instance, op): the collective's, or a ring-bound floor's own
+            # buffers of the same bytes
+            setups: Dict[str, tuple] = {}
+            for name in contestants:
+                own = floor_spec(spec, name)
+                if own.name not in setups:
+                    own_case = case if own is spec else replace(case, op=None, variant=own.variants[0])
+                    setups[own.name] = (own.setup(own_case), own_case.op)
+            setup_of = {name: setups[floor_spec(spec, name).name] for name in contestants}
             results = {name: {"times": [], "wrong": None, "error": None} for name in contestants}
 
             if job.check:
-                instance.expected()     # the spec's own errors are not a contestant's
+                for instance, _ in setups.values():
+                    instance.expected()     # the spec's own errors are not a contestant's
             # 1. check (and first call): a contestant that raises anywhere is dropped everywhere
             for name in contestants:
+                instance, op = setup_of[name]
                 try:
                     if job.check:
-                        results[name]["wrong"] = instance.check(fns[name], case.op)
+                        results[name]["wrong"] = instance.check(fns[name], op)
                     else:
                         instance.reset()
                         instance.call(fns[name])
@@ -180,6 +201,7 @@ def measure(job: Job) -> dict:
                     results[name]["error"] = "failed on another rank"
 
             def timed(name: str) -> float:
+                instance = setup_of[name][0]
                 instance.reset()
                 sync()
                 dist.barrier()
@@ -206,7 +228,7 @@ def measure(job: Job) -> dict:
                     if over.item():
                         break
             out["variants"][variant] = results
-            del instance
+            del setups, setup_of, instance
     return out
 
 
@@ -244,7 +266,7 @@ class Row:
     p10_us: Optional[float] = None          # the spread of the rounds
     p90_us: Optional[float] = None
     noisy: bool = False                     # its or the built-in's p90/p10 > NOISY
-    floor_pct: Optional[float] = None       # busbw / sendrecv's busbw, in percent
+    floor_pct: Optional[float] = None       # busbw / the p2p-floor row's busbw, in percent
     iters: int = 0
     error: Optional[str] = None
     times_us: List[float] = field(default_factory=list)     # per round, the slowest rank's
@@ -284,7 +306,8 @@ def summarize(job: Job, per_rank: List[dict]) -> List[Row]:
             wrong = None if any(w is None for w in wrongs) else sum(wrongs)
             rounds = [max(ts) for ts in zip(*(p["times"] for p in per))]   # slowest rank, per round
             seconds = statistics.median(rounds) if rounds else None
-            algbw, busbw = bus_bandwidth(spec, nbytes, seconds, world) if seconds else (None, None)
+            algbw, busbw = bus_bandwidth(floor_spec(spec, name), nbytes, seconds, world) if seconds \
+                else (None, None)
             variant_rows[name] = Row(
                 collective=spec.name, variant=variant, algorithm=name, size=nbytes,
                 count=spec.count(numel, world),
@@ -300,28 +323,11 @@ def summarize(job: Job, per_rank: List[dict]) -> List[Row]:
         for row in variant_rows.values():
             if base is not None and base.time_us and row.time_us:
                 row.vs_builtin = row.time_us / base.time_us
-            if floor is not None and floor.time_us and row.time_us:
-                row.floor_pct = 100.0 * floor.time_us / row.time_us     # = busbw / the floor's
+            if floor is not None and floor.busbw and row.busbw:
+                row.floor_pct = 100.0 * (row.busbw / floor.busbw)
             row.noisy = any((spread(r) or 1.0) > NOISY for r in (row, base) if r is not None)
             rows.append(row)
     return rows
-
-
-def floor_of(rows: List[Row]) -> Optional[float]:
-    """The point-to-point floor from one size's sendrecv rows: the best busbw of the contestants."""
-    measured = [r.busbw for r in rows if r.collective == SENDRECV and r.busbw]
-    return max(measured) if measured else None
-
-
-def apply_floor(rows: List[Row], floor: Optional[float]) -> None:
-    """Sets ``floor_pct`` on the ring-bound rows (all_reduce, all_gather, reduce_scatter) of
-    one size: their busbw as a percentage of the sendrecv floor at that size."""
-    if not floor:
-        return
-    for row in rows:
-        spec = SPECS.get(row.collective)
-        if spec is not None and spec.family in FLOOR_FAMILIES and row.busbw:
-            row.floor_pct = 100.0 * row.busbw / floor
 
 
 def failed_rows(job: Job, world: int, error: BaseException) -> List[Row]:

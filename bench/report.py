@@ -21,8 +21,9 @@ _VAL_W = (11, 15, 8, 8, 7, 12, 7)
 #: the mark of a noisy row in the table, and its legend
 NOISY_MARK = "!"
 LEGEND = (f"# {NOISY_MARK} after vs built-in: this row's or the built-in's p90/p10 exceeds {NOISY:g}x, "
-          f"the ratio is noise-prone; %floor = busbw / sendrecv's busbw at this size (all_to_all, "
-          f"scatter, gather: / the p2p-floor row's, their own messages by bare P2P)")
+          f"the ratio is noise-prone; %floor = busbw / the p2p-floor row's, timed in the same rounds "
+          f"(all_reduce, all_gather, reduce_scatter: sendrecv of the same bytes, the wire's ceiling; "
+          f"all_to_all, scatter, gather: their own blocks by bare P2P)")
 
 
 def variants_of(rows: Sequence[Row]) -> List[str]:

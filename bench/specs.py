@@ -179,6 +179,14 @@ class Spec:
     builtin: Optional[Callable] = None          # the built-in, when it is not torch.distributed.<name>
     #: the collective's own messages by bare point-to-point, same signature (see P2P_FLOOR)
     floor: Optional[Callable] = None
+    #: or: the spec whose built-in is this collective's floor, on its own buffers of the same
+    #: bytes in the same rounds (the ring-bound collectives: SENDRECV, the wire's ceiling)
+    floor_spec: Optional[str] = None
+
+    @property
+    def has_floor(self) -> bool:
+        """Whether its tables have a ``p2p-floor`` contestant (see P2P_FLOOR)."""
+        return self.floor is not None or self.floor_spec is not None
 
     def count(self, numel: int, world: int) -> int:
         """The table's ``count``: the elements of the size buffer, or, as nccl-tests prints
@@ -365,12 +373,15 @@ def builtin_sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=Fa
 # the point-to-point floors: what no algorithm built on send/recv can avoid
 
 
-#: the contestant of a collective whose messages its definition fixes (all_to_all: one block
-#: per pair of ranks; scatter and gather: one per rank and the root): those messages by bare
-#: point-to-point from Python, every one in flight at once, through the same ProcessGroup
-#: send/recv ringcoll's gloo transport calls, with no plan, check or tag of a library. An
-#: algorithm on this transport that sends these blocks as they are cannot beat it by more
-#: than the noise, so its time against the built-in's bounds what such an algorithm can reach.
+#: the floor contestant, timed in the same rounds as the built-in and the algorithms. Of a
+#: collective whose messages its definition fixes (all_to_all: one block per pair of ranks;
+#: scatter and gather: one per rank and the root), those messages by bare point-to-point from
+#: Python, every one in flight at once, through the same ProcessGroup send/recv ringcoll's gloo
+#: transport calls, with no plan, check or tag of a library: an algorithm on this transport
+#: that sends these blocks as they are cannot beat it by more than the noise, so its time
+#: against the built-in's bounds what such an algorithm can reach. Of a ring-bound collective
+#: (all_reduce, all_gather, reduce_scatter): the built-in sendrecv of the same bytes (rank r
+#: to r + 1, nccl-tests' sendrecv_perf), whose busbw is the wire's ceiling for their rings.
 P2P_FLOOR = "p2p-floor"
 
 
@@ -427,19 +438,21 @@ def p2p_gather(tensor, gather_list=None, dst=0, group=None) -> None:
     gather_list[rank].copy_(tensor)
 
 
-#: the point-to-point floor: its busbw is the wire's ceiling for the ring algorithms of these
+#: the point-to-point exchange: its busbw is the wire's ceiling for the ring-bound collectives,
+#: whose floor it is (Spec.floor_spec)
 SENDRECV = "sendrecv"
-FLOOR_FAMILIES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 SPECS: Dict[str, Spec] = {spec.name: spec for spec in (
-    Spec("all_reduce", "all_reduce", _all_reduce_factor, _all_reduce, (IN_PLACE,), reduces=True),
+    Spec("all_reduce", "all_reduce", _all_reduce_factor, _all_reduce, (IN_PLACE,), reduces=True,
+         floor_spec=SENDRECV),
     Spec("broadcast", "broadcast", _one, _broadcast, (IN_PLACE,), rooted=True),
     Spec("reduce", "reduce", _one, _reduce, (IN_PLACE,), reduces=True, rooted=True),
     Spec("all_gather_single", "all_gather", _ring_factor, _all_gather_single,
-         (OUT_OF_PLACE, IN_PLACE), chunked=True, per_rank_count=True),
+         (OUT_OF_PLACE, IN_PLACE), chunked=True, per_rank_count=True, floor_spec=SENDRECV),
     Spec("reduce_scatter_single", "reduce_scatter", _ring_factor, _reduce_scatter_single,
-         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, per_rank_count=True),
+         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, per_rank_count=True,
+         floor_spec=SENDRECV),
     Spec("all_to_all_single", "all_to_all", _ring_factor, _all_to_all_single, chunked=True,
          floor=p2p_all_to_all_single),
     Spec("gather", "gather", _ring_factor, _gather, rooted=True, chunked=True, floor=p2p_gather),
@@ -448,14 +461,16 @@ SPECS: Dict[str, Spec] = {spec.name: spec for spec in (
     Spec(SENDRECV, None, _one, _sendrecv, primary=False, builtin=builtin_sendrecv),
     # the list variants: same facts, tensors in lists
     Spec("all_gather", "all_gather", _ring_factor, _all_gather, chunked=True, primary=False,
-         per_rank_count=True),
+         per_rank_count=True, floor_spec=SENDRECV),
     Spec("reduce_scatter", "reduce_scatter", _ring_factor, _reduce_scatter, reduces=True,
-         chunked=True, primary=False, per_rank_count=True),
+         chunked=True, primary=False, per_rank_count=True, floor_spec=SENDRECV),
     # torch 2.13's deprecated names of all_gather_single and reduce_scatter_single, by name only
     Spec("all_gather_into_tensor", "all_gather", _ring_factor, _all_gather_single,
-         (OUT_OF_PLACE, IN_PLACE), chunked=True, primary=False, per_rank_count=True),
+         (OUT_OF_PLACE, IN_PLACE), chunked=True, primary=False, per_rank_count=True,
+         floor_spec=SENDRECV),
     Spec("reduce_scatter_tensor", "reduce_scatter", _ring_factor, _reduce_scatter_single,
-         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, primary=False, per_rank_count=True),
+         (OUT_OF_PLACE, IN_PLACE), reduces=True, chunked=True, primary=False, per_rank_count=True,
+         floor_spec=SENDRECV),
     Spec("all_to_all", "all_to_all", _ring_factor, _all_to_all, chunked=True, primary=False,
          floor=p2p_all_to_all),
 )}

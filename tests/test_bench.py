@@ -238,7 +238,7 @@ def test_make_jobs():
                                   "--algorithms", "tree,ring"), catalogue, 3)
     reduce_jobs = [j for j in jobs if j.collective == "all_reduce"]
     assert [j.size for j in reduce_jobs] == [4, 8, 16, 32, 64]
-    assert reduce_jobs[0].algorithms == ("tree", "ring")
+    assert reduce_jobs[0].algorithms == ("tree", "ring", specs.P2P_FLOOR)     # its floor always
     # all_gather needs whole chunks: 4 and 8 bytes are under one float32 per rank
     assert [j.size for j in jobs if j.collective == "all_gather_single"] == [16, 32, 64]
     assert [j.size for j in jobs if j.collective == "barrier"] == [0]
@@ -353,11 +353,10 @@ def test_cli_smoke(clusters, tmp_path, capsys):
     rows = data["rows"]
     catalogue = cli.benchmarkable()
     expected = [n for n in catalogue if SPECS[n].primary]
-    assert sorted({r["collective"] for r in rows}) == sorted(expected + [specs.SENDRECV])     # the floor too
-    assert {r["algorithm"] for r in rows if r["collective"] == specs.SENDRECV} == {BUILTIN, harness.OURS}
+    assert sorted({r["collective"] for r in rows}) == sorted(expected)    # the floors are rows of theirs
     for name in expected:
         names = {r["algorithm"] for r in rows if r["collective"] == name}
-        floor = {specs.P2P_FLOOR} if SPECS[name].floor is not None else set()
+        floor = {specs.P2P_FLOOR} if SPECS[name].has_floor else set()
         assert names == {BUILTIN, "auto", *catalogue[name], *floor}, name
         if SPECS[name].sized:
             assert f"{json_name[:-5]}_{name}.png" in files
@@ -367,9 +366,9 @@ def test_cli_smoke(clusters, tmp_path, capsys):
         table = list(csv.DictReader(handle))
     assert len(table) == len(rows) and table[0]["world_size"] == "2"
     assert "vs built-in" in printed and "# all_reduce" in printed and "# Avg bus bandwidth" in printed
-    for r in rows:      # % of floor on the ring-bound and own-floor collectives only, the spread on every row
+    for r in rows:      # % of floor on the collectives with a floor only, the spread on every row
         spec = SPECS[r["collective"]]
-        assert (r["floor_pct"] is not None) == (spec.family in specs.FLOOR_FAMILIES or spec.floor is not None), r
+        assert (r["floor_pct"] is not None) == spec.has_floor, r
         assert r["p10_us"] <= r["time_us"] <= r["p90_us"]
     (tuning,) = [f for f in files if f.endswith("_tuning.csv")]
     with open(out / tuning, newline="") as handle:
@@ -477,36 +476,43 @@ def test_count_is_per_rank_for_all_gather_and_reduce_scatter():
         assert (row.size, row.count) == (1024, count), name
 
 
-def test_floor_goes_on_ring_bound_rows_only():
-    def row(collective, name, busbw):
-        return Row(collective, OUT_OF_PLACE, name, 1024, 256, "float32", "sum", -1, 1.0, busbw, busbw, 0)
+def _per_rank(times: dict, numel: int = 1024, variant: str = OUT_OF_PLACE) -> list:
+    """Four ranks' measure() results of one variant: each contestant's one round."""
+    return [{"numel": numel, "variants": {variant: {name: {"times": [t], "wrong": 0, "error": None}
+                                                    for name, t in times.items()}}}] * 4
 
-    floor = [row(specs.SENDRECV, BUILTIN, 2.0), row(specs.SENDRECV, harness.OURS, 4.0)]
-    assert harness.floor_of(floor) == 4.0                       # the better exchange
-    assert harness.floor_of([]) is None
-    rows = [row("all_reduce", "ring", 3.0), row("all_gather_single", "ring", 1.0),
-            row("reduce_scatter", "ring", 2.0), row("broadcast", "binomial", 3.0)]
-    harness.apply_floor(rows, 4.0)
-    assert [r.floor_pct for r in rows] == [75.0, 25.0, 50.0, None]
-    assert report.table_lines(rows[:1], [OUT_OF_PLACE])[0].split()[-1] == "75.0"
-    assert report.avg_bus_bandwidth(rows[:2] + floor) == \
-        ["# Avg bus bandwidth    : built-in 2.000, ring 2.000, ringcoll 4.000 (GB/s)"]
+
+def test_a_ring_bound_floor_is_sendrecv_of_the_same_bytes_in_the_same_rounds():
+    """all_reduce's p2p-floor row is a sendrecv of the size's bytes: its busbw takes
+    sendrecv's bus factor (1), not all_reduce's (2(p-1)/p), and every row's %floor is its
+    busbw / the floor's; a collective without a floor has no %floor."""
+    job = Job("all_reduce", 4096, algorithms=("ring", specs.P2P_FLOOR), variants=(IN_PLACE,))
+    rows = {r.algorithm: r for r in harness.summarize(job, _per_rank(
+        {BUILTIN: 2e-3, "ring": 3e-3, specs.P2P_FLOOR: 1e-3}, variant=IN_PLACE))}
+    floor = rows[specs.P2P_FLOOR]
+    assert floor.busbw == pytest.approx(floor.algbw) == pytest.approx(4096 / 1e-3 / 1e9)
+    assert rows["ring"].busbw == pytest.approx(4096 / 3e-3 / 1e9 * 1.5)
+    assert rows["ring"].floor_pct == pytest.approx(50.0) and rows[BUILTIN].floor_pct == pytest.approx(75.0)
+    assert floor.floor_pct == 100.0 and floor.vs_builtin == 0.5
+    assert report.table_lines([rows["ring"]], [IN_PLACE])[0].split()[-1] == "50.0"
+    assert tune.fastest(list(rows.values())) == {4096: "ring"}           # never a tuning candidate
+    job = Job("broadcast", 4096, algorithms=("binomial",))
+    assert all(r.floor_pct is None for r in harness.summarize(job, _per_rank(
+        {BUILTIN: 2e-3, "binomial": 3e-3}, variant=IN_PLACE)))
+    for name, spec in SPECS.items():
+        assert (spec.floor_spec == specs.SENDRECV) == (spec.family in ("all_reduce", "all_gather", "reduce_scatter")), name
 
 
 def test_an_own_floor_is_every_rows_percentage_and_never_a_tuning_candidate():
     """all_to_all_single's p2p-floor row: %floor = its time / the row's (100 on itself); the
     tuning table never picks it, even where it is fastest."""
-    def ranks(times):
-        return [{"numel": 1024, "variants": {OUT_OF_PLACE: {name: {"times": [t], "wrong": 0, "error": None}
-                                                           for name, t in times.items()}}}] * 4
     job = Job("all_to_all_single", 4096, algorithms=("linear", specs.P2P_FLOOR), variants=(OUT_OF_PLACE,))
-    rows = {r.algorithm: r for r in harness.summarize(job, ranks({BUILTIN: 2e-3, "linear": 4e-3,
-                                                                  specs.P2P_FLOOR: 1e-3}))}
+    rows = {r.algorithm: r for r in harness.summarize(job, _per_rank({BUILTIN: 2e-3, "linear": 4e-3,
+                                                                      specs.P2P_FLOOR: 1e-3}))}
     assert rows[specs.P2P_FLOOR].floor_pct == 100.0 and rows["linear"].floor_pct == 25.0
     assert rows[BUILTIN].floor_pct == 50.0 and rows[specs.P2P_FLOOR].vs_builtin == 0.5
+    assert rows["linear"].busbw == pytest.approx(4096 / 4e-3 / 1e9 * 0.75)     # its own bus factor
     assert tune.fastest(list(rows.values())) == {4096: "linear"}
-    harness.apply_floor(list(rows.values()), 1.0)        # the sendrecv floor leaves them alone
-    assert rows["linear"].floor_pct == 25.0
 
 
 def test_the_own_floors_move_the_right_blocks(clusters):
@@ -542,17 +548,35 @@ def _swapped_floor_wrong() -> int:
     return result["variants"][OUT_OF_PLACE][specs.P2P_FLOOR]["wrong"]
 
 
-def test_the_floor_runs_with_ring_bound_collectives():
-    catalogue = {"all_reduce": ["ring"], "broadcast": ["binomial"], specs.SENDRECV: [harness.OURS]}
-    jobs = cli.make_jobs(_options("--collective", "broadcast,all_reduce", "-b", "1K", "-e", "4K", "-f", "2",
-                                  "--variant", "in-place"), catalogue, 2)
-    assert [j.collective for j in jobs[:3]] == [specs.SENDRECV] * 3           # first, at every size
-    assert {j.size for j in jobs if j.collective == specs.SENDRECV} == {1024, 2048, 4096}
-    assert all(j.algorithms == (harness.OURS,) for j in jobs[:3])
-    assert not [j for j in cli.make_jobs(_options("--collective", "broadcast"), catalogue, 2)
-                if j.collective == specs.SENDRECV]
-    assert not [j for j in cli.make_jobs(_options("--collective", "all_reduce"), catalogue, 1)   # no wire
-                if j.collective == specs.SENDRECV]
+def test_the_floor_runs_in_the_rounds_of_the_collectives_that_have_one():
+    """Every size of a collective with a floor gets the p2p-floor contestant (no separate
+    sendrecv sweep); one without, or a world of one rank (no wire), gets none; sendrecv's
+    own table still runs when asked for."""
+    catalogue = {"all_reduce": ["ring"], "broadcast": ["binomial"], "scatter": ["linear"],
+                 specs.SENDRECV: [harness.OURS]}
+    jobs = cli.make_jobs(_options("--collective", "broadcast,all_reduce,scatter", "-b", "1K", "-e", "4K",
+                                  "-f", "2"), catalogue, 2)
+    assert [j.collective for j in jobs] == ["broadcast"] * 3 + ["all_reduce"] * 3 + ["scatter"] * 3
+    assert [specs.P2P_FLOOR in j.algorithms for j in jobs] == [False] * 3 + [True] * 6
+    assert not [j for j in cli.make_jobs(_options("--collective", "all_reduce"), catalogue, 1)
+                if specs.P2P_FLOOR in j.algorithms]
+    (job,) = cli.make_jobs(_options("--collective", "sendrecv", "-b", "1K", "-e", "1K"), catalogue, 2)
+    assert job.collective == specs.SENDRECV and job.algorithms == (harness.OURS,)
+
+
+def test_the_ring_bound_floors_move_their_own_bytes(clusters):
+    """At 3 ranks, each ring-bound collective's floor runs sendrecv on buffers of its own (its
+    check: every element from the left neighbour) beside the collective's contestants, whose
+    checks are untouched by it; a size not a whole number of chunks included."""
+    jobs = [Job(name, size, algorithms=("ring", specs.P2P_FLOOR), iters=2, warmup=0)
+            for name in ("all_reduce", "all_gather_single", "reduce_scatter", "all_gather")
+            for size in (12, 1003 * 4)]
+    results = clusters(3).run(harness.measure_all, jobs)
+    for i, job in enumerate(jobs):
+        rows = harness.summarize(job, [r[i] for r in results])
+        assert rows and all(r.wrong == 0 and r.error is None and r.iters == 2 for r in rows), (job, rows)
+        floor = [r for r in rows if r.algorithm == specs.P2P_FLOOR]
+        assert floor and all(r.busbw == r.algbw and r.floor_pct == 100.0 for r in floor), job
 
 
 def test_sendrecv_spec_in_process():
