@@ -22,8 +22,8 @@ from typing import List, Optional, Sequence
 
 from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, failed_rows, import_module, job_numel, measure,
                       summarize)
-from .report import (LEGEND, avg_bus_bandwidth, machine_info, plot, summary_lines, table_header, table_lines,
-                     write_csv, write_json)
+from .report import (LEGEND, avg_bus_bandwidth, machine_info, oversubscribed, plot, summary_lines, table_header,
+                     table_lines, write_csv, write_json)
 from .specs import IN_PLACE, OUT_OF_PLACE, P2P_FLOOR, SPECS, available, family_of
 from .tune import tuning_rows, write_tuning
 
@@ -334,6 +334,8 @@ def run(options, cluster=None):
                     f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
                     f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time",
                     LEGEND]
+        if not cluster.external:            # every rank on this host
+            printed += oversubscribed(world, meta["machine"]["cpu_count"])
         if skipped:
             printed.append(f"# skipped {' and '.join(skipped)}: pip install 'ringcoll[bench]' for them")
         for line in printed:

@@ -26,6 +26,17 @@ LEGEND = (f"# {NOISY_MARK} after vs built-in: this row's or the built-in's p90/p
           f"all_to_all, scatter, gather: their own blocks by bare P2P)")
 
 
+def oversubscribed(world: int, cores: Optional[int]) -> List[str]:
+    """The header's warning when the ranks on this host outnumber its cores: then a rank waits
+    for a core in a share of the rounds, so small sizes' medians, and the ratios between them,
+    flip from run to run (bench/slow_rounds.py measures that share by world size)."""
+    if not cores or world <= cores:
+        return []
+    return [f"# {world} ranks share {cores} cores: in a share of the rounds a rank waits for a core, "
+            f"so at small sizes a median and its ratio can flip from run to run (the '{NOISY_MARK}' rows); "
+            f"python -m ringcoll.bench.slow_rounds measures that share by world size"]
+
+
 def variants_of(rows: Sequence[Row]) -> List[str]:
     seen: List[str] = []
     for row in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import statistics
 
 import pytest
 import torch
@@ -682,3 +683,29 @@ def test_import_of_a_broken_module_names_its_error(tmp_path, registry_restored):
     broken.write_text("raise RuntimeError('the user module fails')\n")
     with pytest.raises(SystemExit, match="--import .*broken_algo.py: cannot import it: RuntimeError: the user"):
         cli.main(["--import", str(broken), "--list"])
+
+
+def test_the_header_warns_when_the_ranks_outnumber_the_cores():
+    assert report.oversubscribed(4, 8) == [] and report.oversubscribed(2, 2) == []
+    assert report.oversubscribed(3, None) == []             # cores unknown: no claim
+    (line,) = report.oversubscribed(4, 2)
+    assert line.startswith("# 4 ranks share 2 cores") and "slow_rounds" in line
+
+
+def test_slow_rounds_script(tmp_path):
+    """``python -m ringcoll.bench.slow_rounds``: every way at the world asked for, each with its
+    rounds, the share of slow ones and the calling thread's CPU; the JSON and the plot written;
+    a world under 2 refused before anything is spawned."""
+    from ringcoll.bench import slow_rounds
+
+    slow_rounds.main(["--worlds", "2", "--rounds", "4", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "slow_rounds.json").read_text())
+    (ways,) = data["results"].values()
+    assert list(data["results"]) == ["2"] and list(ways) == list(slow_rounds.WAYS)
+    for row in ways.values():
+        assert len(row["rounds_us"]) == 4 and 0 <= row["slow_share"] <= 1 and row["cpu_us"] > 0
+        assert row["median_us"] == pytest.approx(statistics.median(row["rounds_us"]))
+    assert (tmp_path / "slow_rounds.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        slow_rounds.main(["--worlds", "1", "--out", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
