@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from .harness import BUILTIN, NOISY, Row
+from .specs import P2P_FLOOR
 
 
 _KEY = ("size(B)", "count", "type", "redop", "root", "algorithm")
@@ -227,9 +228,13 @@ def plot(path: str, collective: str, rows: Sequence[Row], title: str) -> bool:
     variants = variants_of(rows)
     fig, (bw_ax, ratio_ax) = plt.subplots(2, 1, figsize=(8, 8), sharex=True,
                                           gridspec_kw={"height_ratios": [3, 2]})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, name in enumerate(names):
-        color = "black" if name == BUILTIN else colors[i % len(colors)]
+    # the built-in black, the floor grey, every algorithm a colour of its own (tab20 past ten)
+    algorithms = [n for n in names if n not in (BUILTIN, P2P_FLOOR)]
+    palette = plt.get_cmap("tab10" if len(algorithms) <= 10 else "tab20").colors
+    colors = {BUILTIN: "black", P2P_FLOOR: "grey",
+              **{name: palette[i % len(palette)] for i, name in enumerate(algorithms)}}
+    for name in names:
+        color = colors[name]
         for variant in variants:
             line = sorted((r for r in rows if r.algorithm == name and r.variant == variant),
                           key=lambda r: r.size)
