@@ -130,7 +130,7 @@ def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
     ours = getattr(ringcoll, spec.name, None)
     for name in algorithms:
         if name == P2P_FLOOR and spec.has_floor:
-            fns[name] = spec.floor or _builtin(SPECS[spec.floor_spec])
+            fns[name] = spec.floor or _builtin(floor_spec(spec, name))
         else:
             fns[name] = ours if name == OURS else partial(ours, algorithm=name)
     return fns
@@ -166,14 +166,13 @@ def measure(job: Job) -> dict:
         for variant in job.variants or spec.variants:
             case = Case(rank, world, numel, dtype, device, job.op if spec.reduces else None,
                         job.root, variant)
-            # each contestant's (instance, op): the collective's, or a ring-bound floor's own
-            # buffers of the same bytes
-            setups: Dict[str, tuple] = {}
+            # (instance, op) by spec: the collective's, and a ring-bound floor's own buffers of
+            # the same bytes
+            setups: Dict[str, tuple] = {spec.name: (spec.setup(case), case.op)}
             for name in contestants:
                 own = floor_spec(spec, name)
                 if own.name not in setups:
-                    own_case = case if own is spec else replace(case, op=None, variant=own.variants[0])
-                    setups[own.name] = (own.setup(own_case), own_case.op)
+                    setups[own.name] = (own.setup(replace(case, op=None, variant=own.variants[0])), None)
             setup_of = {name: setups[floor_spec(spec, name).name] for name in contestants}
             results = {name: {"times": [], "wrong": None, "error": None} for name in contestants}
 
