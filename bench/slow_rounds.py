@@ -100,7 +100,10 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=300, help="timed rounds per way")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
-    worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    try:
+        worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    except ValueError:
+        worlds = []
     if not worlds or min(worlds) < 2 or args.rounds < 1:
         parser.error(f"--worlds needs sizes >= 2 and --rounds >= 1, got {args.worlds!r} and {args.rounds}")
     os.makedirs(args.out, exist_ok=True)

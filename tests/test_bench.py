@@ -695,7 +695,8 @@ def test_the_header_warns_when_the_ranks_outnumber_the_cores():
 def test_slow_rounds_script(tmp_path):
     """``python -m ringcoll.bench.slow_rounds``: every way at the world asked for, each with its
     rounds, the share of slow ones and the calling thread's CPU; the JSON and the plot written;
-    a world under 2 refused before anything is spawned."""
+    a world under 2, a world that is no number and no rounds refused before anything is
+    spawned."""
     from ringcoll.bench import slow_rounds
 
     slow_rounds.main(["--worlds", "2", "--rounds", "4", "--out", str(tmp_path)])
@@ -706,6 +707,7 @@ def test_slow_rounds_script(tmp_path):
         assert len(row["rounds_us"]) == 4 and 0 <= row["slow_share"] <= 1 and row["cpu_us"] > 0
         assert row["median_us"] == pytest.approx(statistics.median(row["rounds_us"]))
     assert (tmp_path / "slow_rounds.png").stat().st_size > 0
-    with pytest.raises(SystemExit):
-        slow_rounds.main(["--worlds", "1", "--out", str(tmp_path / "none")])
+    for bad in (["--worlds", "1"], ["--worlds", "two"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            slow_rounds.main([*bad, "--out", str(tmp_path / "none")])
     assert not (tmp_path / "none").exists()
