@@ -497,6 +497,11 @@ def test_a_ring_bound_floor_is_sendrecv_of_the_same_bytes_in_the_same_rounds():
     assert floor.floor_pct == 100.0 and floor.vs_builtin == 0.5
     assert report.table_lines([rows["ring"]], [IN_PLACE])[0].split()[-1] == "50.0"
     assert tune.fastest(list(rows.values())) == {4096: "ring"}           # never a tuning candidate
+    def row(name, busbw):
+        return Row("all_reduce", IN_PLACE, name, 1024, 256, "float32", "sum", -1, 1.0, busbw, busbw, 0)
+
+    assert report.avg_bus_bandwidth([row(BUILTIN, 2.0), row("ring", 2.0), row(specs.P2P_FLOOR, 4.0)]) == \
+        ["# Avg bus bandwidth    : built-in 2.000, ring 2.000, p2p-floor 4.000 (GB/s)"]
     job = Job("broadcast", 4096, algorithms=("binomial",))
     assert all(r.floor_pct is None for r in harness.summarize(job, _per_rank(
         {BUILTIN: 2e-3, "binomial": 3e-3}, variant=IN_PLACE)))
