@@ -529,28 +529,6 @@ def test_matches_builtin_on_gloo(clusters, world, local_size):
         assert bits == answers[0][1], f"rank {rank}'s all_reduce results differ in bits from rank 0's"
 
 
-def node_layouts(local_size):
-    import os
-
-    from ringcoll.collectives._common import group_context
-    from ringcoll.topology import node_layout
-
-    ctx = group_context(None)
-    found = {"hostname": node_layout(ctx)}
-    os.environ["RINGCOLL_LOCAL_SIZE"] = str(local_size)
-    found["local size"] = node_layout(ctx)
-    os.environ.pop("RINGCOLL_LOCAL_SIZE")
-    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
-    found["torchrun"] = node_layout(ctx)
-    os.environ.pop("LOCAL_WORLD_SIZE")
-    return found
-
-
-def test_node_layout_sources(clusters):
-    for found in clusters(4).run(node_layouts, 3):
-        assert found == {"hostname": (0, 0, 0, 0), "local size": (0, 0, 0, 1), "torchrun": (0, 0, 0, 1)}
-
-
 def test_bad_local_size_is_refused(plain_env):
     plain_env.setenv("RINGCOLL_LOCAL_SIZE", "two")
     with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got 'two'"):

@@ -19,7 +19,7 @@ from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
 from ..schedule import Layout
 from ..selection import choose, segment_elements
-from ..topology import node_layout
+from ..topology import context_layout, describe_layout
 from ..work import submit
 
 log = logging.getLogger("ringcoll")
@@ -117,7 +117,7 @@ def group_context(group) -> Context:
 #: the environment a plan depends on (the algorithm ``auto`` picks, the segment, the node
 #: layout): a plan is reused only under the values it was built with
 PLAN_ENV = ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_SEGMENT",
-            "RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+            "RINGCOLL_LOCAL_SIZE", "GROUP_RANK")
 
 def _env_plans() -> int:
     value = os.environ.get("RINGCOLL_PERSISTENT_PLANS", "").strip() or "16"
@@ -405,7 +405,10 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
         layout = Layout(layout.numel, {**layout.params,
                                        "segment": segment_elements(collective, algorithm.name, element_size)})
     if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
-        layout = Layout(layout.numel, {**layout.params, "nodes": node_layout(ctx)})
+        # the group's agreed layout (exchanged at its first node-aware call), named in the log
+        nodes, source = context_layout(ctx, next(iter(buffers.values())).device)
+        layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
+        why = f"{why}; {describe_layout(nodes)} from {source}"
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
                 result=result, describe=describe_as, seq=ctx.seq, why=why)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
