@@ -202,19 +202,30 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.parametrize("per_node,layout", [((3, 1), [0, 0, 0, 1]), ((2, 1, 1), [0, 0, 1, 2])])
-def test_uneven_nodes_under_torchrun(tmp_path, per_node, layout):
-    """One torchrun launch per emulated node (static rendezvous: ``--node-rank`` is the node's
-    GROUP_RANK), each with its own ``--nproc-per-node``; every rank checks every node-aware
-    algorithm and auto against the built-ins (tests/nodes_rank.py) and reports its layout."""
+@pytest.mark.parametrize("per_node,rendezvous,layouts", [
+    ((3, 1), "static", [[0, 0, 0, 1]]),
+    ((2, 1, 1), "static", [[0, 0, 1, 2]]),
+    # c10d numbers the nodes in the order they join: the 3-rank node first or second
+    ((3, 1), "c10d", [[0, 0, 0, 1], [0, 1, 1, 1]]),
+])
+def test_uneven_nodes_under_torchrun(tmp_path, per_node, rendezvous, layouts):
+    """One torchrun launch per emulated node, each with its own ``--nproc-per-node`` (a
+    static rendezvous, where ``--node-rank`` is the node's GROUP_RANK, or c10d's); every rank
+    checks every node-aware algorithm and auto against the built-ins (tests/nodes_rank.py)
+    and reports its layout, the same on every rank."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "RINGCOLL_ALGO")}
     env.update(RINGCOLL_TIMEOUT="15", OMP_NUM_THREADS="1")
     port = _free_port()
+
+    def where(node: int) -> list:
+        if rendezvous == "static":
+            return ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name]
+
     launches = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(per_node)), "--node-rank", str(node),
-         "--nproc-per-node", str(count), "--master-addr", "127.0.0.1", "--master-port", str(port),
-         os.path.join(HERE, "nodes_rank.py"), str(tmp_path)],
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(per_node)), *where(node),
+         "--nproc-per-node", str(count), os.path.join(HERE, "nodes_rank.py"), str(tmp_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node, count in enumerate(per_node)]
     deadline = time.monotonic() + 90
@@ -228,8 +239,9 @@ def test_uneven_nodes_under_torchrun(tmp_path, per_node, layout):
     world = sum(per_node)
     reports = [tmp_path / f"rank{rank}.json" for rank in range(world)]
     assert all(r.exists() for r in reports), "\n".join(log[-3000:] for log in logs)
-    for rank, report in enumerate(reports):
-        found = json.loads(report.read_text())
-        assert found["problems"] == [], f"rank {rank}: {found['problems'][:4]}"
-        assert (found["layout"], found["source"]) == (layout, "torchrun's GROUP_RANK"), rank
+    found = [json.loads(report.read_text()) for report in reports]
+    for rank, mine in enumerate(found):
+        assert mine["problems"] == [], f"rank {rank}: {mine['problems'][:4]}"
+        assert mine["layout"] in layouts and mine["source"] == "torchrun's GROUP_RANK", (rank, mine)
+        assert mine["layout"] == found[0]["layout"], f"rank {rank} disagrees with rank 0: {mine['layout']}"
     assert all(launch.returncode == 0 for launch in launches), "\n".join(log[-3000:] for log in logs)
