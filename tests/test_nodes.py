@@ -245,3 +245,44 @@ def test_uneven_nodes_under_torchrun(tmp_path, per_node, rendezvous, layouts):
         assert mine["layout"] in layouts and mine["source"] == "torchrun's GROUP_RANK", (rank, mine)
         assert mine["layout"] == found[0]["layout"], f"rank {rank} disagrees with rank 0: {mine['layout']}"
     assert all(launch.returncode == 0 for launch in launches), "\n".join(log[-3000:] for log in logs)
+
+
+def exchange_behind_queued_calls():
+    """The layout exchange of a fresh group's first hierarchical call runs in call order: after
+    an async call still queued on the default group; and from inside a queued call (a
+    ringcoll-backend group's sparse all_reduce builds its all_gather plans on the queue's
+    worker thread), inline. Each rank's results and layouts."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.environ["GROUP_RANK"] = str(rank // 2)
+    group = dist.new_group(list(range(world)))
+    sparse_group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(all_gather="hierarchical"))
+    try:
+        first = torch.full((3000,), rank + 1, dtype=torch.int64)
+        second = torch.arange(7, dtype=torch.int64) + rank
+        pending = ringcoll.all_reduce(first, algorithm="ring", async_op=True)
+        last = ringcoll.all_reduce(second, group=group, algorithm="hierarchical", async_op=True)
+        pending.wait()
+        last.wait()
+        sparse = torch.sparse_coo_tensor([[rank, world]], [rank + 1, 10], (world + 1,))
+        dist.all_reduce(sparse, group=sparse_group)
+        # what the calls themselves agreed on, cached on each group's executor
+        found = (first[:2].tolist(), second.tolist(), sparse.to_dense().tolist(),
+                 group_executor_of(group).node_layout[1:],
+                 sparse_group.executor(torch.device("cpu")).node_layout[1:])
+    finally:
+        os.environ.pop("GROUP_RANK")
+        dist.destroy_process_group(sparse_group)
+        dist.destroy_process_group(group)
+    return found
+
+
+def group_executor_of(group):
+    from ringcoll.collectives._common import group_executor
+
+    return group_executor(group)
+
+
+def test_exchange_runs_in_call_order(clusters):
+    nodes = ((0, 0, 1), "torchrun's GROUP_RANK")
+    for rank, found in enumerate(clusters(3).run(exchange_behind_queued_calls)):
+        assert found == ([6, 6], [3 * i + 3 for i in range(7)], [1, 2, 3, 30], nodes, nodes), rank
