@@ -17,9 +17,10 @@ add it, for schedules marked with :func:`needs_nodes` only, from the first of:
 from __future__ import annotations
 
 import collections
-import os
 import socket
 from typing import Callable, Optional, Sequence, Tuple
+
+from .config import settings
 
 Nodes = Tuple[int, ...]
 
@@ -62,26 +63,9 @@ def model_local_size(nodes: Optional[Nodes]) -> Optional[int]:
     return size if not sizes and last <= size else None
 
 
-def _env_local_size(name: str) -> Optional[int]:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        size = int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
-    if size < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return size
-
-
 def local_size_from_env() -> Optional[int]:
     """Ranks per node from RINGCOLL_LOCAL_SIZE, else torchrun's LOCAL_WORLD_SIZE, else None."""
-    for name in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
-        size = _env_local_size(name)
-        if size is not None:
-            return size
-    return None
+    return settings().local_size
 
 
 def node_layout(ctx) -> Nodes:
