@@ -311,7 +311,7 @@ NAMES = tuple(variable.name for variable in VARIABLES)
 #: level (DETAIL switches check mode on)
 OTHER_NAMES = ("LOCAL_WORLD_SIZE", "TORCH_DISTRIBUTED_DEBUG")
 _READ = NAMES + OTHER_NAMES
-_FILES = tuple(_READ.index(name) for name in ("RINGCOLL_MACHINE", "RINGCOLL_TUNING"))
+_FILES = _MACHINE, _TUNING = tuple(_READ.index(name) for name in ("RINGCOLL_MACHINE", "RINGCOLL_TUNING"))
 
 
 def parse(environ: Mapping[str, str]) -> Settings:
@@ -352,19 +352,15 @@ def parse(environ: Mapping[str, str]) -> Settings:
 #: through the Mapping would cost more than the rest of a reused call's checks
 _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_KEYS = tuple(os.environ.encodekey(name) for name in _READ) if hasattr(os.environ, "encodekey") else None
+_ENV_GET = _ENV_DATA.get if _ENV_DATA is not None and _ENV_KEYS is not None else None
 _CACHE_SIZE = 64
 _cache: Dict[tuple, Settings] = {}
 _applied: Optional[Settings] = None
 
 
-def _raw() -> tuple:
-    """The raw values of every variable read, the modification times of the files
-    RINGCOLL_MACHINE and RINGCOLL_TUNING name, and the registry's version (RINGCOLL_ALGO and
-    the tuning table are checked against it)."""
-    if _ENV_DATA is not None and _ENV_KEYS is not None:
-        values = tuple(map(_ENV_DATA.get, _ENV_KEYS))
-    else:
-        values = tuple(map(os.environ.get, _READ))
+def _stamps(values: tuple) -> tuple:
+    """The modification times of the files RINGCOLL_MACHINE and RINGCOLL_TUNING name (None
+    where a file cannot be read: parsing then says so)."""
     stamps = []
     for index in _FILES:
         path = values[index]
@@ -373,14 +369,24 @@ def _raw() -> tuple:
                 stamps.append(os.stat(path.strip()).st_mtime_ns)
             except OSError:
                 stamps.append(None)
-    return values + tuple(stamps) + (registry.version,)
+    return tuple(stamps)
 
 
 def settings() -> Settings:
     """The Settings of the environment now (see the module docstring); ValueError naming the
-    variable, its value and what it accepts when one is bad. Cheap on a repeated call: the
-    same raw environment gives the same object without parsing."""
-    raw = _raw()
+    variable, its value and what it accepts when one is bad. Cheap on a repeated call (about
+    a microsecond): the raw values of every variable read (from os.environ's own dict), the
+    modification times of the files RINGCOLL_MACHINE and RINGCOLL_TUNING name and the
+    registry's version (RINGCOLL_ALGO and the tuning table are checked against it) find the
+    Settings parsed for exactly those, without parsing."""
+    if _ENV_GET is not None:
+        values = tuple(map(_ENV_GET, _ENV_KEYS))
+    else:
+        values = tuple(map(os.environ.get, _READ))
+    if values[_MACHINE] is None and values[_TUNING] is None:
+        raw = (values, registry.version)
+    else:
+        raw = (values, registry.version, _stamps(values))
     found = _cache.get(raw)
     if found is None:
         found = parse(os.environ)
