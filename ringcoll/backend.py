@@ -22,7 +22,6 @@ group; otherwise ``RINGCOLL_ALGO`` and the ``auto`` table choose, as for the dro
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 from typing import Dict, List, Optional, Sequence
 
@@ -30,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from . import registry
+from .config import settings
 from .collectives._common import BUILDERS, Context, as_real
 from .executor import P2PExecutor, get_timeout
 from .machine import Machine
@@ -195,9 +195,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     # -- routing by device -------------------------------------------------------------------
     def _cuda_transport(self) -> str:
-        wanted = os.environ.get("RINGCOLL_CUDA_TRANSPORT", "nccl").strip().lower()
-        if wanted not in ("nccl", "gloo"):
-            raise ValueError(f"RINGCOLL_CUDA_TRANSPORT must be 'nccl' or 'gloo', got {wanted!r}")
+        wanted = settings().cuda_transport
         return "nccl" if wanted == "nccl" and dist.is_nccl_available() else "gloo"
 
     def executor(self, device: torch.device) -> P2PExecutor:
@@ -418,7 +416,10 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
 
 def create(opts, pg_options=None) -> ProcessGroupRingcoll:
-    """The creator torch calls (``extended_api=True``) for every ringcoll group."""
+    """The creator torch calls (``extended_api=True``) for every ringcoll group. Every
+    RINGCOLL_* setting is checked first, so a bad one fails ``init_process_group`` naming
+    the variable, not a later call."""
+    settings()
     return ProcessGroupRingcoll(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                                 options=pg_options, global_ranks=list(opts.global_ranks_in_group or []))
 

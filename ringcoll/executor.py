@@ -31,7 +31,6 @@ that could meet leftovers. Timeouts: a call's ``timeout=`` (barrier), else ``set
 """
 from __future__ import annotations
 
-import os
 import struct
 import time
 import weakref
@@ -44,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from . import registry
+from .config import settings
 from .local import resolve_local, run_resolved
 from .plan import Plan
 from .schedule import Layout, Recv, Reduce, Send, extents
@@ -67,19 +67,14 @@ DEFAULT_TIMEOUT = timedelta(minutes=30).total_seconds()
 _RANK_VARYING = frozenset({"all_to_all"})
 
 
-def _env_timeout() -> Optional[float]:
-    value = os.environ.get("RINGCOLL_TIMEOUT", "").strip()
-    return float(value) if value else None
-
-
-_timeout_override: Optional[float] = _env_timeout()
+_timeout_override: Optional[float] = None
 
 
 def set_timeout(seconds: Optional[float]) -> None:
-    """Override how long one step of any ringcoll call may wait for its peers (the
-    ``RINGCOLL_TIMEOUT`` environment variable sets it at import); ``None`` goes back to each
-    group's own timeout (given to ``init_process_group``/``new_group``, torch's default
-    otherwise)."""
+    """Override how long one step of any ringcoll call may wait for its peers (it wins over
+    the ``RINGCOLL_TIMEOUT`` environment variable); ``None`` goes back to RINGCOLL_TIMEOUT,
+    else each group's own timeout (given to ``init_process_group``/``new_group``, torch's
+    default otherwise)."""
     global _timeout_override
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                 or seconds <= 0):
@@ -88,8 +83,9 @@ def set_timeout(seconds: Optional[float]) -> None:
 
 
 def get_timeout() -> Optional[float]:
-    """The override of :func:`set_timeout`, or None when groups' own timeouts apply."""
-    return _timeout_override
+    """The override of :func:`set_timeout`, else RINGCOLL_TIMEOUT's, or None when groups'
+    own timeouts apply."""
+    return _timeout_override if _timeout_override is not None else settings().timeout
 
 
 def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
@@ -187,8 +183,7 @@ def call_tag(seq: int, print_: Tuple) -> int:
 
 
 def _check_enabled() -> bool:
-    return (os.environ.get("RINGCOLL_CHECK", "0").strip() not in ("", "0")
-            or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL")
+    return settings().check
 
 
 def _device_backends(backend: str) -> Dict[str, str]:
@@ -229,10 +224,8 @@ class P2PExecutor:
         self.rank, self.world = rank, world
         self.backend = str(backend).lower()
         self.device_backends = _device_backends(config)
-        self.window = int(os.environ.get("RINGCOLL_WINDOW", DEFAULT_WINDOW))
-        self.transport_mode = os.environ.get("RINGCOLL_TRANSPORT", "auto").strip().lower() or "auto"
-        if self.transport_mode not in ("auto", "host", "batched"):
-            raise ValueError(f"RINGCOLL_TRANSPORT must be one of auto, host, batched, got {self.transport_mode!r}")
+        self.window = settings().window or DEFAULT_WINDOW
+        self.transport_mode = settings().transport
         self.check = _check_enabled()
         self.failure: Optional[BaseException] = None
         self._seq = 0
@@ -297,12 +290,14 @@ class P2PExecutor:
         return transport
 
     def timeout(self, plan: Plan, of_group: Optional[float] = None) -> float:
-        """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's, else the
+        """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's or
+        RINGCOLL_TIMEOUT's, else the
         group's (``of_group`` when already known: a prepared plan's)."""
         if plan.timeout is not None:
             return plan.timeout
-        if _timeout_override is not None:
-            return _timeout_override
+        override = get_timeout()
+        if override is not None:
+            return override
         return of_group if of_group is not None else group_timeout(self.group, plan.device)
 
     # -- buffers -----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import registry
+from .config import configure_logging, settings  # noqa: F401 - configure_logging: ringcoll's own
 from .machine import Machine
 from .topology import model_local_size
 
@@ -186,35 +187,9 @@ RULES = (
 
 
 def _override(collective: str) -> Optional[str]:
-    """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any. A setting that names
-    no algorithm of any collective (a typo such as ``rign``), an unknown collective or an
-    algorithm the named collective lacks is a ValueError naming the valid names: a silent
-    fall-back to ``auto`` would hide that the setting does nothing."""
-    setting = os.environ.get("RINGCOLL_ALGO", "").strip()
-    if not setting:
-        return None
-    table = registry.algorithms()
-    known = sorted({name for names in table.values() for name in names})
-    chosen = None
-    for entry in setting.split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        if "=" in entry:
-            coll, name = (part.strip() for part in entry.split("=", 1))
-            if coll not in table:
-                raise ValueError(f"RINGCOLL_ALGO={setting!r} names the collective {coll!r}; the collectives "
-                                 f"are {sorted(table)}")
-            if name not in table[coll]:
-                raise ValueError(f"RINGCOLL_ALGO={setting!r} names {coll}={name!r}; {coll} has {table[coll]}")
-            if coll == collective and chosen is None:
-                chosen = name
-        elif entry not in known:
-            raise ValueError(f"RINGCOLL_ALGO={setting!r} names {entry!r}, which no collective has; the "
-                             f"algorithms are {known} (or collective=name, comma-separated)")
-        elif entry in table[collective] and chosen is None:
-            chosen = entry
-    return chosen
+    """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any (checked by
+    :func:`ringcoll.config.parse_algo`: a typo is a ValueError naming the valid names)."""
+    return settings().algo.get(collective)
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
@@ -314,7 +289,7 @@ def load_tuning(path: str) -> tuple:
 def tuning_choice(collective: str, nbytes: int, world: int, names) -> Optional[tuple[str, str]]:
     """The first row of the RINGCOLL_TUNING table for this collective, world and size whose
     algorithm the call can run, or None (no table, or no row covers the call)."""
-    path = os.environ.get("RINGCOLL_TUNING", "").strip()
+    path = settings().tuning
     if not path:
         return None
     for row in load_tuning(path):
@@ -352,7 +327,7 @@ def machine(given: Optional[Machine] = None) -> tuple[Machine, str]:
         if not isinstance(given, Machine):
             raise TypeError(f"machine must be a ringcoll.Machine, got {type(given).__name__}")
         return given, "given machine"
-    path = os.environ.get("RINGCOLL_MACHINE", "").strip()
+    path = settings().machine
     if not path:
         return DEFAULT_MACHINE, "default machine"
     try:
@@ -409,16 +384,6 @@ def model_choice(collective: str, nbytes: int, world: int, names,
     return best, f"auto: model ({source}): {best} {best_time * 1e6:.3g} us{runner_up}"
 
 
-def configure_logging() -> None:
-    """``RINGCOLL_DEBUG=INFO`` (or DEBUG, WARNING ...) logs each call's choice to stderr."""
-    level = os.environ.get("RINGCOLL_DEBUG")
-    if level and not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("ringcoll %(levelname)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(level.upper())
-
-
 # -- segment sizes of the pipelined algorithms ------------------------------------------
 
 @dataclass(frozen=True)
@@ -446,9 +411,9 @@ DEFAULT_SEGMENT_BYTES = 1 * MiB
 def segment_bytes(collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:
     """The segment, in bytes, that ``collective``/``algorithm`` pipelines over: the
     ``RINGCOLL_SEGMENT`` environment variable (bytes), else the table, else the default."""
-    forced = os.environ.get("RINGCOLL_SEGMENT")
+    forced = settings().segment
     if forced:
-        return max(1, int(forced))
+        return forced
     return next((rule.segment_bytes for rule in SEGMENTS
                  if rule.collective == collective and rule.algorithm == algorithm),
                 DEFAULT_SEGMENT_BYTES)

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import socket
 import struct
 import threading
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+from . import config
+from .config import settings
 
 Nodes = Tuple[int, ...]
 
@@ -95,27 +97,22 @@ def describe_layout(nodes: Nodes) -> str:
 
 # -- this rank's settings: the one place the layout reads the environment --------------------
 def _settings() -> Tuple[str, str]:
-    """This rank's raw ``RINGCOLL_LOCAL_SIZE`` and torchrun's ``GROUP_RANK`` ("" when unset)."""
-    return (os.environ.get("RINGCOLL_LOCAL_SIZE", "").strip(), os.environ.get("GROUP_RANK", "").strip())
+    """This rank's ``RINGCOLL_LOCAL_SIZE`` and torchrun's ``GROUP_RANK`` as text ("" when
+    unset), checked by :mod:`ringcoll.config`."""
+    current = settings()
+    return ("" if current.local_size is None else str(current.local_size), current.group_rank)
 
 
 def parse_local_size(value: str) -> int:
-    """``RINGCOLL_LOCAL_SIZE``'s value as a positive int; ValueError naming the variable."""
-    try:
-        size = int(value)
-    except ValueError:
-        raise ValueError(f"RINGCOLL_LOCAL_SIZE must be a positive integer, got {value!r}") from None
-    if size < 1:
-        raise ValueError(f"RINGCOLL_LOCAL_SIZE must be a positive integer, got {value!r}")
-    return size
+    """A gathered ``RINGCOLL_LOCAL_SIZE`` (checked on its own rank) as a positive int."""
+    return config.parse_local_size("RINGCOLL_LOCAL_SIZE", value)
 
 
 def local_size_from_env() -> Optional[int]:
     """Ranks per node from this process's RINGCOLL_LOCAL_SIZE, else None (never torchrun's
     LOCAL_WORLD_SIZE: a per-node count, not every node's). The simulator and the node-aware
     cost models read it; a process group's layout is agreed by exchange (:func:`group_layout`)."""
-    value = _settings()[0]
-    return parse_local_size(value) if value else None
+    return settings().local_size
 
 
 # -- the agreed layout of a process group ------------------------------------------------------
