@@ -150,10 +150,14 @@ def test_values_parsed_and_followed_between_calls(clean_env):
     assert second is not first and second.segment == 8192
     from ringcoll.selection import segment_bytes
     assert segment_bytes("all_reduce", "ring") == 8192
-    clean_env.setenv("LOCAL_WORLD_SIZE", "2")
-    assert config.settings().local_size == 2
-    clean_env.setenv("RINGCOLL_LOCAL_SIZE", "3")                 # ringcoll's own wins
-    assert config.settings().local_size == 3
+    clean_env.setenv("LOCAL_WORLD_SIZE", "2")      # one node's count: never read as every node's
+    assert config.settings().local_size is None
+    clean_env.setenv("RINGCOLL_LOCAL_SIZE", "3")
+    clean_env.setenv("GROUP_RANK", "1")
+    assert (config.settings().local_size, config.settings().group_rank) == (3, "1")
+    clean_env.setenv("GROUP_RANK", "node1")
+    with pytest.raises(ValueError, match="GROUP_RANK='node1'.*integer >= 0"):
+        config.settings()
 
 
 def test_import_never_fails_on_a_bad_value(clean_env):
