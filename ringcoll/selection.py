@@ -25,14 +25,31 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import registry
 from .machine import Machine
-from .topology import model_local_size
+from .topology import even_nodes, local_size_from_env, model_local_size, node_layout
 
 log = logging.getLogger("ringcoll")
+
+
+class _ModelRunsFilter(logging.Filter):
+    """Drops the log lines of the model's own simulations (each plan built logs its choice at
+    INFO), in the thread running them only: RINGCOLL_DEBUG=INFO shows the user's calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.state = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.state, "modelling", False)
+
+
+_model_runs = _ModelRunsFilter()
+log.addFilter(_model_runs)
 
 
 def _any_world(world: int) -> bool:
@@ -219,14 +236,17 @@ def _override(collective: str) -> Optional[str]:
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
            exclude: tuple = (), machine: Optional[Machine] = None,
-           nodes: Optional[tuple] = None) -> tuple[str, str]:
+           nodes=None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
-    else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
-    where that rule was measured, else the least modelled time (:func:`model_choice`).
-    ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
-    is the call's for the model (its group's ``Options(machine=...)``, or simulate's), and
-    ``nodes`` each rank's node, whose size its node-aware costs take (simulate's nodes; None:
-    the environment's; read only when the model decides). The reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
+    else ``auto``: the tuning table (RINGCOLL_TUNING); then, on a group that has a machine
+    (``machine``: its ``Options(machine=...)`` or simulate's; else RINGCOLL_MACHINE), the
+    least simulated time on that machine (:func:`model_choice`); without one, the first
+    matching rule of RULES where that rule was measured, else the least simulated time on
+    :data:`DEFAULT_MACHINE`. ``auto`` never picks a name in ``exclude`` (algorithms this call
+    cannot run). ``nodes``: each rank's node, as the node-aware schedules will see it, or a
+    function giving it (read only when the model decides; None: the machine's nodes, else
+    the environment's). The reason names the source that decided, for
+    ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -235,18 +255,48 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     forced = _override(collective)
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
+    name, why = _auto(collective, nbytes, world, exclude, machine, nodes)
+    return name, _unforced(collective, forced) + why
+
+
+def _unforced(collective: str, forced: Optional[str]) -> str:
+    """What the log says when RINGCOLL_ALGO is set but does not decide this call: a setting
+    such as ``ring`` leaves every collective without a ring at ``auto``, which a user reading
+    the log would otherwise take for the override having no effect at all."""
+    setting = os.environ.get("RINGCOLL_ALGO", "").strip()
+    if not setting:
+        return ""
+    if forced is not None:
+        return f"RINGCOLL_ALGO={setting} names {forced}, which this call cannot run; "
+    return f"RINGCOLL_ALGO={setting} names no algorithm of {collective}; "
+
+
+def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optional[Machine],
+          nodes) -> tuple[str, str]:
+    """``auto``'s choice after the override: the sources of the module docstring, in order."""
     names = [name for name in registry.algorithms(collective) if name not in exclude]
     tuned = tuning_choice(collective, nbytes, world, names)
     if tuned is not None:
         return tuned
-    for rule in RULES:
-        if rule.collective == collective and rule.world(world) and (
-                rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
-            if rule.measured_upto is not None and world <= rule.measured_upto:
-                return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
-                                       f"{rule.evidence.split(';')[0]}"
-            break           # the rule that would decide was not measured here: the model does
-    return model_choice(collective, nbytes, world, names, machine, model_local_size(nodes))
+    on, source = machine(given)
+    if source == "default machine":
+        # no machine given: the rules measured on this host decide where they were measured
+        for rule in RULES:
+            if rule.collective == collective and rule.world(world) and (
+                    rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
+                if rule.measured_upto is not None and world <= rule.measured_upto:
+                    return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
+                                           f"{rule.evidence.split(';')[0]}"
+                break       # the rule that would decide was not measured here: the model does
+    return model_choice(collective, nbytes, world, names, given, nodes)
+
+
+def group_nodes(ctx) -> tuple:
+    """The node of every rank of ``ctx``'s group, as its node-aware schedules will see it
+    (simulate's ``local_size``, RINGCOLL_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, the
+    hostnames): the one place ``auto`` asks, so that the source of the layout can change
+    (an agreed ``topology.group_layout``) without touching the model."""
+    return node_layout(ctx)
 
 
 # -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------
@@ -379,34 +429,109 @@ def _model_bytes(collective: str, nbytes: int, world: int) -> int:
     return nbytes * world if collective == "all_to_all" else nbytes
 
 
+#: the largest world whose candidates the model simulates; beyond it their closed forms
+#: serve (at the machine's slowest link, ringcoll.Cost.on), as in the study's sweeps: a cold
+#: decision at p = 64 simulates ~10 algorithms in ~0.3 s on this 2-core host, at p = 256 ~5 s
+SIMULATE_UP_TO = 64
+
+#: significant bits a size band keeps: bands of a quarter octave (1, 1.25, 1.5, 1.75 × 2^k)
+BAND_BITS = 3
+
+_simulated: dict = {}
+
+
+def size_band(nbytes: int) -> int:
+    """The size the model simulates for ``nbytes``: ``nbytes`` with all but its
+    :data:`BAND_BITS` leading bits cleared (powers of two and sizes below 2^BAND_BITS stay
+    exact), so every size of a quarter-octave band shares one cached decision."""
+    drop = max(0, nbytes.bit_length() - BAND_BITS)
+    return nbytes >> drop << drop
+
+
+def model_nodes(world: int, on: Machine, nodes=None) -> Optional[tuple]:
+    """The node layout the model simulates the node-aware candidates with: ``nodes`` (a
+    tuple, or a function giving one: the group's layout), else the machine's own nodes,
+    else RINGCOLL_LOCAL_SIZE's / LOCAL_WORLD_SIZE's nodes, else None (one node)."""
+    if callable(nodes):
+        nodes = nodes()
+    if nodes is not None:
+        nodes = tuple(nodes)
+        if len(nodes) != world:
+            raise ValueError(f"nodes must give the node of each of the {world} ranks, got {len(nodes)}")
+        return nodes
+    if not on.flat:
+        return on.nodes(world)
+    size = local_size_from_env()
+    return even_nodes(world, size) if size is not None else None
+
+
+def _simulated_time(collective: str, name: str, world: int, n: int, on: Machine,
+                    nodes: Optional[tuple]) -> float:
+    """Seconds of ``collective``/``name`` on ``on``: the simulator's cost-only run of n
+    bytes (one-byte elements: the bytes, segments included, are the call's) from root 0."""
+    import torch
+
+    from .simulate import BUILDER_OF, simulate
+
+    state = _model_runs.state
+    outer, state.modelling = getattr(state, "modelling", False), True
+    try:
+        sim = simulate(BUILDER_OF.get(collective, collective), name, world, numel=n, dtype=torch.uint8,
+                       data=False, record=False, machine=on, local_size=nodes)
+    finally:
+        state.modelling = outer
+    return sim.stats.time
+
+
 def modelled_times(collective: str, nbytes: int, world: int, names,
-                   given: Optional[Machine] = None, local_size: Optional[int] = None) -> list[tuple[float, str]]:
-    """(time on the model's machine, name) of every candidate, fastest first (ties: the
-    classic algorithm, then registration order). ``given``: the call's machine, if any;
-    ``local_size``: the ranks per node of the node-aware costs (None: the environment's)."""
+                   given: Optional[Machine] = None, nodes=None) -> list[tuple[float, str]]:
+    """(time on the model's machine, name) of every candidate, fastest first (ties, to 12
+    significant digits: the classic algorithm, then registration order). The time is the
+    simulator's cost-only run on the machine of :func:`machine` with the node layout of
+    :func:`model_nodes` at the size of :func:`size_band` (ports, NICs and both link classes
+    priced as the study prices them), or beyond :data:`SIMULATE_UP_TO` ranks the closed form.
+    Cached per (collective, world, size band, machine, layout, candidates)."""
     on, _ = machine(given)
-    n = _model_bytes(collective, nbytes, world)
+    layout = model_nodes(world, on, nodes)
+    band = size_band(_model_bytes(collective, nbytes, world))
+    key = (collective, world, band, on, layout, tuple(names), registry.version)
+    ranked = _simulated.get(key)
+    if ranked is not None:
+        return list(ranked)
     ranked = []
     for index, name in enumerate(names):
         if world > SMALL_WORLD_ONLY.get(name, world):
             continue
-        seconds = registry.model(registry.get(collective, name), world, n, local_size=local_size).on(on)
-        ranked.append((round(seconds, 15), name in FRONTIER, index, name))
+        if world <= SIMULATE_UP_TO:
+            seconds = _simulated_time(collective, name, world, band, on, layout)
+        else:
+            seconds = registry.model(registry.get(collective, name), world, band,
+                                     local_size=model_local_size(layout)).on(on)
+        ranked.append((float(f"{seconds:.12g}"), name in FRONTIER, index, name))
     ranked.sort()
-    return [(seconds, name) for seconds, _, _, name in ranked]
+    ranked = [(seconds, name) for seconds, _, _, name in ranked]
+    if len(_simulated) >= 4096:         # a long-lived process sweeping sizes: keep it bounded
+        _simulated.clear()
+    _simulated[key] = tuple(ranked)
+    return ranked
 
 
 def model_choice(collective: str, nbytes: int, world: int, names,
-                 given: Optional[Machine] = None, local_size: Optional[int] = None) -> tuple[str, str]:
-    """The candidate with the least modelled time: its closed-form α-β-γ cost on the
-    machine of :func:`machine` (on a hierarchical one, at its slowest link: Cost.on)."""
-    ranked = modelled_times(collective, nbytes, world, names, given, local_size)
+                 given: Optional[Machine] = None, nodes=None) -> tuple[str, str]:
+    """The candidate with the least modelled time (:func:`modelled_times`), and a reason
+    naming the machine, how it was priced, and the runner-up with its time."""
+    if len(names) == 1:
+        return names[0], "auto: the only candidate"
+    ranked = modelled_times(collective, nbytes, world, names, given, nodes)
     if not ranked:
         return names[0], "auto: no candidate the model may take, first registered"
     (best_time, best), rest = ranked[0], ranked[1:]
-    _, source = machine(given)
-    runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.3g} us" if rest else ""
-    return best, f"auto: model ({source}): {best} {best_time * 1e6:.3g} us{runner_up}"
+    on, source = machine(given)
+    how = "simulated" if world <= SIMULATE_UP_TO else "closed form"
+    band = size_band(_model_bytes(collective, nbytes, world))
+    runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.4g} us" if rest else ""
+    return best, (f"auto: model ({source}): {how} on {on.describe()} at {band} B: "
+                  f"{best} {best_time * 1e6:.4g} us{runner_up}")
 
 
 def configure_logging() -> None:
