@@ -468,16 +468,20 @@ def model_nodes(world: int, on: Machine, nodes=None) -> Optional[tuple]:
 def _simulated_time(collective: str, name: str, world: int, n: int, on: Machine,
                     nodes: Optional[tuple]) -> float:
     """Seconds of ``collective``/``name`` on ``on``: the simulator's cost-only run of n
-    bytes (one-byte elements: the bytes, segments included, are the call's) from root 0."""
+    bytes from root 0, in 4-byte elements where n allows (float32, the study's unit; one
+    byte otherwise). ``auto`` sees bytes, not the dtype: below a few elements per rank,
+    where the element count shapes some schedules (empty chunks send nothing), the pick is
+    the one for 4-byte elements."""
     import torch
 
     from .simulate import BUILDER_OF, simulate
 
+    dtype = torch.float32 if n % 4 == 0 else torch.uint8
     state = _model_runs.state
     outer, state.modelling = getattr(state, "modelling", False), True
     try:
-        sim = simulate(BUILDER_OF.get(collective, collective), name, world, numel=n, dtype=torch.uint8,
-                       data=False, record=False, machine=on, local_size=nodes)
+        sim = simulate(BUILDER_OF.get(collective, collective), name, world, numel=n // dtype.itemsize,
+                       dtype=dtype, data=False, record=False, machine=on, local_size=nodes)
     finally:
         state.modelling = outer
     return sim.stats.time
