@@ -4,22 +4,34 @@ How ``auto`` decides, first source that answers:
 
 1. ``RINGCOLL_ALGO`` overrides everything: ``RINGCOLL_ALGO=ring`` picks ``ring`` wherever the
    collective has one; ``RINGCOLL_ALGO=all_reduce=rabenseifner,broadcast=binomial`` names it
-   per collective.
+   per collective. A collective it names nothing for (broadcast has no ring) goes on below,
+   and its log line says so.
 2. ``RINGCOLL_TUNING=table.csv``: the first row of that table (``ringcoll-bench --tune``
    writes it: ``collective,nranks,min_bytes,max_bytes,algorithm``, bytes inclusive) for this
    collective, world size and size.
-3. The measured rules, :data:`RULES`: each is (collective, largest message in bytes or None
-   for any, world-size condition, algorithm, evidence, ``measured_upto``). The first rule of a
-   collective that matches decides if the call's world is within what its evidence measured
-   (``world <= measured_upto``).
-4. Otherwise the model: the candidate with the least closed-form α-β-γ time (the cost each
-   algorithm registers) on one machine, decided by :func:`machine`: the group's
-   ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``, the machine it runs on),
-   else ``RINGCOLL_MACHINE=machine.json`` (a ``ringcoll.Machine`` saved by ``Machine.save``
-   or ``ringcoll.fit(...).save``), else :data:`DEFAULT_MACHINE`. ``direct`` is considered
-   only at p <= 8; on a tie the classic algorithm wins over a newer one.
+3. A group with a machine: its ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``,
+   the ``machine=`` it runs on), else ``RINGCOLL_MACHINE=machine.json`` (a
+   ``ringcoll.Machine`` saved by ``Machine.save`` or ``ringcoll.fit(...).save``): the model
+   decides (below), on that machine.
+4. No machine: the measured rules, :data:`RULES`. They describe the host they were measured
+   on (2 shared cores, gloo), not a machine a user names, so they speak only here. Each is
+   (collective, largest message in bytes or None for any, world-size condition, algorithm,
+   evidence, ``measured_upto``); the first rule of a collective that matches decides if the
+   call's world is within what its evidence measured (``world <= measured_upto``).
+5. Otherwise the model on :data:`DEFAULT_MACHINE`.
 
-``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided.
+The model: the candidate with the least time in the simulator's cost-only run on the
+machine (ports, NICs and both link classes of a hierarchical one, exactly as the study
+prices them), with the group's node layout for the node-aware candidates
+(:func:`group_nodes`), at the size of the call's quarter-octave band (:func:`size_band`),
+cached per (collective, world, band, machine, layout, candidates); beyond
+:data:`SIMULATE_UP_TO` ranks the closed forms at the machine's slowest link. ``direct`` is
+considered only at p <= 8; on a tie the classic algorithm wins over a newer one.
+
+``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided: ``requested``,
+``RINGCOLL_ALGO``, ``auto: tuning table file:line``, ``auto: rule measured up to p=4: ...``
+or ``auto: model (given machine | machine.json | default machine): simulated on <machine> at
+<band> B: <pick> <time> us, next <runner-up> <time> us``.
 """
 from __future__ import annotations
 
@@ -152,7 +164,14 @@ RULES = (
     Rule("broadcast", None, "binomial",
          "p <= 8, above 1 MiB: lg p messages and the fewest bytes in all (p-1)n, which is what two "
          "cores can move; p=4 (ringcoll-bench 2026-12-02): 0.98-1.05 of the built-in from 1 MiB "
-         "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56.",
+         "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56. Checked against "
+         "every committed p=4 run (bench/results/*_np4_gloo.csv with broadcast): at 64 MiB "
+         "binomial 0.85 / 0.99 / 0.98 / 0.98 of the built-in (runs 20261202T144510Z, "
+         "20261204T012843Z, T033103Z, T154640Z), scatter_allgather 0.94 / 1.08 / 0.94 / 0.91: it "
+         "wins 2 of 4 (in T033103Z bine, 0.84, beat both) and loses 2, and in T154640Z their "
+         "p10-p90 overlap (41-59 ms vs 43-58); at 16 MiB binomial 1.03 / 1.00 / 1.08 / 1.05, "
+         "scatter_allgather 1.13 / 1.09 / 1.04 / 1.09. Not a case for a switch; linear (0.94 / "
+         "0.97 / 0.97 at 64 MiB in the last three) neither.",
          world=lambda world: world <= 8,
          measured_upto=4),
     Rule("broadcast", 256 * KiB, "binomial",
@@ -431,7 +450,8 @@ def _model_bytes(collective: str, nbytes: int, world: int) -> int:
 
 #: the largest world whose candidates the model simulates; beyond it their closed forms
 #: serve (at the machine's slowest link, ringcoll.Cost.on), as in the study's sweeps: a cold
-#: decision at p = 64 simulates ~10 algorithms in ~0.3 s on this 2-core host, at p = 256 ~5 s
+#: decision of all_reduce at 64 MiB simulates its 10 algorithms in 0.29 s at p = 64 on this
+#: 2-core host (1-23 ms at p <= 8), and ~5 s at p = 256
 SIMULATE_UP_TO = 64
 
 #: significant bits a size band keeps: bands of a quarter octave (1, 1.25, 1.5, 1.75 × 2^k)
