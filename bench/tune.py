@@ -105,7 +105,8 @@ def tuning_rows(rows: Sequence[Row], world: int) -> List[Band]:
     bands: List[Band] = []
     for family, name in chosen.items():
         variant = SPECS[name].variants[0]
-        picks = list(steady_choices([r for r in rows if r.collective == name and r.variant == variant]).items())
+        measured = [r for r in rows if r.collective == name and r.variant == variant]
+        picks = list(steady_choices(measured).items())
         for index, (size, algorithm) in enumerate(picks):
             low = 0 if index == 0 else selection_bytes(family, size, world)
             high = selection_bytes(family, picks[index + 1][0], world) - 1 if index + 1 < len(picks) \

@@ -393,7 +393,8 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
-    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine, nodes=lambda: group_nodes(ctx))
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
+                       nodes=lambda: group_nodes(ctx))
     return registry.get(collective, name), why
 
 
