@@ -18,7 +18,7 @@ from ..machine import Machine
 from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
 from ..schedule import Layout
-from ..selection import choose, segment_elements
+from ..selection import choose, group_nodes, segment_elements
 from ..topology import context_layout, describe_layout
 from ..work import submit
 
@@ -373,7 +373,8 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
-    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine, nodes=ctx.nodes)
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
+                       nodes=lambda: group_nodes(ctx))
     return registry.get(collective, name), why
 
 
