@@ -417,6 +417,28 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return self._receive(tensors, lambda group, wires: group.recv_anysource(wires, tag))
 
 
+#: the underscored methods torch's C++ calls on a group (the rest it calls are public)
+_PRIVATE_ENTRY_POINTS = ("_allgather_base", "_reduce_scatter_base", "_get_backend")
+
+
+def _run_eagerly(cls):
+    """Mark every method torch's C++ calls on ``cls`` as never traced by Dynamo
+    (``torch.compiler.disable``). Under ``torch.compile(DDP(model))`` the reducer calls the
+    group (its ``broadcast`` from ``_rebuild_buckets``) while Dynamo is tracing; Dynamo then
+    traces into the Python method as if it were the model's code and fails on the first
+    attribute of ``self``, a TorchScript object to it (``UnsafeScriptObjectError: Member
+    '_plan' is not registered``). A collective is communication, never part of a graph: it
+    runs as it does without compile, as gloo's C++ methods do."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not isinstance(member, type) and (
+                not name.startswith("_") or name in _PRIVATE_ENTRY_POINTS):
+            setattr(cls, name, torch.compiler.disable(member, recursive=True))
+    return cls
+
+
+_run_eagerly(ProcessGroupRingcoll)
+
+
 def create(opts, pg_options=None) -> ProcessGroupRingcoll:
     """The creator torch calls (``extended_api=True``) for every ringcoll group."""
     return ProcessGroupRingcoll(opts.store, opts.group_rank, opts.group_size, opts.timeout,
