@@ -204,7 +204,11 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         """The executor for tensors on ``device``: over gloo for CPU; for CUDA over an NCCL
         group built on first use (every rank meets the same first CUDA collective), or over
         gloo, staged through host memory."""
-        kind = "cuda" if device.type == "cuda" else "cpu"
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"tensors of a ringcoll group must be on a CPU device (moved over gloo) or a "
+                             f"CUDA device (over NCCL, or gloo through host memory), got a tensor on device "
+                             f"{device}")
+        kind = device.type
         executor = self._executors.get(kind)
         if executor is None:
             if self._closed:
@@ -387,6 +391,25 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         planned = [self._plan("barrier", None, None,
                               datetime.timedelta(seconds=seconds) if seconds is not None else None)]
         return self._submit(planned, [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier (see :meth:`P2PExecutor.monitored_barrier`): rank 0 waits
+        for each rank in turn and raises naming the rank that did not arrive within
+        ``timeout`` (a timedelta or seconds; the group's own when None), or every such rank
+        with ``wait_all_ranks``. Call it on the group, ``group.monitored_barrier(timeout)``:
+        ``dist.monitored_barrier`` refuses every backend name but gloo's before it reaches a
+        group (torch 2.13, ``distributed_c10d.monitored_barrier``)."""
+        if not isinstance(wait_all_ranks, bool):
+            raise TypeError(f"wait_all_ranks must be a bool, got {type(wait_all_ranks).__name__} {wait_all_ranks!r}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (datetime.timedelta, int, float))):
+            raise TypeError(f"timeout must be a datetime.timedelta, seconds or None, got "
+                            f"{type(timeout).__name__} {timeout!r}")
+        seconds = timeout_seconds(timeout if timeout is not None else self._timeout)
+        if seconds is None:
+            raise ValueError(f"timeout must be positive: monitored_barrier needs a deadline, got {timeout!r}")
+        executor = self.executor(torch.device("cpu"))
+        submit(lambda: executor.monitored_barrier(seconds, wait_all_ranks), False)
 
     # -- point to point: the inner group's own ------------------------------------------------
     def _staged(self, tensor: torch.Tensor) -> bool:

@@ -452,6 +452,80 @@ class P2PExecutor:
         for transport in self._transports.values():
             transport.abort()
 
+    # -- monitored barrier -----------------------------------------------------------------
+    def monitored_barrier(self, seconds: float, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitoredBarrier`` on this group, as one call (it takes a call number and
+        a tag of its own): every other rank sends rank 0 a token and waits for rank 0's
+        release; rank 0 waits for each rank in turn, all within ``seconds`` of entering, and
+        releases them once every rank has arrived. A rank that did not arrive in time makes
+        rank 0 raise a :class:`PeerError` naming it (``wait_all_ranks``: naming every such
+        rank, found by waiting on each until the same deadline) and leaves the group failed,
+        as every timeout does; the others then time out waiting for the release. What it is
+        for: finding the rank that hangs, where ``barrier()`` only says that some peer did."""
+        seq = self.begin_call()
+        if self.world == 1:
+            return
+        tag, group = call_tag(seq, _MONITORED), self.group
+        deadline = time.monotonic() + seconds
+        call = f"call #{seq} monitored_barrier"
+        tokens = {peer: torch.zeros(1, dtype=torch.uint8) for peer in range(self.world) if peer != self.rank}
+
+        def wait(work) -> Optional[BaseException]:
+            """None once ``work`` completes, or its error (a peer's closed connection fails
+            the post itself: then ``work`` is that error)."""
+            if isinstance(work, BaseException):
+                return work
+            try:
+                work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                return None
+            except RuntimeError as error:
+                return error
+
+        def post(transfer, peer: int):
+            try:
+                return transfer([tokens[peer]], peer, tag)
+            except RuntimeError as error:
+                return error
+
+        if self.rank != 0:
+            for what, transfer in (("send its token to", group.send), ("receive the release from", group.recv)):
+                work = post(transfer, 0)
+                error = wait(work)
+                if error is not None:
+                    failure = PeerError(
+                        f"ringcoll {call}: rank {self.rank} could not {what} rank 0 (global rank "
+                        f"{self.global_ranks[0]}) within {seconds:g} s: rank 0 has not reached "
+                        f"monitored_barrier, or another rank did not and rank 0 names it: {error}",
+                        rank=self.rank, peer=0, step=0, call=call)
+                    self._failed(failure, [work, tokens])
+                    raise failure from error
+            return
+        works = {peer: post(group.recv, peer) for peer in tokens}
+        missing = []
+        for peer, work in works.items():
+            if wait(work) is not None:
+                missing.append(peer)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            ranks = ", ".join(f"{peer} (global rank {self.global_ranks[peer]})" for peer in missing)
+            failure = PeerError(
+                f"ringcoll {call}: rank 0: {'rank' if len(missing) == 1 else 'ranks'} {ranks} failed to pass "
+                f"monitoredBarrier in {seconds * 1000:.0f} ms" + ("" if wait_all_ranks else
+                " (the first such rank; wait_all_ranks=True names every one)"),
+                rank=self.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=call)
+            self._failed(failure, [works, tokens])
+            raise failure
+        releases = {peer: post(group.send, peer) for peer in tokens}
+        for peer, work in releases.items():
+            error = wait(work)
+            if error is not None:
+                failure = PeerError(f"ringcoll {call}: rank 0 could not release rank {peer} (global rank "
+                                    f"{self.global_ranks[peer]}) within {seconds:g} s: {error}",
+                                    rank=self.rank, peer=peer, step=1, call=call)
+                self._failed(failure, [releases, tokens])
+                raise failure from error
+
     # -- check mode ----------------------------------------------------------------------
     def _check(self, plan: Plan, seq: int, transport, timeout: float) -> None:
         """Exchange every rank's sequence number and fingerprint (a fixed-size record) with a
@@ -487,6 +561,9 @@ class P2PExecutor:
             self._failed(error, [])
         raise error
 
+
+#: the fingerprint in monitored_barrier's tag (no plan: its transfers are its own)
+_MONITORED = ("monitored_barrier", None, 1, "uint8", None, 0)
 
 _RECORD = struct.Struct("<qqq24s24s24s24s")
 

@@ -132,3 +132,91 @@ def test_work_future_completes_before_wait_can_return():
     work._done.set = set_event
     work._finish()
     assert seen == [True] and work.wait() and work.get_future().value()[0].item() == 1.0
+
+
+# -- meta tensors -------------------------------------------------------------------------------
+def meta_tensor_calls() -> list:
+    """Collectives given a meta tensor on a ringcoll group, then a real call on it."""
+    group = dist.new_group(backend="ringcoll")
+    out = []
+    for call in (lambda: dist.all_reduce(torch.ones(4, device="meta"), group=group),
+                 lambda: dist.broadcast(torch.ones(3, device="meta"), src=0, group=group),
+                 lambda: dist.all_gather_into_tensor(torch.ones(6, device="meta"), torch.ones(2, device="meta"),
+                                                     group=group)):
+        try:
+            call()
+            out.append("returned")
+        except (TypeError, ValueError, RuntimeError) as error:
+            out.append(f"{type(error).__name__}: {error}")
+    x = torch.full((5,), 1 + dist.get_rank(), dtype=torch.int64)
+    dist.all_reduce(x, group=group)             # nothing was touched: the group goes on
+    out.append(x.tolist())
+    return out
+
+
+def test_a_meta_tensor_is_refused_naming_its_device_and_what_is_served(clusters):
+    world = 3
+    for out in clusters(world).run(meta_tensor_calls):
+        for message in out[:3]:
+            assert message.startswith("ValueError: tensors of a ringcoll group must be on a CPU device"), out
+            assert "got a tensor on device meta" in message and "CUDA" in message, out
+            assert "'gloo'" not in message, out      # not the inner groups' device table
+        assert out[3] == [6] * 5
+
+
+# -- monitored_barrier --------------------------------------------------------------------------
+def monitored(late: tuple, wait_all_ranks: bool, timeout: float = 1.5) -> dict:
+    """``group.monitored_barrier`` on a fresh ringcoll group with the ranks in ``late``
+    arriving twice the timeout late; then one more call on the group."""
+    from datetime import timedelta
+
+    rank = dist.get_rank()
+    group = dist.new_group(backend="ringcoll")
+    dist.barrier(group=group)                   # connected: the timeout measures arrival only
+    out = {}
+    if rank in late:
+        time.sleep(2 * timeout)
+    start = time.monotonic()
+    try:
+        group.monitored_barrier(timedelta(seconds=timeout), wait_all_ranks=wait_all_ranks)
+        out["barrier"] = ("returned", "", None)
+    except RuntimeError as error:
+        out["barrier"] = (type(error).__name__, str(error), getattr(error, "peers", None))
+    out["seconds"] = time.monotonic() - start
+    if late:
+        time.sleep(2 * timeout)                 # every rank is done with the barrier
+    try:
+        dist.all_reduce(torch.ones(2), group=group)
+        out["later"] = "returned"
+    except RuntimeError as error:
+        out["later"] = type(error).__name__
+    try:
+        dist.monitored_barrier(group, timedelta(seconds=timeout))
+        out["dist"] = "returned"
+    except ValueError as error:
+        out["dist"] = str(error)
+    return out
+
+
+def test_monitored_barrier_passes_when_every_rank_arrives(clusters):
+    for out in clusters(3).run(monitored, (), False):
+        assert out["barrier"][0] == "returned" and out["later"] == "returned", out
+        assert out["dist"] == "monitored_barrier is only implemented for GLOO backend."   # torch's own check
+
+
+@pytest.mark.parametrize("wait_all_ranks", [False, True])
+def test_monitored_barrier_names_the_ranks_that_did_not_arrive(clusters, wait_all_ranks):
+    timeout = 1.5
+    zero, one, two, three = clusters(4).run(monitored, (1, 3), wait_all_ranks, timeout)
+    outcome, message, peers = zero["barrier"]
+    assert outcome == "PeerError" and "failed to pass monitoredBarrier in 1500 ms" in message, zero
+    if wait_all_ranks:
+        assert peers == (1, 3) and "ranks 1 (global rank 1), 3 (global rank 3)" in message, zero
+    else:
+        assert peers == (1,) and "rank 1 (global rank 1)" in message and "wait_all_ranks=True" in message, zero
+    assert timeout - 0.1 <= zero["seconds"] < timeout + 1.0, zero
+    # the rank that arrived is not released: it names rank 0, which it waited on
+    assert two["barrier"][0] == "PeerError" and two["barrier"][2] == (0,), two
+    assert "receive the release from rank 0" in two["barrier"][1], two
+    for out in (zero, one, two, three):
+        assert out["later"] == "GroupFailedError", out
