@@ -127,7 +127,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringcoll/gloo/", store), rank, world, timeout)
         self._executors: Dict[str, P2PExecutor] = {
-            "cpu": P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo")}
+            "cpu": self._named(P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo"))}
         self._nccl = None
         self._closed: Optional[str] = None    # "shutdown" or "abort" once closed
         self._lock = threading.Lock()
@@ -225,7 +225,13 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                         executor = P2PExecutor(self._nccl, rank=self._rank, world=self._world, backend="nccl")
                     else:
                         executor = P2PExecutor(self._gloo, rank=self._rank, world=self._world, backend="gloo")
-                    self._executors[kind] = executor
+                    self._executors[kind] = self._named(executor)
+        return executor
+
+    def _named(self, executor: P2PExecutor) -> P2PExecutor:
+        """``executor`` naming peers by this group's global ranks in its errors (built on an
+        inner group that torch does not know, it would count them from 0)."""
+        executor.global_ranks = list(self.global_ranks)
         return executor
 
     def _context(self, tensor: Optional[torch.Tensor]) -> Context:

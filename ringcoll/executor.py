@@ -432,6 +432,7 @@ class P2PExecutor:
             return f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of {item.buf!r}"
 
         peers = sorted({item.peer for item in error.items})
+        also = ""
         if not error.items:
             subject = "the group's set-up"
         elif error.batch and len(error.items) > 1:
@@ -439,10 +440,27 @@ class P2PExecutor:
                        f"{'; '.join(name(item) for item in error.items)})")
         else:
             subject = name(error.items[0])
-        message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}: "
+            if len(error.items) > 1:     # the step's other transfers still incomplete then
+                also = f"; still incomplete too: {'; '.join(name(item) for item in error.items[1:])}"
+        message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}{also}: "
                    f"{error.error}")
-        return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else None,
+        if error.timed_out:
+            message += self._timeout_hint()
+        first = error.items[0].peer if error.items and not error.batch else None
+        return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else first,
                          step=index, peers=peers, call=call)
+
+    def _timeout_hint(self) -> str:
+        """What a timeout can mean, for the PeerError: the peer named is the one this rank
+        waited on, which may itself be waiting on the rank that stalled; and without check
+        mode a mismatched call looks exactly like a stall."""
+        hint = (" -- the peer named is the one this rank was waiting on; it may itself be waiting on "
+                "another rank (the rank that stalled or died is named by every neighbour of it)")
+        if self.check:
+            return hint + "; check mode is on and the ranks agreed on this call, so a peer stalled or died"
+        return hint + ("; a mismatched call (ranks calling different collectives, or a rank skipping a "
+                       "call) looks exactly like this: run with RINGCOLL_CHECK=1 to diagnose it (every rank "
+                       "then raises a MismatchError naming what differs on which ranks)")
 
     def _failed(self, failure: BaseException, keep: list) -> None:
         """Mark the group failed. The failed call's posted transfers are kept alive for good:

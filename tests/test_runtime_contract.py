@@ -220,3 +220,86 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive(clusters, wait_al
     assert "receive the release from rank 0" in two["barrier"][1], two
     for out in (zero, one, two, three):
         assert out["later"] == "GroupFailedError", out
+
+
+# -- which peer a timeout names ---------------------------------------------------------------
+def stalled_ring(victim: int, timeout: float) -> dict:
+    """A ring all_reduce in which global rank ``victim`` stalls before its first step, past
+    the step timeout: on a gloo group of every rank through the drop-in, then on a ringcoll
+    group of ranks 1..world-1 through ``dist.*``. Each rank's error and its peers."""
+    from ringcoll import executor as executor_module
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(timeout)
+    groups = {"gloo": dist.new_group(list(range(world))),
+              "ringcoll": dist.new_group(list(range(1, world)), backend="ringcoll",
+                                         pg_options=ringcoll.Options(all_reduce="ring"))}
+    original = executor_module.P2PExecutor._post
+
+    def stall(self, prepared, index, *rest):
+        if rank == victim and index == 0 and prepared.plan.collective == "all_reduce":
+            time.sleep(2.5 * timeout)
+        return original(self, prepared, index, *rest)
+
+    out = {}
+    try:
+        for name, group in groups.items():
+            if name == "ringcoll" and rank == 0:
+                dist.barrier()                    # the others' barrier below
+                continue
+            call = ((lambda x: ringcoll.all_reduce(x, group=group, algorithm="ring")) if name == "gloo"
+                    else (lambda x: dist.all_reduce(x, group=group)))
+            call(torch.ones(4 * world))          # connected before the stall
+            executor_module.P2PExecutor._post = stall
+            try:
+                call(torch.arange(4 * world, dtype=torch.float32) + rank)
+                out[name] = ("returned", None, ())
+            except RuntimeError as error:
+                out[name] = (str(error), error.peer, tuple(error.peers))
+            finally:
+                executor_module.P2PExecutor._post = original
+            dist.barrier()                        # on the default group: the victim is done too
+    finally:
+        ringcoll.set_timeout(previous)
+    return out
+
+
+def test_a_timeout_names_the_peers_this_rank_was_waiting_on(clusters):
+    zero, one, two, three = clusters(4).run(stalled_ring, 2, 1.5)
+    # the ring 0 -> 1 -> 2 -> 3 -> 0: 1 sends to the victim, 3 receives from it
+    assert one["gloo"][1:] == (2, (2,)) and "send to peer 2 (global rank 2)" in one["gloo"][0], one
+    assert three["gloo"][1:] == (2, (2,)) and "receive from peer 2 (global rank 2)" in three["gloo"][0], three
+    # rank 0's next step needs both neighbours, each blocked on the victim: it names both
+    assert set(zero["gloo"][2]) == {1, 3} and "still incomplete too" in zero["gloo"][0], zero
+    # the ringcoll group of global ranks 1, 2, 3: group ranks, named with their global ranks
+    assert one["ringcoll"][1:] == (1, (1,)) and "send to peer 1 (global rank 2)" in one["ringcoll"][0], one
+    assert three["ringcoll"][1:] == (1, (1,)) and "receive from peer 1 (global rank 2)" in three["ringcoll"][0]
+    for out in (zero["gloo"], one["gloo"], three["gloo"], one["ringcoll"], three["ringcoll"]):
+        assert "timed out after 1.5s" in out[0] and "the peer named is the one this rank was waiting on" in out[0]
+
+
+def mismatch_without_check(timeout: float) -> list:
+    """Rank 0 calls broadcast where the others call all_reduce, without check mode."""
+    rank = dist.get_rank()
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(timeout)
+    os.environ.pop("RINGCOLL_CHECK", None)
+    group = dist.new_group(list(range(dist.get_world_size())))
+    try:
+        if rank == 0:
+            ringcoll.broadcast(torch.ones(5), src=0, group=group)
+        else:
+            ringcoll.all_reduce(torch.ones(5), group=group)
+        return ["returned"]
+    except ringcoll.PeerError as error:
+        return [str(error)]
+    finally:
+        ringcoll.set_timeout(previous)
+
+
+def test_a_timeout_suggests_check_mode_for_a_mismatched_call(clusters):
+    for (message,) in clusters(3).run(mismatch_without_check, 1.0):
+        assert "timed out after 1s" in message, message
+        assert "a mismatched call (ranks calling different collectives, or a rank skipping a call) looks " \
+               "exactly like this: run with RINGCOLL_CHECK=1 to diagnose it" in message, message
