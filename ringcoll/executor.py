@@ -21,6 +21,17 @@ and a call's transfers in schedule order), on fail-stop (below), and on check mo
 before each call and so also catches the one case order cannot: a rank whose call failed its
 own argument checks while its peers posted theirs.
 
+What check mode catches, exactly. Sequence numbers count each rank's own calls, so a rank
+that skips a call does not make numbers differ: it compares its next call with the others'
+skipped one. Any difference of fingerprint or number at a call raises the same
+MismatchError on every rank at that call and leaves the group failed everywhere (a skip
+leaves the ranks out of step for good). What no check can catch: a skipped call identical in
+fingerprint to the call that follows it (same collective, algorithm, element count, dtype,
+op and root): the skipping rank's call runs with the others' first one, and the difference
+shows at the first later call that differs (or, if none does, as a timeout where a rank
+has no partner left), as in NCCL. Shapes with equal element counts, data and the call site
+are not compared.
+
 Failure. A transfer that fails or does not complete within the timeout raises a
 :class:`PeerError` naming this rank, the peer, the step and the call, and marks the group
 failed, as NCCL aborts its communicator: every later call on it raises
@@ -548,9 +559,12 @@ class P2PExecutor:
     def _check(self, plan: Plan, seq: int, transport, timeout: float) -> None:
         """Exchange every rank's sequence number and fingerprint (a fixed-size record) with a
         ring all-gather through this transport on its own tag, and raise the same
-        :class:`MismatchError` on every rank if they differ. A differing sequence number (a
-        rank's call failed its own checks while the others posted theirs) leaves the group
-        failed; a different call at the same number does not (every rank consumed it)."""
+        :class:`MismatchError` on every rank if they differ, and leave the group failed on
+        every rank: from a mismatch alone no rank can tell a different call from a skipped one
+        (numbers count each rank's own calls, so a rank that skipped a call compares its next
+        call with the others' skipped one, at the same number), and after a skip the ranks are
+        out of step for good; identical calls would then pair up silently. A differing number
+        means a rank's call failed its own checks after taking it."""
         table = torch.zeros(self.world * _RECORD.size, dtype=torch.uint8)
         row = slice(self.rank * _RECORD.size, (self.rank + 1) * _RECORD.size)
         table[row] = torch.frombuffer(bytearray(_pack(seq, fingerprint(plan))), dtype=torch.uint8)
@@ -574,9 +588,10 @@ class P2PExecutor:
         call = f"call #{seq} {plan.describe}"
         message = (f"ringcoll check: the ranks of the group disagree on their call (this rank, rank "
                    f"{self.rank}: {call}): " + "; ".join(differences) + ". Every rank raises this error.")
-        error = MismatchError(message, rank=self.rank, differences=differences, call=call)
-        if any(d.startswith("call number") for d in differences):
-            self._failed(error, [])
+        error = MismatchError(message + " The group is failed on every rank (a skipped call leaves the "
+                              "ranks out of step): create a new group to go on.",
+                              rank=self.rank, differences=differences, call=call)
+        self._failed(error, [])
         raise error
 
 

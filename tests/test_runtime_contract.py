@@ -303,3 +303,56 @@ def test_a_timeout_suggests_check_mode_for_a_mismatched_call(clusters):
         assert "timed out after 1s" in message, message
         assert "a mismatched call (ranks calling different collectives, or a rank skipping a call) looks " \
                "exactly like this: run with RINGCOLL_CHECK=1 to diagnose it" in message, message
+
+
+# -- a rank that skips a call ----------------------------------------------------------------
+def skipped_call(same_size: bool, check: bool) -> list:
+    """Three ranks; rank 1 skips the first of two back-to-back all_reduces (of different
+    sizes, or of the same size); then every rank makes one more call. What each call did."""
+    rank = dist.get_rank()
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(2.0)
+    if check:
+        os.environ["RINGCOLL_CHECK"] = "1"
+    try:
+        group = dist.new_group([0, 1, 2])      # its executor reads RINGCOLL_CHECK now
+        first = torch.full((4,), 1 + rank, dtype=torch.int64)
+        second = torch.full((4 if same_size else 6,), 10 * (1 + rank), dtype=torch.int64)
+        calls = [second] if rank == 1 else [first, second]
+        out = []
+        for tensor in calls + [torch.ones(2, dtype=torch.int64)]:
+            start = time.monotonic()
+            try:
+                ringcoll.all_reduce(tensor, group=group)
+                out.append(("returned", tensor.tolist()))
+            except RuntimeError as error:
+                out.append((type(error).__name__, round(time.monotonic() - start, 1)))
+        return out
+    finally:
+        ringcoll.set_timeout(previous)
+        os.environ.pop("RINGCOLL_CHECK", None)
+
+
+def test_check_mode_fails_a_skipped_call_at_the_first_call_that_differs_on_every_rank(clusters):
+    zero, one, two = clusters(3).run(skipped_call, False, True)
+    for out in (zero, one, two):            # caught at once, at the skipped call, everywhere
+        assert out[0][0] == "MismatchError" and out[0][1] < 1.0, out
+        # and the group is failed: the next call raises at once instead of pairing up
+        assert [o[0] for o in out[1:]] == ["GroupFailedError"] * (len(out) - 1), out
+        assert all(o[1] < 1.0 for o in out[1:]), out
+
+
+def test_a_skipped_call_identical_to_the_next_is_caught_one_call_later(clusters):
+    """What no check can catch (as in NCCL): rank 1's call runs with the others' skipped one,
+    which has the same fingerprint; the next call differs, and check mode fails it on every
+    rank at once; without check mode every rank times out there (tags differ)."""
+    for check in (True, False):
+        zero, one, two = clusters(3).run(skipped_call, True, check)
+        # call #1: rank 1's second tensor summed with the others' first (20 + 1 + 3)
+        for out in (zero, one, two):
+            assert out[0] == ("returned", [24] * 4), (check, out)
+        failure = "MismatchError" if check else "PeerError"
+        limit = 1.0 if check else 4.0
+        assert zero[1][0] == two[1][0] == one[1][0] == failure, (check, zero, one, two)
+        assert max(zero[1][1], one[1][1], two[1][1]) < limit, (check, zero, one, two)
+        assert zero[2][0] == two[2][0] == "GroupFailedError", (check, zero, two)
