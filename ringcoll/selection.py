@@ -235,7 +235,7 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     forced = _override(collective)
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
-    names = [name for name in registry.algorithms(collective) if name not in exclude]
+    names = [name for name in registry.algorithms(collective) if name not in exclude and registry.get(collective, name).auto]
     tuned = tuning_choice(collective, nbytes, world, names)
     if tuned is not None:
         return tuned
