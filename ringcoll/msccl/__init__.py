@@ -62,7 +62,8 @@ def loaded() -> Dict[Tuple[str, str], Loaded]:
 def _default_name(source: str, program: Program) -> str:
     text = os.fspath(source)
     if not text.lstrip().startswith("<"):
-        return "msccl:" + os.path.splitext(os.path.basename(text))[0]
+        base = os.path.basename(text)
+        return "msccl:" + (base[:-3] if base.endswith(".gz") else base).rsplit(".", 1)[0]
     return "msccl:" + program.name
 
 

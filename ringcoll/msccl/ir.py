@@ -11,6 +11,7 @@ before anything is registered.
 """
 from __future__ import annotations
 
+import gzip
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -138,7 +139,8 @@ def _int(element, attr: str, where: str, default: Optional[int] = None) -> int:
 
 
 def read_text(path_or_text: str) -> str:
-    """The XML of ``path_or_text``: the text itself when it holds an element, else a file."""
+    """The XML of ``path_or_text``: the text itself when it holds an element, else a file
+    (``.gz``: gzip-compressed)."""
     if not isinstance(path_or_text, (str, os.PathLike)):
         raise TypeError(f"path_or_text must be a str or path of MSCCL-IR XML, got {type(path_or_text).__name__}")
     text = os.fspath(path_or_text)
@@ -146,6 +148,9 @@ def read_text(path_or_text: str) -> str:
         return text
     if not os.path.isfile(text):
         raise FileNotFoundError(f"path_or_text names no file and holds no XML: {text!r}")
+    if text.endswith(".gz"):            # public XMLs are large and compress twentyfold
+        with gzip.open(text, "rt", encoding="utf-8") as handle:
+            return handle.read()
     with open(text, encoding="utf-8") as handle:
         return handle.read()
 
