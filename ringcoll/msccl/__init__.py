@@ -26,9 +26,10 @@ from .. import registry
 from ..registry import Cost
 from .ir import MscclError, Program, load_program, parse, read_text
 from .mapping import schedule as _schedule
+from .export import export  # noqa: E402 - binds the function over the submodule's name
 from .to_schedule import Compiled, compile_program
 
-__all__ = ["load", "export", "check", "MscclError", "Loaded", "loaded"]
+__all__ = ["load", "unload", "export", "check", "MscclError", "Loaded", "loaded"]
 
 #: the collectives whose result is the same on every rank
 REPLICATED = ("all_reduce", "all_gather")
@@ -197,14 +198,16 @@ def load(path_or_text, name: Optional[str] = None, *, deterministic: bool = True
     return name
 
 
+def unload(name: str) -> None:
+    """Unregister the program :func:`load` registered as ``name`` (ValueError if none)."""
+    for key in [k for k in _LOADED if k[1] == name]:
+        registry.unregister(*key)
+        del _LOADED[key]
+        return
+    raise ValueError(f"no MSCCL program is loaded as {name!r}; loaded: {sorted(k[1] for k in _LOADED)}")
+
+
 def check(path_or_text, machine=None) -> dict:
     """What ``python -m ringcoll.msccl check`` prints, as a dict (see :mod:`.__main__`)."""
     from .check import report
     return report(path_or_text, machine)
-
-
-def export(collective: str, algorithm: str, world: int, path: Optional[str] = None, channels: int = 1) -> str:
-    """Write ringcoll's ``collective``/``algorithm`` at ``world`` ranks as MSCCL-IR (see
-    :mod:`.export`); the XML, also written to ``path`` when given."""
-    from .export import export as _export
-    return _export(collective, algorithm, world, path, channels)
