@@ -273,3 +273,30 @@ def test_public_8_rank_alltoall_and_16_rank_xmls_in_the_simulator(loaded_names):
         collective, world, _ = PUBLIC[stem]
         sim = ringcoll.simulate(BUILDER[collective], name, world=world, numel=world * 17, check=True)
         assert sim.stats.time > 0
+
+
+# -- python -m ringcoll.msccl check ---------------------------------------------------------
+
+def test_check_prints_what_the_program_is_and_costs(capsys):
+    from ringcoll.msccl.__main__ import main
+
+    before = registered()
+    assert main(["check", path("r48ll"), "--bytes", "64K"]) == 0
+    out = capsys.readouterr().out
+    for line in ("collective:     all_reduce", "ranks:          8", "steps:          14", "messages:       896",
+                 "bytes per rank:", "deterministic:  yes", "simulated time:", "first wrong:    none"):
+        assert line in out, out
+    assert registered() == before
+
+
+def test_check_names_the_first_wrong_element_and_a_malformed_file(tmp_path, capsys):
+    from ringcoll.msccl.__main__ import main
+
+    mock = ring_xml(3).replace('coll="allgather"', 'coll="allreduce"')
+    mock = re.sub(r'i_chunks="\d+" o_chunks="\d+"', 'i_chunks="6" o_chunks="6"', mock)
+    (tmp_path / "mock.xml").write_text(mock)
+    assert main(["check", str(tmp_path / "mock.xml")]) == 1
+    assert re.search(r"first wrong: +all_reduce/.* rank \d.*element \d+ is", capsys.readouterr().out)
+    (tmp_path / "bad.xml").write_text(PAIR.replace('ngpus="2"', 'ngpus="3"'))
+    assert main(["check", str(tmp_path / "bad.xml")]) == 2
+    assert "wrong rank count" in capsys.readouterr().err
