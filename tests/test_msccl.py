@@ -300,3 +300,31 @@ def test_check_names_the_first_wrong_element_and_a_malformed_file(tmp_path, caps
     (tmp_path / "bad.xml").write_text(PAIR.replace('ngpus="2"', 'ngpus="3"'))
     assert main(["check", str(tmp_path / "bad.xml")]) == 2
     assert "wrong rank count" in capsys.readouterr().err
+
+
+# -- ringcoll-bench --msccl -----------------------------------------------------------------
+
+def test_bench_runs_an_msccl_xml_as_a_contestant(tmp_path, capsys):
+    """``ringcoll-bench --msccl FILE.xml``: its collective by default, a row against the
+    built-in, checked (its own ranks: the shared clusters must not keep the algorithm)."""
+    import json
+    from ringcoll.bench import cli
+
+    out = tmp_path / "results"
+    file = path("ar_hier_12_Simple")
+    try:
+        status = cli.main(["--msccl", file, "--np", "4", "--algorithms", "ring", "-b", "96", "-e", "1K",
+                           "-n", "2", "-w", "0", "--no-plot", "--out", str(out)])
+        printed = capsys.readouterr().out
+        assert status == 0, printed
+        (json_name,) = [f for f in os.listdir(out) if f.endswith(".json")]
+        rows = json.loads((out / json_name).read_text())["rows"]
+        mine = [r for r in rows if r["algorithm"] == "msccl:ar_hier_12_Simple"]
+        assert mine and all(r["collective"] == "all_reduce" and r["wrong"] == 0 and r["error"] is None
+                            for r in mine), rows
+        assert "msccl:ar_hier_12_Simple" in printed
+        with pytest.raises(SystemExit, match=r"--msccl .*runs at 4 ranks, the benchmark at 2"):
+            cli.main(["--msccl", file, "--np", "2", "-b", "1K", "-e", "1K", "--no-plot", "--out", str(out)])
+    finally:
+        if any(k[1] == "msccl:ar_hier_12_Simple" for k in msccl.loaded()):
+            msccl.unload("msccl:ar_hier_12_Simple")
