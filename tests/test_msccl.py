@@ -80,9 +80,13 @@ def test_the_msccl_ring_imports_to_ringcolls_ring(loaded_names):
     assert msccl.loaded()[("all_reduce", public)].compiled.nsteps == 14
 
 
-def test_a_loaded_algorithm_runs_only_at_its_world_and_auto_never_picks_it(loaded_names):
+def test_a_loaded_algorithm_runs_only_at_its_world_and_auto_never_picks_it(loaded_names, tmp_path, monkeypatch):
     name = msccl.load(path("ar_hier_12_Simple"))
     loaded_names.append(name)
+    # even a tuning table that names it for every size leaves auto to the others
+    table = tmp_path / "tuning.csv"
+    table.write_text(f"collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,4,0,1099511627776,{name}\n")
+    monkeypatch.setenv("RINGCOLL_TUNING", str(table))
     with pytest.raises(ValueError, match=r"runs at world size 4 only, got a group of 5 ranks"):
         ringcoll.simulate("all_reduce", name, world=5, numel=40)
     for nbytes in (8, 1 << 10, 1 << 20, 1 << 26):
