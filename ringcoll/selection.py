@@ -257,7 +257,7 @@ def _unforced(collective: str, forced: Optional[str]) -> str:
     """What the log says when RINGCOLL_ALGO is set but does not decide this call: a setting
     such as ``ring`` leaves every collective without a ring at ``auto``, which a user reading
     the log would otherwise take for the override having no effect at all."""
-    setting = os.environ.get("RINGCOLL_ALGO", "").strip()
+    setting = settings().algo_text
     if not setting:
         return ""
     if forced is not None:
@@ -268,7 +268,8 @@ def _unforced(collective: str, forced: Optional[str]) -> str:
 def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optional[Machine],
           nodes) -> tuple[str, str]:
     """``auto``'s choice after the override: the sources of the module docstring, in order."""
-    names = [name for name in registry.algorithms(collective) if name not in exclude]
+    names = [name for name in registry.algorithms(collective)
+             if name not in exclude and registry.get(collective, name).auto]
     tuned = tuning_choice(collective, nbytes, world, names)
     if tuned is not None:
         return tuned

@@ -381,6 +381,7 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
              layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
              result=None, describe_as: str = "") -> Plan:
+    algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
     if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
         element_size = next(iter(buffers.values())).element_size()
         layout = Layout(layout.numel, {**layout.params,
