@@ -332,3 +332,23 @@ def test_bench_runs_an_msccl_xml_as_a_contestant(tmp_path, capsys):
     finally:
         if any(k[1] == "msccl:ar_hier_12_Simple" for k in msccl.loaded()):
             msccl.unload("msccl:ar_hier_12_Simple")
+
+
+def test_study_sweep_takes_a_loaded_program_at_its_own_world(loaded_names, tmp_path):
+    """``ringcoll-study sweep --msccl FILE`` loads the program and sweeps it beside ringcoll's
+    own at its world size only (other worlds skip it instead of failing)."""
+    from ringcoll.study.cli import main
+
+    target = tmp_path / "ring4.xml"
+    msccl.export("all_reduce", "ring", 4, str(target))
+    out = tmp_path / "study"
+    assert main(["sweep", "--worlds", "3,4", "-b", "1K", "-e", "4K", "--msccl", str(target),
+                 "--algorithms", "ring,recursive_doubling", "--out", str(out)]) == 0
+    loaded_names.append("msccl:ring4")
+    rows = (out / "study_all_reduce.csv").read_text().splitlines()
+    ours = [row for row in rows if row.split(",")[1] == "msccl:ring4"]
+    assert ours and all(row.split(",")[2] == "4" for row in ours), ours
+    ring = {row.split(",")[3]: row for row in rows if row.split(",")[1:3] == ["ring", "4"]}
+    for row in ours:        # the exported ring costs what ringcoll's ring costs
+        fields = row.split(",")
+        assert fields[4] == ring[fields[3]].split(",")[4], (row, ring[fields[3]])

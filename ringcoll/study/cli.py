@@ -54,6 +54,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--collective", default="all_reduce", help="comma-separated registry collectives")
     s.add_argument("--algorithms", help="comma-separated names (default: all)")
     s.add_argument("--worlds", default="4,8,16,32,64", help="comma-separated world sizes")
+    s.add_argument("--msccl", action="append", default=[], metavar="FILE.xml",
+                   help="load an MSCCL-IR algorithm first (ringcoll.msccl.load); it joins the sweep at "
+                        "its own world size; repeatable")
     s.add_argument("-b", "--minbytes", type=parse_size, default="1K")
     s.add_argument("-e", "--maxbytes", type=parse_size, default="64M")
     s.add_argument("-f", "--stepfactor", type=int, default=4)
@@ -96,6 +99,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     worlds = [int(w) for w in args.worlds.split(",")]
     sizes = _sizes(args.minbytes, args.maxbytes, args.stepfactor)
     algorithms = args.algorithms.split(",") if args.algorithms else None
+    if args.msccl:
+        from .. import msccl
+        loaded = [msccl.load(path) for path in args.msccl]
+        if algorithms is not None:
+            algorithms += loaded
     for collective in args.collective.split(","):
         cells = sweep([collective], worlds, sizes, machine, algorithms, args.simulate_up_to)
         table = write_table(cells, os.path.join(args.out, f"study_{collective}.csv"))

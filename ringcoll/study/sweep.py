@@ -69,8 +69,10 @@ def sweep(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int
     for collective in collectives:
         names = [a for a in registry.algorithms(collective) if algorithms is None or a in algorithms]
         for world in worlds:
+            # an algorithm registered for one world size (a loaded MSCCL program) runs there only
+            runnable = [name for name in names if registry.get(collective, name).world in (None, world)]
             for nbytes in sizes:
-                for name in names:
+                for name in runnable:
                     cells.append(evaluate(collective, name, world, nbytes, machine, simulate_up_to))
                     if progress:
                         progress()
