@@ -240,6 +240,10 @@ class NcclComm:
 
     def __init__(self, pg, device: torch.device):
         self.pg, self.device = pg, device
+        # c10d's two bindings differ: a registered ProcessGroup coalesces per device type
+        # (``_start_coalescing(device)``), a raw Backend (``dist.ProcessGroupNCCL`` itself, the
+        # "ringcoll" backend's inner group) takes no argument and refuses one with a TypeError
+        self._coalescing_args = (device,) if isinstance(pg, torch.distributed.ProcessGroup) else ()
 
     def connect(self, deadline: float) -> None:
         """Create the communicator now, on every rank of the group (each calls this in its
@@ -263,12 +267,12 @@ class NcclComm:
 
     def batch(self, ops: Sequence) -> object:
         """``ops``: (is_send, bytes, peer); one Work for the whole batch."""
-        self.pg._start_coalescing(self.device)
+        self.pg._start_coalescing(*self._coalescing_args)
         try:
             for is_send, tensor, peer in ops:
                 (self.pg.send if is_send else self.pg.recv)([tensor], peer, 0)
         finally:
-            work = self.pg._end_coalescing(self.device)
+            work = self.pg._end_coalescing(*self._coalescing_args)
         return work
 
     def abort(self) -> None:

@@ -340,13 +340,15 @@ def test_staged_gloo_transfers_reuse_pinned_buffers_and_order_copies_by_events(f
 
 
 class FakeNccl:
-    """A raw NCCL group as ringcoll sees it: coalescing, one Work per batch."""
+    """A raw NCCL group (``dist.ProcessGroupNCCL``, a c10d Backend) as ringcoll sees it:
+    coalescing, one Work per batch. Its methods take what the real Backend binding takes
+    (test_the_fake_nccl_takes_what_the_real_backend_binding_takes): coalescing takes no device."""
 
     def __init__(self, complete=True, error=None):
         self.calls, self.complete, self.error = [], complete, error
 
-    def _start_coalescing(self, device):
-        self.calls.append(("start", device))
+    def _start_coalescing(self):
+        self.calls.append(("start",))
 
     def send(self, tensors, peer, tag):
         self.calls.append(("send", peer, tensors[0].dtype, tensors[0].numel()))
@@ -354,8 +356,8 @@ class FakeNccl:
     def recv(self, tensors, peer, tag):
         self.calls.append(("recv", peer, tensors[0].dtype, tensors[0].numel()))
 
-    def _end_coalescing(self, device):
-        self.calls.append(("end", device))
+    def _end_coalescing(self):
+        self.calls.append(("end",))
         fake = self
 
         class Batch:
@@ -375,6 +377,51 @@ class FakeNccl:
         self.calls.append(("abort",))
 
 
+def _parameters(doc: str) -> list:
+    """The parameter names of a pybind binding's first signature line (after self)."""
+    inside = doc.strip().splitlines()[0].split("(", 1)[1].rsplit(")", 1)[0]
+    return [part.split(":")[0].strip() for part in inside.split(",")][1:]
+
+
+def test_the_fake_nccl_takes_what_the_real_backend_binding_takes():
+    """FakeNccl stands in for a raw ProcessGroupNCCL, whose coalescing is the c10d Backend
+    binding's (no device); a registered ProcessGroup's takes one. A fake that accepted the
+    device hid that NcclComm called a raw backend the ProcessGroup way (issue #26 item 1)."""
+    import inspect
+
+    raw = torch._C._distributed_c10d.Backend
+    for name in ("_start_coalescing", "_end_coalescing", "send", "recv", "abort"):
+        real = _parameters(getattr(raw, name).__doc__)
+        fake = list(inspect.signature(getattr(FakeNccl, name)).parameters)[1:]
+        assert len(fake) == len(real), (name, fake, real)
+    assert _parameters(dist.ProcessGroup._start_coalescing.__doc__) == ["device_type"]
+
+
+def coalesced_batches():
+    """NcclComm.batch on a real raw gloo Backend (the same c10d binding as ProcessGroupNCCL)
+    and on a registered ProcessGroup: each must get past the binding's argument check; gloo
+    then says it has no coalescing, which NCCL has (the error that shows the call was taken)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    raw = dist.ProcessGroupGloo(dist.PrefixStore("coalesce", store), rank, world, timedelta(seconds=30))
+    out = {}
+    for name, pg in (("raw backend", raw), ("process group", dist.group.WORLD)):
+        send, recv = torch.full((5,), rank + 1, dtype=torch.uint8), torch.zeros(5, dtype=torch.uint8)
+        try:
+            NcclComm(pg, torch.device("cpu")).batch([(True, send, (rank + 1) % world),
+                                                     (False, recv, (rank - 1) % world)])
+            out[name] = "ran"
+        except (TypeError, RuntimeError) as error:
+            out[name] = f"{type(error).__name__}: {error}".splitlines()[0]
+    return out
+
+
+def test_nccl_batches_call_the_real_c10d_bindings(batched_cluster):
+    for out in batched_cluster.run(coalesced_batches):
+        assert out == {"raw backend": "RuntimeError: Backend gloo does not implement startCoalescing",
+                       "process group": "RuntimeError: Backend gloo does not implement startCoalescing"}, out
+
+
 def test_nccl_batches_move_bytes_poll_the_deadline_and_abort():
     device = torch.device("cuda", 0)
     items = [Send(1, Buf("data", 0, 3)), Recv(2, Buf("data", 3, 6))]
@@ -383,8 +430,8 @@ def test_nccl_batches_move_bytes_poll_the_deadline_and_abort():
     batched = BatchedTransport(NcclComm(pg, device))
     batched.ready(time.monotonic() + 1)
     batched.wait(batched.post(list(zip(items, tensors)), tag=123), time.monotonic() + 1)
-    assert pg.calls == [("connect", device), ("start", device), ("send", 1, torch.uint8, 6),
-                        ("recv", 2, torch.uint8, 6), ("end", device)]
+    assert pg.calls == [("connect", device), ("start",), ("send", 1, torch.uint8, 6),
+                        ("recv", 2, torch.uint8, 6), ("end",)]
     pg = FakeNccl(complete=False)                         # a peer that never comes
     batched = BatchedTransport(NcclComm(pg, device))
     start = time.monotonic()
