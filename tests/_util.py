@@ -3,6 +3,8 @@ built-in references (widened where gloo lacks a dtype or op), running plans in t
 and the checks of a list of bad calls and of every rank's flags."""
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Callable, Dict, Iterable, List, Tuple
 
 import pytest
@@ -138,3 +140,53 @@ def assert_no_problems(results: Iterable[list]) -> None:
     """Every rank's list of problems is empty; the message names the rank and the first five."""
     for rank, problems in enumerate(results):
         assert not problems, f"rank {rank}: {problems[:5]}"
+
+
+# -- watching ringcoll in a rank ----------------------------------------------------------------
+class CountingPlans:
+    """Counts the plans ringcoll's executor runs in this process while active, by
+    ``"collective/algorithm"``, and the ops of reducing plans under ``"ops"``."""
+
+    def __enter__(self):
+        from ringcoll.executor import P2PExecutor
+
+        self.runs: dict = {}
+        self._run = P2PExecutor.run
+        outer = self
+
+        def run(executor, plan):
+            key = f"{plan.collective}/{plan.algorithm.name}"
+            outer.runs[key] = outer.runs.get(key, 0) + 1
+            words = plan.describe.split()          # "reduce_scatter_tensor/ring 40xfloat32 AVG"
+            if plan.op is not None and len(words) > 2:
+                outer.runs.setdefault("ops", set()).add(words[2])
+            return outer._run(executor, plan)
+
+        P2PExecutor.run = run
+        return self
+
+    def __exit__(self, *exc):
+        from ringcoll.executor import P2PExecutor
+
+        P2PExecutor.run = self._run
+
+    def of(self, collective: str) -> int:
+        """Plans run of ``collective``, any algorithm."""
+        return sum(count for key, count in self.runs.items() if key.split("/")[0] == collective)
+
+
+@contextlib.contextmanager
+def ringcoll_log():
+    """The messages ringcoll logs at INFO and above while active (a list, filled as they come)."""
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    log = logging.getLogger("ringcoll")
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)

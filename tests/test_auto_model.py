@@ -10,13 +10,13 @@ machine) does not.
 """
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
 import torch
 
 import ringcoll
+from _util import ringcoll_log
 from ringcoll import registry, selection
 from ringcoll.simulate import BUILDER_OF
 
@@ -51,30 +51,22 @@ def two_level_all_reduce(machine, numels):
     choice and whether the result equals the built-in's (gloo, the default group)."""
     import torch.distributed as dist
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    log = logging.getLogger("ringcoll")
-    log.addHandler(handler)
-    level = log.level
-    log.setLevel(logging.INFO)
     os.environ["RINGCOLL_LOCAL_SIZE"] = "2"
     rank = dist.get_rank()
     found = []
     try:
-        group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(machine=machine))
-        for numel in numels:
-            values = (torch.arange(numel, dtype=torch.int32) * 7 + rank * 13) % 61 + 1
-            got, want = values.clone(), values.clone()
-            records.clear()
-            dist.all_reduce(got, group=group)
-            dist.all_reduce(want)
-            line = next((r for r in records if " -> " in r), repr(records))
-            found.append((line, torch.equal(got, want)))
+        with ringcoll_log() as records:
+            group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(machine=machine))
+            for numel in numels:
+                values = (torch.arange(numel, dtype=torch.int32) * 7 + rank * 13) % 61 + 1
+                got, want = values.clone(), values.clone()
+                records.clear()
+                dist.all_reduce(got, group=group)
+                dist.all_reduce(want)
+                line = next((r for r in records if " -> " in r), repr(records))
+                found.append((line, torch.equal(got, want)))
     finally:
         os.environ.pop("RINGCOLL_LOCAL_SIZE", None)
-        log.removeHandler(handler)
-        log.setLevel(level)
     return found
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ringcoll
+from _util import CountingPlans
 from _util import random_data as data
 from ringcoll.executor import P2PExecutor
 
@@ -46,29 +47,6 @@ def gloo_group(ranks):
     return _groups[key]
 
 
-class Counting:
-    """Counts the plans ringcoll's executor runs in this process, by collective/algorithm."""
-
-    def __enter__(self):
-        self.runs: dict = {}
-        self._run = P2PExecutor.run
-        outer = self
-
-        def run(executor, plan):
-            key = f"{plan.collective}/{plan.algorithm.name}"
-            outer.runs[key] = outer.runs.get(key, 0) + 1
-            words = plan.describe.split()          # "reduce_scatter_tensor/ring 40xfloat32 AVG"
-            if plan.op is not None and len(words) > 2:
-                outer.runs.setdefault("ops", set()).add(words[2])
-            return outer._run(executor, plan)
-
-        P2PExecutor.run = run
-        return self
-
-    def __exit__(self, *exc):
-        P2PExecutor.run = self._run
-
-
 def mlp(seed: int, width: int = 32) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
@@ -89,7 +67,7 @@ def ddp_trajectories(steps: int) -> dict:
     out = {}
     contestants = ["gloo"] + ringcoll.algorithms("all_reduce")
     saved = os.environ.get("RINGCOLL_ALGO")
-    with Counting() as counting:
+    with CountingPlans() as counting:
         for name in contestants:
             # one ringcoll group (each new group pays its gloo connections); RINGCOLL_ALGO,
             # read at every call, picks the algorithm, as it does for the drop-ins
@@ -187,7 +165,7 @@ def fsdp_losses(steps: int, dtype_name: str, hsdp: bool = False) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
     out = {}
-    with Counting() as counting:
+    with CountingPlans() as counting:
         for name in ("gloo", "ringcoll"):
             if hsdp and name == "ringcoll":     # the default group is ringcoll: unmodified mesh code
                 mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
@@ -514,7 +492,7 @@ def options_and_log() -> dict:
     log.setLevel(logging.INFO)
     try:
         group = ringcoll_group(all_reduce="ring", broadcast="binomial")
-        with Counting() as counting:
+        with CountingPlans() as counting:
             dist.all_reduce(torch.ones(10), group=group)
             dist.broadcast(torch.ones(3), src=0, group=group)
             dist.all_reduce(torch.ones(10), group=ringcoll_group())          # auto
@@ -565,7 +543,7 @@ def hook_trajectories(steps: int) -> dict:
 
     rank = dist.get_rank()
     out = {}
-    with Counting() as counting:
+    with CountingPlans() as counting:
         for name in ("built-in", "ring", "auto"):
             model = mlp(seed=rank)
             ddp = DDP(model, bucket_cap_mb=0.002)      # on the cluster's gloo default group

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ringcoll
+from _util import ringcoll_log
 from ringcoll import registry
 from ringcoll.simulate import BUILDER_OF, rank_data
 
@@ -371,24 +372,12 @@ def test_bad_machine_file_names_the_variable_and_path(plain_env, tmp_path, text,
 
 def options_machine_log(machine):
     """The log line of one all_gather on a ringcoll group whose Options carry ``machine``."""
-    import logging
-
     import torch.distributed as dist
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    log = logging.getLogger("ringcoll")
-    log.addHandler(handler)
-    level = log.level
-    log.setLevel(logging.INFO)
-    try:
+    with ringcoll_log() as records:
         group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(machine=machine))
         out = torch.empty(3 * 4096)
         dist.all_gather_into_tensor(out, torch.full((4096,), float(dist.get_rank() + 1)), group=group)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
     return records, out[::4096].tolist()
 
 

@@ -17,26 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ringcoll
-from ringcoll.executor import P2PExecutor
-
-
-class CountingPlans:
-    """Counts the plans ringcoll's executor runs in this process, by collective."""
-
-    def __enter__(self):
-        self.runs: dict = {}
-        self._run = P2PExecutor.run
-        outer = self
-
-        def run(executor, plan):
-            outer.runs[plan.collective] = outer.runs.get(plan.collective, 0) + 1
-            return outer._run(executor, plan)
-
-        P2PExecutor.run = run
-        return self
-
-    def __exit__(self, *exc):
-        P2PExecutor.run = self._run
+from _util import CountingPlans
 
 
 # -- torch.compile(DDP(model)) ----------------------------------------------------------------
@@ -66,7 +47,7 @@ def compiled_ddp_parameters(steps: int) -> dict:
                 opt.step()
         out[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
         out[name + "_seconds"] = time.monotonic() - start
-        out[name + "_runs"] = counting.runs
+        out[name + "_runs"] = {collective: counting.of(collective) for collective in ("broadcast", "all_reduce")}
     return out
 
 
