@@ -143,6 +143,9 @@ def parser() -> argparse.ArgumentParser:
                    help="import MODULE (a module name, or a path to a .py file) first, here and in "
                         "every rank, so the algorithms it registers with ringcoll.register are "
                         "benchmarked like ringcoll's own; repeatable")
+    p.add_argument("--msccl", action="append", default=[], metavar="FILE.xml",
+                   help="load an MSCCL-IR algorithm (ringcoll.msccl.load), here and in every rank, and run it as "
+                        "a contestant (its collective is the default --collective; the world must be its ngpus)")
     p.add_argument("--variant", choices=("both", OUT_OF_PLACE, IN_PLACE), default="both",
                    help="which variants of collectives that have both")
     p.add_argument("--np", type=int, metavar="N", help="ranks to spawn (default: 4; under torchrun: its world)")
@@ -181,6 +184,31 @@ def import_user_modules(names: Sequence[str]) -> tuple:
             raise OptionError(f"--import {name}: cannot import it: {type(error).__name__}: {error}") from error
         resolved.append(target)
     return tuple(resolved)
+
+
+def load_msccl(options) -> tuple:
+    """Load each ``--msccl`` XML (ranks load them as ``--import``s); its collective becomes the
+    default ``--collective`` and its name joins ``--algorithms`` when that is given."""
+    files = tuple(os.path.abspath(path) for path in getattr(options, "msccl", ()))
+    if not files:
+        return ()
+    from ringcoll import msccl
+    collectives, names = [], []
+    for path in files:
+        try:
+            name = msccl.load(path)
+        except Exception as error:  # noqa: BLE001 - a bad XML is an option error, named
+            raise OptionError(f"--msccl {path}: {type(error).__name__}: {error}") from error
+        collective = next(k[0] for k in msccl.loaded() if k[1] == name)
+        collectives.append({"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single",
+                            "all_to_all": "all_to_all_single"}.get(collective, collective))
+        names.append(name)
+    if not options.collective:
+        options.collective = list(dict.fromkeys(collectives))
+    if options.algorithms:
+        options.algorithms = ",".join([options.algorithms, *names])
+    options.msccl = files
+    return files
 
 
 def benchmarkable() -> dict:
@@ -274,6 +302,7 @@ def run(options, cluster=None):
         skipped.append("the PNG plots (no matplotlib)")
         options.no_plot = True
     imports = import_user_modules(getattr(options, "imports", ()))
+    imports += load_msccl(options)
     catalogue = benchmarkable()
     if cluster is not None:
         world = cluster.world_size
@@ -283,6 +312,13 @@ def run(options, cluster=None):
         world = 4 if options.np is None else options.np
         if world < 1:
             raise OptionError(f"--np must be >= 1, got {world}")
+    for path in getattr(options, "msccl", ()):
+        from ringcoll import msccl
+
+        program = next(info.program for info in msccl.loaded().values() if info.name == msccl.load(path))
+        if program.ngpus != world:
+            raise OptionError(f"--msccl {path}: the algorithm runs at {program.ngpus} ranks, the benchmark at "
+                              f"{world} (--np {program.ngpus})")
     jobs = make_jobs(options, catalogue, world, imports)      # bad options fail before any spawn
     if not jobs:
         raise OptionError("nothing to run: no size fits, or no variant selected")

@@ -85,6 +85,9 @@ def import_module(name: str):
     """The user module ``name``: an importable dotted name, or a path to a ``.py`` file (loaded
     under its file's stem). Imported once per process, so a module that registers algorithms
     with ``ringcoll.register`` registers them once, in the parent and in every rank alike."""
+    if name.endswith((".xml", ".xml.gz")):         # ringcoll-bench --msccl: an MSCCL-IR algorithm
+        from ringcoll import msccl
+        return msccl.load(name)
     if not name.endswith(".py"):
         return importlib.import_module(name)
     path = os.path.abspath(name)

@@ -1,7 +1,7 @@
 """Long runs: 10^4 consecutive mixed calls on one group, with each rank's resident memory, open
 file descriptors and threads sampled as it goes (issue 10 item 9).
 
-    python -m ringcoll.bench.long_run [--calls 10000] [--world 3] [--seed 1] [--out bench/results]
+    python -m ringcoll.bench.long_run [--calls 10000] [--world 3] [--seed 1] [--out DIR]
 
 Every rank draws the same seeded sequence of calls: a collective (all_reduce, broadcast,
 reduce, all_gather, all_gather_single, reduce_scatter_single, gather, scatter,
@@ -211,11 +211,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--every", type=int, default=250)
-    parser.add_argument("--out", default=os.path.join("bench", "results"))
+    parser.add_argument("--out", default=None,
+                        help="directory of long_run.json and long_run.png (default: a fresh "
+                             "long_run-<UTC time> under the current directory, so a run never "
+                             "overwrites committed results)")
     args = parser.parse_args(argv)
     result = run(args.calls, args.world, args.seed, args.warmup, args.every)
     result["command"] = "python -m ringcoll.bench.long_run " + " ".join(argv if argv is not None else sys.argv[1:])
     result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.out is None:
+        args.out = time.strftime("long_run-%Y%m%dT%H%M%SZ", time.gmtime())
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "long_run.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from functools import lru_cache
 from typing import Sequence, Union
 
 import torch
+
+from ..config import settings
 
 LOCAL_OPS = ("sum", "product", "min", "max", "band", "bor", "bxor")
 BACKENDS = ("auto", "cupy", "numba", "torch")
@@ -82,8 +83,7 @@ def get_backend() -> str:
     """The configured backend name: set_backend's, else $RINGCOLL_KERNELS, else "auto"."""
     if _configured is not None:
         return _configured
-    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
-    return _check_name(value, f"${ENV_VAR}")
+    return _check_name(settings().kernels, f"${ENV_VAR}")
 
 
 def available_backends(device: Union[str, torch.device] = "cuda") -> tuple[str, ...]:

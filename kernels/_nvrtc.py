@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..config import settings
+
 # IEEE behaviour, spelled out: subnormals kept (-ftz=false), no fused multiply-add contraction
 # (-fmad=false: every add and mul rounds once, as torch's in-place ops do), IEEE division and
 # square root (not used by reduce.cu today; set so that a future op cannot silently differ).
@@ -177,7 +179,7 @@ def _get(lib, prog, what: str) -> bytes:
 
 def cache_dir() -> pathlib.Path:
     default = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-    return pathlib.Path(os.environ.get(CACHE_ENV) or default / "ringcoll" / "kernels")
+    return pathlib.Path(settings().kernel_cache or default / "ringcoll" / "kernels")
 
 
 def _cache_load(key: str) -> Compiled | None:

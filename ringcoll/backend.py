@@ -22,7 +22,6 @@ group; otherwise ``RINGCOLL_ALGO`` and the ``auto`` table choose, as for the dro
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 from typing import Dict, List, Optional, Sequence
 
@@ -30,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from . import registry
+from .config import settings
 from .collectives._common import BUILDERS, Context, as_real
 from .executor import P2PExecutor, get_timeout
 from .machine import Machine
@@ -127,7 +127,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringcoll/gloo/", store), rank, world, timeout)
         self._executors: Dict[str, P2PExecutor] = {
-            "cpu": P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo")}
+            "cpu": self._named(P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo"))}
         self._nccl = None
         self._closed: Optional[str] = None    # "shutdown" or "abort" once closed
         self._lock = threading.Lock()
@@ -195,16 +195,18 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     # -- routing by device -------------------------------------------------------------------
     def _cuda_transport(self) -> str:
-        wanted = os.environ.get("RINGCOLL_CUDA_TRANSPORT", "nccl").strip().lower()
-        if wanted not in ("nccl", "gloo"):
-            raise ValueError(f"RINGCOLL_CUDA_TRANSPORT must be 'nccl' or 'gloo', got {wanted!r}")
+        wanted = settings().cuda_transport
         return "nccl" if wanted == "nccl" and dist.is_nccl_available() else "gloo"
 
     def executor(self, device: torch.device) -> P2PExecutor:
         """The executor for tensors on ``device``: over gloo for CPU; for CUDA over an NCCL
         group built on first use (every rank meets the same first CUDA collective), or over
         gloo, staged through host memory."""
-        kind = "cuda" if device.type == "cuda" else "cpu"
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"tensors of a ringcoll group must be on a CPU device (moved over gloo) or a "
+                             f"CUDA device (over NCCL, or gloo through host memory), got a tensor on device "
+                             f"{device}")
+        kind = device.type
         executor = self._executors.get(kind)
         if executor is None:
             if self._closed:
@@ -221,7 +223,13 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                         executor = P2PExecutor(self._nccl, rank=self._rank, world=self._world, backend="nccl")
                     else:
                         executor = P2PExecutor(self._gloo, rank=self._rank, world=self._world, backend="gloo")
-                    self._executors[kind] = executor
+                    self._executors[kind] = self._named(executor)
+        return executor
+
+    def _named(self, executor: P2PExecutor) -> P2PExecutor:
+        """``executor`` naming peers by this group's global ranks in its errors (built on an
+        inner group that torch does not know, it would count them from 0)."""
+        executor.global_ranks = list(self.global_ranks)
         return executor
 
     def _context(self, tensor: Optional[torch.Tensor]) -> Context:
@@ -388,6 +396,25 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                               datetime.timedelta(seconds=seconds) if seconds is not None else None)]
         return self._submit(planned, [])
 
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier (see :meth:`P2PExecutor.monitored_barrier`): rank 0 waits
+        for each rank in turn and raises naming the rank that did not arrive within
+        ``timeout`` (a timedelta or seconds; the group's own when None), or every such rank
+        with ``wait_all_ranks``. Call it on the group, ``group.monitored_barrier(timeout)``:
+        ``dist.monitored_barrier`` refuses every backend name but gloo's before it reaches a
+        group (torch 2.13, ``distributed_c10d.monitored_barrier``)."""
+        if not isinstance(wait_all_ranks, bool):
+            raise TypeError(f"wait_all_ranks must be a bool, got {type(wait_all_ranks).__name__} {wait_all_ranks!r}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (datetime.timedelta, int, float))):
+            raise TypeError(f"timeout must be a datetime.timedelta, seconds or None, got "
+                            f"{type(timeout).__name__} {timeout!r}")
+        seconds = timeout_seconds(timeout if timeout is not None else self._timeout)
+        if seconds is None:
+            raise ValueError(f"timeout must be positive: monitored_barrier needs a deadline, got {timeout!r}")
+        executor = self.executor(torch.device("cpu"))
+        submit(lambda: executor.monitored_barrier(seconds, wait_all_ranks), False)
+
     # -- point to point: the inner group's own ------------------------------------------------
     def _staged(self, tensor: torch.Tensor) -> bool:
         return tensor.is_cuda and self.executor(tensor.device).backend != "nccl"
@@ -417,8 +444,33 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return self._receive(tensors, lambda group, wires: group.recv_anysource(wires, tag))
 
 
+#: the underscored methods torch's C++ calls on a group (the rest it calls are public)
+_PRIVATE_ENTRY_POINTS = ("_allgather_base", "_reduce_scatter_base", "_get_backend")
+
+
+def _run_eagerly(cls):
+    """Mark every method torch's C++ calls on ``cls`` as never traced by Dynamo
+    (``torch.compiler.disable``). Under ``torch.compile(DDP(model))`` the reducer calls the
+    group (its ``broadcast`` from ``_rebuild_buckets``) while Dynamo is tracing; Dynamo then
+    traces into the Python method as if it were the model's code and fails on the first
+    attribute of ``self``, a TorchScript object to it (``UnsafeScriptObjectError: Member
+    '_plan' is not registered``). A collective is communication, never part of a graph: it
+    runs as it does without compile, as gloo's C++ methods do."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not isinstance(member, type) and (
+                not name.startswith("_") or name in _PRIVATE_ENTRY_POINTS):
+            setattr(cls, name, torch.compiler.disable(member, recursive=True))
+    return cls
+
+
+_run_eagerly(ProcessGroupRingcoll)
+
+
 def create(opts, pg_options=None) -> ProcessGroupRingcoll:
-    """The creator torch calls (``extended_api=True``) for every ringcoll group."""
+    """The creator torch calls (``extended_api=True``) for every ringcoll group. Every
+    RINGCOLL_* setting is checked first, so a bad one fails ``init_process_group`` naming
+    the variable, not a later call."""
+    settings()
     return ProcessGroupRingcoll(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                                 options=pg_options, global_ranks=list(opts.global_ranks_in_group or []))
 

@@ -21,6 +21,17 @@ and a call's transfers in schedule order), on fail-stop (below), and on check mo
 before each call and so also catches the one case order cannot: a rank whose call failed its
 own argument checks while its peers posted theirs.
 
+What check mode catches, exactly. Sequence numbers count each rank's own calls, so a rank
+that skips a call does not make numbers differ: it compares its next call with the others'
+skipped one. Any difference of fingerprint or number at a call raises the same
+MismatchError on every rank at that call and leaves the group failed everywhere (a skip
+leaves the ranks out of step for good). What no check can catch: a skipped call identical in
+fingerprint to the call that follows it (same collective, algorithm, element count, dtype,
+op and root): the skipping rank's call runs with the others' first one, and the difference
+shows at the first later call that differs (or, if none does, as a timeout where a rank
+has no partner left), as in NCCL. Shapes with equal element counts, data and the call site
+are not compared.
+
 Failure. A transfer that fails or does not complete within the timeout raises a
 :class:`PeerError` naming this rank, the peer, the step and the call, and marks the group
 failed, as NCCL aborts its communicator: every later call on it raises
@@ -31,7 +42,6 @@ that could meet leftovers. Timeouts: a call's ``timeout=`` (barrier), else ``set
 """
 from __future__ import annotations
 
-import os
 import struct
 import time
 import weakref
@@ -44,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from . import registry
+from .config import settings
 from .local import resolve_local, run_resolved
 from .plan import Plan
 from .schedule import Layout, Recv, Reduce, Send, extents
@@ -67,19 +78,14 @@ DEFAULT_TIMEOUT = timedelta(minutes=30).total_seconds()
 _RANK_VARYING = frozenset({"all_to_all"})
 
 
-def _env_timeout() -> Optional[float]:
-    value = os.environ.get("RINGCOLL_TIMEOUT", "").strip()
-    return float(value) if value else None
-
-
-_timeout_override: Optional[float] = _env_timeout()
+_timeout_override: Optional[float] = None
 
 
 def set_timeout(seconds: Optional[float]) -> None:
-    """Override how long one step of any ringcoll call may wait for its peers (the
-    ``RINGCOLL_TIMEOUT`` environment variable sets it at import); ``None`` goes back to each
-    group's own timeout (given to ``init_process_group``/``new_group``, torch's default
-    otherwise)."""
+    """Override how long one step of any ringcoll call may wait for its peers (it wins over
+    the ``RINGCOLL_TIMEOUT`` environment variable); ``None`` goes back to RINGCOLL_TIMEOUT,
+    else each group's own timeout (given to ``init_process_group``/``new_group``, torch's
+    default otherwise)."""
     global _timeout_override
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                 or seconds <= 0):
@@ -88,8 +94,9 @@ def set_timeout(seconds: Optional[float]) -> None:
 
 
 def get_timeout() -> Optional[float]:
-    """The override of :func:`set_timeout`, or None when groups' own timeouts apply."""
-    return _timeout_override
+    """The override of :func:`set_timeout`, else RINGCOLL_TIMEOUT's, or None when groups'
+    own timeouts apply."""
+    return _timeout_override if _timeout_override is not None else settings().timeout
 
 
 def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
@@ -187,8 +194,7 @@ def call_tag(seq: int, print_: Tuple) -> int:
 
 
 def _check_enabled() -> bool:
-    return (os.environ.get("RINGCOLL_CHECK", "0").strip() not in ("", "0")
-            or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL")
+    return settings().check
 
 
 def _device_backends(backend: str) -> Dict[str, str]:
@@ -229,10 +235,8 @@ class P2PExecutor:
         self.rank, self.world = rank, world
         self.backend = str(backend).lower()
         self.device_backends = _device_backends(config)
-        self.window = int(os.environ.get("RINGCOLL_WINDOW", DEFAULT_WINDOW))
-        self.transport_mode = os.environ.get("RINGCOLL_TRANSPORT", "auto").strip().lower() or "auto"
-        if self.transport_mode not in ("auto", "host", "batched"):
-            raise ValueError(f"RINGCOLL_TRANSPORT must be one of auto, host, batched, got {self.transport_mode!r}")
+        self.window = settings().window or DEFAULT_WINDOW
+        self.transport_mode = settings().transport
         self.check = _check_enabled()
         self.failure: Optional[BaseException] = None
         self._seq = 0
@@ -297,12 +301,14 @@ class P2PExecutor:
         return transport
 
     def timeout(self, plan: Plan, of_group: Optional[float] = None) -> float:
-        """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's, else the
+        """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's or
+        RINGCOLL_TIMEOUT's, else the
         group's (``of_group`` when already known: a prepared plan's)."""
         if plan.timeout is not None:
             return plan.timeout
-        if _timeout_override is not None:
-            return _timeout_override
+        override = get_timeout()
+        if override is not None:
+            return override
         return of_group if of_group is not None else group_timeout(self.group, plan.device)
 
     # -- buffers -----------------------------------------------------------------------
@@ -432,6 +438,7 @@ class P2PExecutor:
             return f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of {item.buf!r}"
 
         peers = sorted({item.peer for item in error.items})
+        also = ""
         if not error.items:
             subject = "the group's set-up"
         elif error.batch and len(error.items) > 1:
@@ -439,10 +446,27 @@ class P2PExecutor:
                        f"{'; '.join(name(item) for item in error.items)})")
         else:
             subject = name(error.items[0])
-        message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}: "
+            if len(error.items) > 1:     # the step's other transfers still incomplete then
+                also = f"; still incomplete too: {'; '.join(name(item) for item in error.items[1:])}"
+        message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}{also}: "
                    f"{error.error}")
-        return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else None,
+        if error.timed_out:
+            message += self._timeout_hint()
+        first = error.items[0].peer if error.items and not error.batch else None
+        return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else first,
                          step=index, peers=peers, call=call)
+
+    def _timeout_hint(self) -> str:
+        """What a timeout can mean, for the PeerError: the peer named is the one this rank
+        waited on, which may itself be waiting on the rank that stalled; and without check
+        mode a mismatched call looks exactly like a stall."""
+        hint = (" -- the peer named is the one this rank was waiting on; it may itself be waiting on "
+                "another rank (the rank that stalled or died is named by every neighbour of it)")
+        if self.check:
+            return hint + "; check mode is on and the ranks agreed on this call, so a peer stalled or died"
+        return hint + ("; a mismatched call (ranks calling different collectives, or a rank skipping a "
+                       "call) looks exactly like this: run with RINGCOLL_CHECK=1 to diagnose it (every rank "
+                       "then raises a MismatchError naming what differs on which ranks)")
 
     def _failed(self, failure: BaseException, keep: list) -> None:
         """Mark the group failed. The failed call's posted transfers are kept alive for good:
@@ -452,13 +476,90 @@ class P2PExecutor:
         for transport in self._transports.values():
             transport.abort()
 
+    # -- monitored barrier -----------------------------------------------------------------
+    def monitored_barrier(self, seconds: float, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitoredBarrier`` on this group, as one call (it takes a call number and
+        a tag of its own): every other rank sends rank 0 a token and waits for rank 0's
+        release; rank 0 waits for each rank in turn, all within ``seconds`` of entering, and
+        releases them once every rank has arrived. A rank that did not arrive in time makes
+        rank 0 raise a :class:`PeerError` naming it (``wait_all_ranks``: naming every such
+        rank, found by waiting on each until the same deadline) and leaves the group failed,
+        as every timeout does; the others then time out waiting for the release. What it is
+        for: finding the rank that hangs, where ``barrier()`` only says that some peer did."""
+        seq = self.begin_call()
+        if self.world == 1:
+            return
+        tag, group = call_tag(seq, _MONITORED), self.group
+        deadline = time.monotonic() + seconds
+        call = f"call #{seq} monitored_barrier"
+        tokens = {peer: torch.zeros(1, dtype=torch.uint8) for peer in range(self.world) if peer != self.rank}
+
+        def wait(work) -> Optional[BaseException]:
+            """None once ``work`` completes, or its error (a peer's closed connection fails
+            the post itself: then ``work`` is that error)."""
+            if isinstance(work, BaseException):
+                return work
+            try:
+                work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                return None
+            except RuntimeError as error:
+                return error
+
+        def post(transfer, peer: int):
+            try:
+                return transfer([tokens[peer]], peer, tag)
+            except RuntimeError as error:
+                return error
+
+        if self.rank != 0:
+            for what, transfer in (("send its token to", group.send), ("receive the release from", group.recv)):
+                work = post(transfer, 0)
+                error = wait(work)
+                if error is not None:
+                    failure = PeerError(
+                        f"ringcoll {call}: rank {self.rank} could not {what} rank 0 (global rank "
+                        f"{self.global_ranks[0]}) within {seconds:g} s: rank 0 has not reached "
+                        f"monitored_barrier, or another rank did not and rank 0 names it: {error}",
+                        rank=self.rank, peer=0, step=0, call=call)
+                    self._failed(failure, [work, tokens])
+                    raise failure from error
+            return
+        works = {peer: post(group.recv, peer) for peer in tokens}
+        missing = []
+        for peer, work in works.items():
+            if wait(work) is not None:
+                missing.append(peer)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            ranks = ", ".join(f"{peer} (global rank {self.global_ranks[peer]})" for peer in missing)
+            failure = PeerError(
+                f"ringcoll {call}: rank 0: {'rank' if len(missing) == 1 else 'ranks'} {ranks} failed to pass "
+                f"monitoredBarrier in {seconds * 1000:.0f} ms" + ("" if wait_all_ranks else
+                " (the first such rank; wait_all_ranks=True names every one)"),
+                rank=self.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=call)
+            self._failed(failure, [works, tokens])
+            raise failure
+        releases = {peer: post(group.send, peer) for peer in tokens}
+        for peer, work in releases.items():
+            error = wait(work)
+            if error is not None:
+                failure = PeerError(f"ringcoll {call}: rank 0 could not release rank {peer} (global rank "
+                                    f"{self.global_ranks[peer]}) within {seconds:g} s: {error}",
+                                    rank=self.rank, peer=peer, step=1, call=call)
+                self._failed(failure, [releases, tokens])
+                raise failure from error
+
     # -- check mode ----------------------------------------------------------------------
     def _check(self, plan: Plan, seq: int, transport, timeout: float) -> None:
         """Exchange every rank's sequence number and fingerprint (a fixed-size record) with a
         ring all-gather through this transport on its own tag, and raise the same
-        :class:`MismatchError` on every rank if they differ. A differing sequence number (a
-        rank's call failed its own checks while the others posted theirs) leaves the group
-        failed; a different call at the same number does not (every rank consumed it)."""
+        :class:`MismatchError` on every rank if they differ, and leave the group failed on
+        every rank: from a mismatch alone no rank can tell a different call from a skipped one
+        (numbers count each rank's own calls, so a rank that skipped a call compares its next
+        call with the others' skipped one, at the same number), and after a skip the ranks are
+        out of step for good; identical calls would then pair up silently. A differing number
+        means a rank's call failed its own checks after taking it."""
         table = torch.zeros(self.world * _RECORD.size, dtype=torch.uint8)
         row = slice(self.rank * _RECORD.size, (self.rank + 1) * _RECORD.size)
         table[row] = torch.frombuffer(bytearray(_pack(seq, fingerprint(plan))), dtype=torch.uint8)
@@ -482,11 +583,15 @@ class P2PExecutor:
         call = f"call #{seq} {plan.describe}"
         message = (f"ringcoll check: the ranks of the group disagree on their call (this rank, rank "
                    f"{self.rank}: {call}): " + "; ".join(differences) + ". Every rank raises this error.")
-        error = MismatchError(message, rank=self.rank, differences=differences, call=call)
-        if any(d.startswith("call number") for d in differences):
-            self._failed(error, [])
+        error = MismatchError(message + " The group is failed on every rank (a skipped call leaves the "
+                              "ranks out of step): create a new group to go on.",
+                              rank=self.rank, differences=differences, call=call)
+        self._failed(error, [])
         raise error
 
+
+#: the fingerprint in monitored_barrier's tag (no plan: its transfers are its own)
+_MONITORED = ("monitored_barrier", None, 1, "uint8", None, 0)
 
 _RECORD = struct.Struct("<qqq24s24s24s24s")
 

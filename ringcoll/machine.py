@@ -94,6 +94,28 @@ class Machine:
             return self.alpha, self.beta
         return max(self.alpha, self.inter_alpha), max(self.beta, self.inter_beta)
 
+    def nodes(self, world: int) -> Optional[Tuple[int, ...]]:
+        """The node of each of ``world`` ranks on this machine (None on a flat one): the
+        layout its node-aware schedules take when the caller gives none."""
+        if self.ranks_per_node is None:
+            return None
+        return tuple(self.node_of(rank) for rank in range(world))
+
+    def describe(self) -> str:
+        """A short human form for logs: α in µs and bandwidths in GB/s, per link class."""
+        def link(alpha: float, beta: float) -> str:
+            bandwidth = f"{1 / beta / 1e9:.3g} GB/s" if beta else "unlimited"
+            return f"{alpha * 1e6:.3g} us, {bandwidth}"
+
+        reduced = f"{1 / self.gamma / 1e9:.3g} GB/s reduced" if self.gamma else "free reductions"
+        ports = f"{self.ports} port{'s' if self.ports > 1 else ''}"
+        if self.ranks_per_node is None:
+            return f"flat: {link(self.alpha, self.beta)}, {reduced}, {ports}"
+        where = "placed" if self.placement is not None else "blocks"
+        return (f"nodes of {self.ranks_per_node} ({where}): {link(self.alpha, self.beta)} inside, "
+                f"{link(self.inter_alpha, self.inter_beta)} between, {reduced}, {ports}, "
+                f"{self.nic_ports} NIC port{'s' if self.nic_ports > 1 else ''}")
+
     # -- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
         data = asdict(self)

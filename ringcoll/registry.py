@@ -45,6 +45,16 @@ class Algorithm:
     #: schedule is a representative's with its peers relabelled (see :func:`register`), so a
     #: cost-only simulation may run the representatives for all (ringcoll.simulator)
     symmetry: Optional[Callable[[int, Layout], object]] = None
+    #: the one world size the algorithm runs at (a loaded MSCCL program), None: any
+    world: Optional[int] = None
+    #: whether ``algorithm="auto"`` may pick it (False: only when asked for by name)
+    auto: bool = True
+
+    def check_world(self, world: int) -> None:
+        """ValueError unless the algorithm runs at ``world`` ranks."""
+        if self.world is not None and world != self.world:
+            raise ValueError(f"algorithm {self.collective}/{self.name} runs at world size {self.world} "
+                             f"only, got a group of {world} ranks")
 
     @property
     def doc(self) -> str:
@@ -57,7 +67,8 @@ version = 0
 
 
 def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
-             symmetry: Optional[Callable[[int, Layout], object]] = None):
+             symmetry: Optional[Callable[[int, Layout], object]] = None, world: Optional[int] = None,
+             auto: bool = True):
     """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
 
     ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
@@ -72,7 +83,9 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     rank r % L's with every peer moved by ``r - r % L``: nodes of L alike), or ``"xor"`` (rank
     0's with every peer moved to ``q ^ r``); None where it is not. Cost-only simulations then
     run ranks 0 .. L - 1 alone for every rank (checked on sampled ranks; tests/test_study.py
-    checks every rank).
+    checks every rank). ``world`` fixes the one world size it runs at (other groups get a
+    ValueError when they ask for it); ``auto=False`` keeps ``algorithm="auto"`` from picking
+    it (ringcoll.msccl registers its loaded programs so).
 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
@@ -94,11 +107,21 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
             raise TypeError(f"symmetry must be a callable symmetry(world, layout) -> 'rotation' | "
                             f"'xor' | None, got {type(symmetry).__name__}")
         global version
-        table[name] = Algorithm(collective, name, schedule, cost, symmetry)
+        if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
+            raise TypeError(f"world must be None or a positive int, got {world!r}")
+        table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, bool(auto))
         version += 1
         return schedule
 
     return decorate
+
+
+def unregister(collective: str, name: str) -> None:
+    """Remove ``collective``/``name`` (ValueError if it is not registered)."""
+    get(collective, name)
+    global version
+    del _REGISTRY[collective][name]
+    version += 1
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,35 +4,65 @@ How ``auto`` decides, first source that answers:
 
 1. ``RINGCOLL_ALGO`` overrides everything: ``RINGCOLL_ALGO=ring`` picks ``ring`` wherever the
    collective has one; ``RINGCOLL_ALGO=all_reduce=rabenseifner,broadcast=binomial`` names it
-   per collective.
+   per collective. A collective it names nothing for (broadcast has no ring) goes on below,
+   and its log line says so.
 2. ``RINGCOLL_TUNING=table.csv``: the first row of that table (``ringcoll-bench --tune``
    writes it: ``collective,nranks,min_bytes,max_bytes,algorithm``, bytes inclusive) for this
    collective, world size and size.
-3. The measured rules, :data:`RULES`: each is (collective, largest message in bytes or None
-   for any, world-size condition, algorithm, evidence, ``measured_upto``). The first rule of a
-   collective that matches decides if the call's world is within what its evidence measured
-   (``world <= measured_upto``).
-4. Otherwise the model: the candidate with the least closed-form α-β-γ time (the cost each
-   algorithm registers) on one machine, decided by :func:`machine`: the group's
-   ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``, the machine it runs on),
-   else ``RINGCOLL_MACHINE=machine.json`` (a ``ringcoll.Machine`` saved by ``Machine.save``
-   or ``ringcoll.fit(...).save``), else :data:`DEFAULT_MACHINE`. ``direct`` is considered
-   only at p <= 8; on a tie the classic algorithm wins over a newer one.
+3. A group with a machine: its ``ringcoll.Options(machine=...)`` (in ``ringcoll.simulate``,
+   the ``machine=`` it runs on), else ``RINGCOLL_MACHINE=machine.json`` (a
+   ``ringcoll.Machine`` saved by ``Machine.save`` or ``ringcoll.fit(...).save``): the model
+   decides (below), on that machine.
+4. No machine: the measured rules, :data:`RULES`. They describe the host they were measured
+   on (2 shared cores, gloo), not a machine a user names, so they speak only here. Each is
+   (collective, largest message in bytes or None for any, world-size condition, algorithm,
+   evidence, ``measured_upto``); the first rule of a collective that matches decides if the
+   call's world is within what its evidence measured (``world <= measured_upto``).
+5. Otherwise the model on :data:`DEFAULT_MACHINE`.
 
-``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided.
+The model: the candidate with the least time in the simulator's cost-only run on the
+machine (ports, NICs and both link classes of a hierarchical one, exactly as the study
+prices them), with the group's node layout for the node-aware candidates
+(:func:`group_nodes`), at the size of the call's quarter-octave band (:func:`size_band`),
+cached per (collective, world, band, machine, layout, candidates); beyond
+:data:`SIMULATE_UP_TO` ranks the closed forms at the machine's slowest link. ``direct`` is
+considered only at p <= 8; on a tie the classic algorithm wins over a newer one.
+
+``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided: ``requested``,
+``RINGCOLL_ALGO``, ``auto: tuning table file:line``, ``auto: rule measured up to p=4: ...``
+or ``auto: model (given machine | machine.json | default machine): simulated on <machine> at
+<band> B: <pick> <time> us, next <runner-up> <time> us``.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import registry
+from .config import configure_logging, settings  # noqa: F401 - configure_logging: ringcoll's own
 from .machine import Machine
-from .topology import model_local_size
+from .topology import context_layout, even_nodes, local_size_from_env, model_local_size
 
 log = logging.getLogger("ringcoll")
+
+
+class _ModelRunsFilter(logging.Filter):
+    """Drops the log lines of the model's own simulations (each plan built logs its choice at
+    INFO), in the thread running them only: RINGCOLL_DEBUG=INFO shows the user's calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.state = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.state, "modelling", False)
+
+
+_model_runs = _ModelRunsFilter()
+log.addFilter(_model_runs)
 
 
 def _any_world(world: int) -> bool:
@@ -135,7 +165,14 @@ RULES = (
     Rule("broadcast", None, "binomial",
          "p <= 8, above 1 MiB: lg p messages and the fewest bytes in all (p-1)n, which is what two "
          "cores can move; p=4 (ringcoll-bench 2026-12-02): 0.98-1.05 of the built-in from 1 MiB "
-         "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56.",
+         "to 64 MiB, scatter_allgather 0.98-1.57, pipelined_chain 1.07-1.56. Checked against "
+         "every committed p=4 run (bench/results/*_np4_gloo.csv with broadcast): at 64 MiB "
+         "binomial 0.85 / 0.99 / 0.98 / 0.98 of the built-in (runs 20261202T144510Z, "
+         "20261204T012843Z, T033103Z, T154640Z), scatter_allgather 0.94 / 1.08 / 0.94 / 0.91: it "
+         "wins 2 of 4 (in T033103Z bine, 0.84, beat both) and loses 2, and in T154640Z their "
+         "p10-p90 overlap (41-59 ms vs 43-58); at 16 MiB binomial 1.03 / 1.00 / 1.08 / 1.05, "
+         "scatter_allgather 1.13 / 1.09 / 1.04 / 1.09. Not a case for a switch; linear (0.94 / "
+         "0.97 / 0.97 at 64 MiB in the last three) neither.",
          world=lambda world: world <= 8,
          measured_upto=4),
     Rule("broadcast", 256 * KiB, "binomial",
@@ -186,47 +223,24 @@ RULES = (
 
 
 def _override(collective: str) -> Optional[str]:
-    """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any. A setting that names
-    no algorithm of any collective (a typo such as ``rign``), an unknown collective or an
-    algorithm the named collective lacks is a ValueError naming the valid names: a silent
-    fall-back to ``auto`` would hide that the setting does nothing."""
-    setting = os.environ.get("RINGCOLL_ALGO", "").strip()
-    if not setting:
-        return None
-    table = registry.algorithms()
-    known = sorted({name for names in table.values() for name in names})
-    chosen = None
-    for entry in setting.split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        if "=" in entry:
-            coll, name = (part.strip() for part in entry.split("=", 1))
-            if coll not in table:
-                raise ValueError(f"RINGCOLL_ALGO={setting!r} names the collective {coll!r}; the collectives "
-                                 f"are {sorted(table)}")
-            if name not in table[coll]:
-                raise ValueError(f"RINGCOLL_ALGO={setting!r} names {coll}={name!r}; {coll} has {table[coll]}")
-            if coll == collective and chosen is None:
-                chosen = name
-        elif entry not in known:
-            raise ValueError(f"RINGCOLL_ALGO={setting!r} names {entry!r}, which no collective has; the "
-                             f"algorithms are {known} (or collective=name, comma-separated)")
-        elif entry in table[collective] and chosen is None:
-            chosen = entry
-    return chosen
+    """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any (checked by
+    :func:`ringcoll.config.parse_algo`: a typo is a ValueError naming the valid names)."""
+    return settings().algo.get(collective)
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
            exclude: tuple = (), machine: Optional[Machine] = None,
-           nodes: Optional[tuple] = None) -> tuple[str, str]:
+           nodes=None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
-    else ``auto``: the tuning table (RINGCOLL_TUNING), the first matching rule of RULES
-    where that rule was measured, else the least modelled time (:func:`model_choice`).
-    ``auto`` never picks a name in ``exclude`` (algorithms this call cannot run); ``machine``
-    is the call's for the model (its group's ``Options(machine=...)``, or simulate's), and
-    ``nodes`` each rank's node, whose size its node-aware costs take (simulate's nodes; None:
-    the environment's; read only when the model decides). The reason names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
+    else ``auto``: the tuning table (RINGCOLL_TUNING); then, on a group that has a machine
+    (``machine``: its ``Options(machine=...)`` or simulate's; else RINGCOLL_MACHINE), the
+    least simulated time on that machine (:func:`model_choice`); without one, the first
+    matching rule of RULES where that rule was measured, else the least simulated time on
+    :data:`DEFAULT_MACHINE`. ``auto`` never picks a name in ``exclude`` (algorithms this call
+    cannot run). ``nodes``: each rank's node, as the node-aware schedules will see it, or a
+    function giving it (read only when the model decides; None: the machine's nodes, else
+    the environment's). The reason names the source that decided, for
+    ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
     if algorithm != "auto":
@@ -235,18 +249,48 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     forced = _override(collective)
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
-    names = [name for name in registry.algorithms(collective) if name not in exclude]
+    name, why = _auto(collective, nbytes, world, exclude, machine, nodes)
+    return name, _unforced(collective, forced) + why
+
+
+def _unforced(collective: str, forced: Optional[str]) -> str:
+    """What the log says when RINGCOLL_ALGO is set but does not decide this call: a setting
+    such as ``ring`` leaves every collective without a ring at ``auto``, which a user reading
+    the log would otherwise take for the override having no effect at all."""
+    setting = settings().algo_text
+    if not setting:
+        return ""
+    if forced is not None:
+        return f"RINGCOLL_ALGO={setting} names {forced}, which this call cannot run; "
+    return f"RINGCOLL_ALGO={setting} names no algorithm of {collective}; "
+
+
+def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optional[Machine],
+          nodes) -> tuple[str, str]:
+    """``auto``'s choice after the override: the sources of the module docstring, in order."""
+    names = [name for name in registry.algorithms(collective)
+             if name not in exclude and registry.get(collective, name).auto]
     tuned = tuning_choice(collective, nbytes, world, names)
     if tuned is not None:
         return tuned
-    for rule in RULES:
-        if rule.collective == collective and rule.world(world) and (
-                rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
-            if rule.measured_upto is not None and world <= rule.measured_upto:
-                return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
-                                       f"{rule.evidence.split(';')[0]}"
-            break           # the rule that would decide was not measured here: the model does
-    return model_choice(collective, nbytes, world, names, machine, model_local_size(nodes))
+    on, source = machine(given)
+    if source == "default machine":
+        # no machine given: the rules measured on this host decide where they were measured
+        for rule in RULES:
+            if rule.collective == collective and rule.world(world) and (
+                    rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
+                if rule.measured_upto is not None and world <= rule.measured_upto:
+                    return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
+                                           f"{rule.evidence.split(';')[0]}"
+                break       # the rule that would decide was not measured here: the model does
+    return model_choice(collective, nbytes, world, names, given, nodes)
+
+
+def group_nodes(ctx) -> tuple:
+    """The node of every rank of ``ctx``'s group, as its node-aware schedules will see it:
+    simulate's ``local_size``, else the layout every rank of the group agreed
+    (:func:`ringcoll.topology.context_layout`): the one place ``auto`` asks."""
+    return context_layout(ctx)[0]
 
 
 # -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------
@@ -314,7 +358,7 @@ def load_tuning(path: str) -> tuple:
 def tuning_choice(collective: str, nbytes: int, world: int, names) -> Optional[tuple[str, str]]:
     """The first row of the RINGCOLL_TUNING table for this collective, world and size whose
     algorithm the call can run, or None (no table, or no row covers the call)."""
-    path = os.environ.get("RINGCOLL_TUNING", "").strip()
+    path = settings().tuning
     if not path:
         return None
     for row in load_tuning(path):
@@ -352,7 +396,7 @@ def machine(given: Optional[Machine] = None) -> tuple[Machine, str]:
         if not isinstance(given, Machine):
             raise TypeError(f"machine must be a ringcoll.Machine, got {type(given).__name__}")
         return given, "given machine"
-    path = os.environ.get("RINGCOLL_MACHINE", "").strip()
+    path = settings().machine
     if not path:
         return DEFAULT_MACHINE, "default machine"
     try:
@@ -379,44 +423,114 @@ def _model_bytes(collective: str, nbytes: int, world: int) -> int:
     return nbytes * world if collective == "all_to_all" else nbytes
 
 
+#: the largest world whose candidates the model simulates; beyond it their closed forms
+#: serve (at the machine's slowest link, ringcoll.Cost.on), as in the study's sweeps: a cold
+#: decision of all_reduce at 64 MiB simulates its 10 algorithms in 0.29 s at p = 64 on this
+#: 2-core host (1-23 ms at p <= 8), and ~5 s at p = 256
+SIMULATE_UP_TO = 64
+
+#: significant bits a size band keeps: bands of a quarter octave (1, 1.25, 1.5, 1.75 × 2^k)
+BAND_BITS = 3
+
+_simulated: dict = {}
+
+
+def size_band(nbytes: int) -> int:
+    """The size the model simulates for ``nbytes``: ``nbytes`` with all but its
+    :data:`BAND_BITS` leading bits cleared (powers of two and sizes below 2^BAND_BITS stay
+    exact), so every size of a quarter-octave band shares one cached decision."""
+    drop = max(0, nbytes.bit_length() - BAND_BITS)
+    return nbytes >> drop << drop
+
+
+def model_nodes(world: int, on: Machine, nodes=None) -> Optional[tuple]:
+    """The node layout the model simulates the node-aware candidates with: ``nodes`` (a
+    tuple, or a function giving one: the group's layout), else the machine's own nodes,
+    else RINGCOLL_LOCAL_SIZE's nodes, else None (one node)."""
+    if callable(nodes):
+        nodes = nodes()
+    if nodes is not None:
+        nodes = tuple(nodes)
+        if len(nodes) != world:
+            raise ValueError(f"nodes must give the node of each of the {world} ranks, got {len(nodes)}")
+        return nodes
+    if not on.flat:
+        return on.nodes(world)
+    size = local_size_from_env()
+    return even_nodes(world, size) if size is not None else None
+
+
+def _simulated_time(collective: str, name: str, world: int, n: int, on: Machine,
+                    nodes: Optional[tuple]) -> float:
+    """Seconds of ``collective``/``name`` on ``on``: the simulator's cost-only run of n
+    bytes from root 0, in 4-byte elements where n allows (float32, the study's unit; one
+    byte otherwise). ``auto`` sees bytes, not the dtype: below a few elements per rank,
+    where the element count shapes some schedules (empty chunks send nothing), the pick is
+    the one for 4-byte elements."""
+    import torch
+
+    from .simulate import BUILDER_OF, simulate
+
+    dtype = torch.float32 if n % 4 == 0 else torch.uint8
+    state = _model_runs.state
+    outer, state.modelling = getattr(state, "modelling", False), True
+    try:
+        sim = simulate(BUILDER_OF.get(collective, collective), name, world, numel=n // dtype.itemsize,
+                       dtype=dtype, data=False, record=False, machine=on, local_size=nodes)
+    finally:
+        state.modelling = outer
+    return sim.stats.time
+
+
 def modelled_times(collective: str, nbytes: int, world: int, names,
-                   given: Optional[Machine] = None, local_size: Optional[int] = None) -> list[tuple[float, str]]:
-    """(time on the model's machine, name) of every candidate, fastest first (ties: the
-    classic algorithm, then registration order). ``given``: the call's machine, if any;
-    ``local_size``: the ranks per node of the node-aware costs (None: the environment's)."""
+                   given: Optional[Machine] = None, nodes=None) -> list[tuple[float, str]]:
+    """(time on the model's machine, name) of every candidate, fastest first (ties, to 12
+    significant digits: the classic algorithm, then registration order). The time is the
+    simulator's cost-only run on the machine of :func:`machine` with the node layout of
+    :func:`model_nodes` at the size of :func:`size_band` (ports, NICs and both link classes
+    priced as the study prices them), or beyond :data:`SIMULATE_UP_TO` ranks the closed form.
+    Cached per (collective, world, size band, machine, layout, candidates)."""
     on, _ = machine(given)
-    n = _model_bytes(collective, nbytes, world)
+    layout = model_nodes(world, on, nodes)
+    band = size_band(_model_bytes(collective, nbytes, world))
+    key = (collective, world, band, on, layout, tuple(names), registry.version)
+    ranked = _simulated.get(key)
+    if ranked is not None:
+        return list(ranked)
     ranked = []
     for index, name in enumerate(names):
         if world > SMALL_WORLD_ONLY.get(name, world):
             continue
-        seconds = registry.model(registry.get(collective, name), world, n, local_size=local_size).on(on)
-        ranked.append((round(seconds, 15), name in FRONTIER, index, name))
+        if world <= SIMULATE_UP_TO:
+            seconds = _simulated_time(collective, name, world, band, on, layout)
+        else:
+            seconds = registry.model(registry.get(collective, name), world, band,
+                                     local_size=model_local_size(layout)).on(on)
+        ranked.append((float(f"{seconds:.12g}"), name in FRONTIER, index, name))
     ranked.sort()
-    return [(seconds, name) for seconds, _, _, name in ranked]
+    ranked = [(seconds, name) for seconds, _, _, name in ranked]
+    if len(_simulated) >= 4096:         # a long-lived process sweeping sizes: keep it bounded
+        _simulated.clear()
+    _simulated[key] = tuple(ranked)
+    return ranked
 
 
 def model_choice(collective: str, nbytes: int, world: int, names,
-                 given: Optional[Machine] = None, local_size: Optional[int] = None) -> tuple[str, str]:
-    """The candidate with the least modelled time: its closed-form α-β-γ cost on the
-    machine of :func:`machine` (on a hierarchical one, at its slowest link: Cost.on)."""
-    ranked = modelled_times(collective, nbytes, world, names, given, local_size)
+                 given: Optional[Machine] = None, nodes=None) -> tuple[str, str]:
+    """The candidate with the least modelled time (:func:`modelled_times`), and a reason
+    naming the machine, how it was priced, and the runner-up with its time."""
+    if len(names) == 1:
+        return names[0], "auto: the only candidate"
+    ranked = modelled_times(collective, nbytes, world, names, given, nodes)
     if not ranked:
         return names[0], "auto: no candidate the model may take, first registered"
     (best_time, best), rest = ranked[0], ranked[1:]
-    _, source = machine(given)
-    runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.3g} us" if rest else ""
-    return best, f"auto: model ({source}): {best} {best_time * 1e6:.3g} us{runner_up}"
-
-
-def configure_logging() -> None:
-    """``RINGCOLL_DEBUG=INFO`` (or DEBUG, WARNING ...) logs each call's choice to stderr."""
-    level = os.environ.get("RINGCOLL_DEBUG")
-    if level and not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("ringcoll %(levelname)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(level.upper())
+    on, source = machine(given)
+    how = "simulated" if world <= SIMULATE_UP_TO else "closed form"
+    band = size_band(_model_bytes(collective, nbytes, world))
+    runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.4g} us" if rest else ""
+    return best, (f"auto: model ({source}): {how} on {on.describe()} at {band} B: "
+                  f"{best} {best_time * 1e6:.4g} us{runner_up}")
 
 
 # -- segment sizes of the pipelined algorithms ------------------------------------------
@@ -446,9 +560,9 @@ DEFAULT_SEGMENT_BYTES = 1 * MiB
 def segment_bytes(collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:
     """The segment, in bytes, that ``collective``/``algorithm`` pipelines over: the
     ``RINGCOLL_SEGMENT`` environment variable (bytes), else the table, else the default."""
-    forced = os.environ.get("RINGCOLL_SEGMENT")
+    forced = settings().segment
     if forced:
-        return max(1, int(forced))
+        return forced
     return next((rule.segment_bytes for rule in SEGMENTS
                  if rule.collective == collective and rule.algorithm == algorithm),
                 DEFAULT_SEGMENT_BYTES)

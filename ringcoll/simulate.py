@@ -130,7 +130,7 @@ def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.
 def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
-             machine: Machine = Machine(), data: bool = True, check: Optional[bool] = None,
+             machine: Optional[Machine] = None, data: bool = True, check: Optional[bool] = None,
              record: Optional[bool] = None, local_size=None, symmetry: bool = True,
              **kwargs) -> Simulation:
     """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
@@ -140,10 +140,12 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     ``dtype`` (the n of the cost model: see :func:`numel_call`), or ``call(rank) -> (args,
     kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
-    bytes per rank and per link, time on ``machine``'s port-limited clock), the algorithm's
-    cost model and every rank's plan. ``algorithm="auto"`` chooses as on a group
-    (ringcoll.selection), its model weighing the algorithms on ``machine``; ``sim.algorithm``
-    is the one chosen.
+    bytes per rank and per link, time on ``machine``'s port-limited clock; None: the default
+    ``Machine()``), the algorithm's cost model and every rank's plan. ``algorithm="auto"``
+    chooses as on a group (ringcoll.selection): given ``machine=``, as on a group whose
+    ``Options(machine=)`` is that machine, the algorithm the simulator times fastest on it
+    with these nodes; without, as on a group without one (RINGCOLL_MACHINE, else the rules
+    measured on this host, else the default machine). ``sim.algorithm`` is the one chosen.
 
     ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
     builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
@@ -170,8 +172,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         raise ValueError(f"collective must be one of {sorted(BUILDERS)}, got {collective!r}")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ValueError(f"world must be a positive int, got {world!r}")
-    if not isinstance(machine, Machine):
+    if machine is not None and not isinstance(machine, Machine):
         raise TypeError(f"machine must be a ringcoll.Machine, got {type(machine).__name__}")
+    # auto weighs the algorithms on the machine the caller named, as a group's Options does;
+    # the clock runs on the default machine when none was named
+    chosen_on, machine = machine, machine if machine is not None else Machine()
     if not isinstance(symmetry, bool):
         raise TypeError(f"symmetry must be a bool, got {type(symmetry).__name__} {symmetry!r}")
     if check is None:
@@ -210,7 +215,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
-        plans.append(build(Context(rank, world, nodes=nodes, machine=machine), *args, **extra))
+        plans.append(build(Context(rank, world, nodes=nodes, machine=chosen_on), *args, **extra))
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]

@@ -189,13 +189,18 @@ class HostTransport:
         return handle
 
     def wait(self, handle: _HostStep, deadline: float) -> None:
+        """Wait for the step's transfers until ``deadline``. On a timeout the error names the
+        transfer that ran out first and every other one of the step still incomplete then
+        (each probed for a millisecond): the peers this rank was actually waiting on, not
+        only the first in posting order."""
         try:
-            for item, work, _, _ in handle.transfers:
+            for index, (item, work, _, _) in enumerate(handle.transfers):
                 try:
                     work.wait(timedelta(seconds=_remaining(deadline)))
                 except Exception as error:  # noqa: BLE001
                     timed_out = "timed out" in str(error).lower() or time.monotonic() >= deadline
-                    raise TransferError([item], error, timed_out=timed_out) from error
+                    items = [item] + (self._incomplete(handle.transfers[index + 1:]) if timed_out else [])
+                    raise TransferError(items, error, timed_out=timed_out) from error
             if self.stage:
                 copied = False
                 for item, _, device_bytes, host in handle.transfers:
@@ -206,6 +211,19 @@ class HostTransport:
                     handle.staging[1] = streams.record(handle.transfers[0][2].device)
         finally:
             self.release(handle)
+
+    @staticmethod
+    def _incomplete(transfers) -> list:
+        """The items of ``transfers`` that do not complete within a millisecond (gloo's works
+        learn of their completion only inside a wait; the step has failed, so a probe that
+        times out costs nothing more)."""
+        pending = []
+        for item, work, _, _ in transfers:
+            try:
+                work.wait(timedelta(milliseconds=1))
+            except Exception:  # noqa: BLE001 - still waiting, or failed: either way not done
+                pending.append(item)
+        return pending
 
     def release(self, handle: _HostStep) -> None:
         if handle.staging is not None:

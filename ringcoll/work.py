@@ -63,12 +63,15 @@ class Work(dist.Work):
         self._device = None
 
     def _finish(self, error: Optional[BaseException] = None) -> None:
+        """Complete the call: the futures first, then the event ``wait()`` blocks on, so that
+        whoever returns from ``wait()`` finds ``get_future()`` done (its chained callback runs
+        inside ``set_result``), as gloo's and NCCL's works guarantee."""
         self._error = error
-        self._done.set()
         if error is None:
             self._base.set_result(self._result)
         else:
             self._base.set_exception(error)
+        self._done.set()
 
     def wait(self, timeout=None) -> bool:
         """Block until the call completes (or ``timeout``, a timedelta, runs out: a

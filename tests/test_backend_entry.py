@@ -95,8 +95,8 @@ def test_init_process_group_by_name_without_importing_ringcoll():
         assert report["mapped"] == ["ProcessGroupRingcoll", 3], report
         # RINGCOLL_DEBUG=INFO: one line per collective naming it and the algorithm that ran,
         # as the drop-ins log it; RINGCOLL_ALGO chose the all_reduce
-        lines = [line for line in err.splitlines() if line.startswith("ringcoll INFO: ")]
-        assert any(line.startswith(f"ringcoll INFO: all_reduce/ring 6xfloat32 SUM: world 2, rank {rank} -> ring")
+        lines = [line for line in err.splitlines() if line.startswith(f"ringcoll [rank {rank}] INFO: ")]
+        assert any(line.startswith(f"ringcoll [rank {rank}] INFO: all_reduce/ring 6xfloat32 SUM: world 2, rank {rank} -> ring")
                    for line in lines), lines
         assert any("all_gather" in line for line in lines) and any("scatter/" in line for line in lines), lines
 

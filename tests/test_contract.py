@@ -227,8 +227,9 @@ def test_misspelt_algo_setting_is_an_error(monkeypatch, setting, words):
     monkeypatch.setenv("RINGCOLL_ALGO", setting)
     with pytest.raises(ValueError, match=words):
         ringcoll.simulate("all_reduce", "auto", world=3, numel=10)
-    # an explicit algorithm does not read the setting
-    assert ringcoll.simulate("all_reduce", "ring", world=3, numel=10).algorithm.name == "ring"
+    # every setting is checked at every call, so an explicit algorithm does not hide the typo
+    with pytest.raises(ValueError, match=words):
+        ringcoll.simulate("all_reduce", "ring", world=3, numel=10)
 
 
 def test_valid_algo_settings_still_apply(monkeypatch):

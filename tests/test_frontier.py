@@ -205,6 +205,7 @@ def test_torus_grid():
 
 # -- auto: measured rules, tuning table, model ------------------------------------------------
 from ringcoll import selection  # noqa: E402
+from ringcoll.topology import even_nodes  # noqa: E402
 
 
 @pytest.fixture
@@ -333,21 +334,22 @@ def test_simulate_auto_weighs_the_simulated_machine(plain_env, caplog):
 
 
 def test_simulate_auto_prices_node_aware_candidates_on_the_simulated_nodes(plain_env, monkeypatch):
-    """Inside ``simulate(..., "auto", local_size=4)`` the model takes the hierarchical
-    candidates' cost at the simulated nodes of 4, not at RINGCOLL_LOCAL_SIZE's 2."""
+    """Inside ``simulate(..., "auto", local_size=4)`` the model simulates the hierarchical
+    candidates on the simulated nodes of 4, not on RINGCOLL_LOCAL_SIZE's 2."""
     plain_env.setenv("RINGCOLL_LOCAL_SIZE", "2")
-    seen, real = [], registry.model
+    seen, real = [], selection._simulated_time
 
-    def spy(algorithm, world, nbytes, **kwargs):
-        if algorithm.name == "hierarchical":
-            seen.append(kwargs.get("local_size"))
-        return real(algorithm, world, nbytes, **kwargs)
+    def spy(collective, name, world, n, on, nodes):
+        if name == "hierarchical":
+            seen.append(nodes)
+        return real(collective, name, world, n, on, nodes)
 
-    monkeypatch.setattr(registry, "model", spy)
+    monkeypatch.setattr(selection, "_simulated_time", spy)
+    monkeypatch.setattr(selection, "_simulated", {})
     for collective in ("all_reduce", "broadcast", "reduce", "all_gather"):
         seen.clear()
         ringcoll.simulate(collective, "auto", 24, numel=24 * 4096, local_size=4, data=False, record=False)
-        assert seen and set(seen) == {4}, (collective, seen)
+        assert seen and set(seen) == {even_nodes(24, 4)}, (collective, seen)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -451,7 +453,7 @@ def test_debug_log_names_the_source(plain_env, tmp_path, caplog):
     sources = [r.getMessage() for r in caplog.records if "rank 0 ->" in r.getMessage()]
     assert "direct (auto: tuning table" in sources[0]
     assert "(auto: rule measured up to p=4" in sources[1]
-    assert "(auto: model (given machine)" in sources[2]
+    assert "(auto: model (default machine)" in sources[2]      # simulate without machine=: none given
 
 
 # -- real gloo ranks against the built-ins ------------------------------------------------------
@@ -527,28 +529,6 @@ def test_matches_builtin_on_gloo(clusters, world, local_size):
         assert not problems, f"rank {rank}: {problems[:6]}"
     for rank, (_, bits) in enumerate(answers):
         assert bits == answers[0][1], f"rank {rank}'s all_reduce results differ in bits from rank 0's"
-
-
-def node_layouts(local_size):
-    import os
-
-    from ringcoll.collectives._common import group_context
-    from ringcoll.topology import node_layout
-
-    ctx = group_context(None)
-    found = {"hostname": node_layout(ctx)}
-    os.environ["RINGCOLL_LOCAL_SIZE"] = str(local_size)
-    found["local size"] = node_layout(ctx)
-    os.environ.pop("RINGCOLL_LOCAL_SIZE")
-    os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
-    found["torchrun"] = node_layout(ctx)
-    os.environ.pop("LOCAL_WORLD_SIZE")
-    return found
-
-
-def test_node_layout_sources(clusters):
-    for found in clusters(4).run(node_layouts, 3):
-        assert found == {"hostname": (0, 0, 0, 0), "local size": (0, 0, 0, 1), "torchrun": (0, 0, 0, 1)}
 
 
 def test_bad_local_size_is_refused(plain_env):

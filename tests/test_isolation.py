@@ -71,7 +71,7 @@ def scenarios(kinds):
     ringcoll.set_timeout(SCENARIO_TIMEOUT)
     reports = {}
     # Under the batched transport (pytest --transport batched) tags are ignored, as NCCL's:
-    # there check mode is what keeps a skipped call from matching the next (see README)
+    # there check mode is what keeps a skipped call from matching the next (see docs/semantics.md)
     batched = os.environ.get("RINGCOLL_TRANSPORT") == "batched"
     if batched:
         os.environ["RINGCOLL_CHECK"] = "1"
@@ -303,7 +303,13 @@ def mismatched(check_env: str):
             out["dtype"] = "returned"
         except ringcoll.MismatchError as error:
             out["dtype"] = str(error)
-        x = torch.full((4,), 1.0 + rank)             # the group is still usable: same numbers
+        try:                                         # a mismatch leaves the group failed
+            ringcoll.all_reduce(torch.ones(2), group=group)
+            out["after_mismatch"] = "returned"
+        except RuntimeError as error:
+            out["after_mismatch"] = type(error).__name__
+        group = dist.new_group(list(range(world)))
+        x = torch.full((4,), 1.0 + rank)             # a new group goes on
         ringcoll.all_reduce(x, group=group)
         out["next"] = x.tolist()
         try:        # rank 0's scatter fails its own checks; the others post theirs
@@ -335,7 +341,7 @@ def test_check_mode_raises_on_every_rank_naming_ranks_and_what_differs(clusters,
     for rank, out in enumerate(results):
         assert "dtype: 'float32' on ranks [0, 1] vs 'float64' on ranks [2]" in out["dtype"], out
         assert "Every rank raises this error" in out["dtype"] and f"rank {rank}" in out["dtype"]
-        assert out["next"] == [6.0] * 4
+        assert out["after_mismatch"] == "GroupFailedError" and out["next"] == [6.0] * 4
         assert "call number" in out["skipped"] and "collective: " in out["skipped"], out
         assert "'scatter' on ranks [1, 2]" in out["skipped"] and "'all_reduce' on ranks [0]" in out["skipped"]
         assert out["later"] == "GroupFailedError"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import numbers
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -13,13 +12,14 @@ import torch
 import torch.distributed as dist
 
 from .. import registry
+from ..config import Settings, settings
 from ..executor import P2PExecutor, Prepared
 from ..machine import Machine
 from ..ops import SUPPORTED_DTYPES, op_type
 from ..plan import Plan
 from ..schedule import Layout
-from ..selection import choose, segment_elements
-from ..topology import node_layout
+from ..selection import choose, group_nodes, segment_elements
+from ..topology import context_layout, describe_layout
 from ..work import submit
 
 log = logging.getLogger("ringcoll")
@@ -106,6 +106,7 @@ def group_executor(group) -> Optional[P2PExecutor]:
 def group_context(group) -> Context:
     """The context of ``group`` (None: the default group) for this process."""
     executor = group_executor(group)
+    _call_settings(executor)
     # The call takes its number here, once the group is known and before any check that
     # depends on this rank's role (the root's list, say): an argument error on one rank
     # only leaves the numbering aligned, so the others' pending call can never match this
@@ -113,49 +114,26 @@ def group_context(group) -> Context:
     return Context(None, None) if executor is None else executor_context(executor)
 
 
-# -- persistent plans ---------------------------------------------------------------------
-#: the environment a plan depends on (the algorithm ``auto`` picks, the segment, the node
-#: layout): a plan is reused only under the values it was built with
-PLAN_ENV = ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_SEGMENT",
-            "RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
-
-def _env_plans() -> int:
-    value = os.environ.get("RINGCOLL_PERSISTENT_PLANS", "").strip() or "16"
+def _call_settings(executor) -> Settings:
+    """The settings of this call (:func:`ringcoll.config.settings`), read before anything is
+    touched: a bad RINGCOLL_* value is refused here, naming it. A rank that refuses still
+    takes the call's number, as an argument error does (see group_context): a setting bad on
+    one host only must not shift this rank's later calls against its peers'."""
     try:
-        return max(int(value), 0)
+        return settings()
     except ValueError:
-        raise ValueError(f"RINGCOLL_PERSISTENT_PLANS must be a number of plans (0: none), got {value!r}") from None
+        if executor is not None:
+            executor_context(executor)
+        raise
 
 
-#: plans kept per group (``RINGCOLL_PERSISTENT_PLANS``; 0: none, every call builds its own),
-#: least recently used dropped first; a call whose tensors hold more bytes than
+# -- persistent plans ---------------------------------------------------------------------
+#: plans kept per group when RINGCOLL_PERSISTENT_PLANS is unset (0: none, every call builds
+#: its own), least recently used dropped first; a call whose tensors hold more bytes than
 #: PERSISTENT_MAX_BYTES keeps none: its transfers dwarf the cost of a new plan, and a kept
 #: plan keeps its tensors' memory (see run_call)
-PERSISTENT_PLANS = _env_plans()
+PERSISTENT_PLANS = 16
 PERSISTENT_MAX_BYTES = 1 << 20
-
-
-#: os.environ's own dict (bytes keys on POSIX), read directly: six lookups through the
-#: Mapping cost as much as the rest of a reused call's checks together
-_ENV_DATA = getattr(os.environ, "_data", None)
-_ENV_KEYS = tuple(os.environ.encodekey(name) for name in PLAN_ENV) if hasattr(os.environ, "encodekey") else None
-
-
-def _plan_environment() -> tuple:
-    """The values of PLAN_ENV (as os.environ stores them: bytes on POSIX), the modification
-    times of the files RINGCOLL_TUNING and RINGCOLL_MACHINE name, the registry's version."""
-    if _ENV_DATA is not None and _ENV_KEYS is not None:
-        values = tuple(map(_ENV_DATA.get, _ENV_KEYS))
-    else:
-        values = tuple(map(os.environ.get, PLAN_ENV))
-    stamps = []
-    for path in values[1:3]:            # the tuning table and the machine file (os.stat takes bytes)
-        if path and path.strip():
-            try:
-                stamps.append(os.stat(path.strip()).st_mtime_ns)
-            except OSError:
-                stamps.append(None)
-    return values + tuple(stamps) + (registry.version,)
 
 
 #: argument types a key holds as they are, checked first (most of a call's arguments)
@@ -207,19 +185,21 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     strides and dtype (the kept plan holds that memory, so the address cannot have been
     handed to another tensor meanwhile; a plan whose memory moved, a storage resized in
     place, is dropped: :meth:`Prepared.moved`), every other argument is equal, and so are the
-    environment variables that choose a plan (:data:`PLAN_ENV`, and the files they name)
-    and the registry of algorithms. Only calls whose tensors hold at most
+    settings (:func:`ringcoll.config.settings`: every RINGCOLL_* variable, the files they
+    name and the registry of algorithms). Only calls whose tensors hold at most
     :data:`PERSISTENT_MAX_BYTES` and whose plan reads their data when it runs (not a copy
     made while building: :func:`_rerunnable`) keep a plan; a call takes its sequence number
     and tag afresh either way."""
     async_op = check_async(async_op)
     executor = group_executor(group)
-    if executor is None or async_op or PERSISTENT_PLANS <= 0:
+    current = _call_settings(executor)
+    limit = PERSISTENT_PLANS if current.persistent_plans is None else current.persistent_plans
+    if executor is None or async_op or limit <= 0:
         ctx = Context(None, None) if executor is None else executor_context(executor)
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []
     try:
-        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), _plan_environment())
+        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current)
         prepared = executor.persistent.get(key)
     except (_NotKeyed, TypeError, RuntimeError):
         # not hashable, or a tensor without an address (its call's checks say what is wrong)
@@ -247,7 +227,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     executor.raise_if_failed()
     prepared = executor.prepare(plan)
     executor.persistent[key] = prepared
-    if len(executor.persistent) > PERSISTENT_PLANS:
+    if len(executor.persistent) > limit:
         executor.persistent.popitem(last=False)
     return run_prepared(executor, prepared, ctx.seq)
 
@@ -393,19 +373,24 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
-    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine, nodes=ctx.nodes)
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
+                       nodes=lambda: group_nodes(ctx))
     return registry.get(collective, name), why
 
 
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
              layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
              result=None, describe_as: str = "") -> Plan:
+    algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
     if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
         element_size = next(iter(buffers.values())).element_size()
         layout = Layout(layout.numel, {**layout.params,
                                        "segment": segment_elements(collective, algorithm.name, element_size)})
     if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
-        layout = Layout(layout.numel, {**layout.params, "nodes": node_layout(ctx)})
+        # the group's agreed layout (exchanged at its first node-aware call), named in the log
+        nodes, source = context_layout(ctx, next(iter(buffers.values())).device)
+        layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
+        why = f"{why}; {describe_layout(nodes)} from {source}"
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
                 result=result, describe=describe_as, seq=ctx.seq, why=why)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)

@@ -6,8 +6,9 @@ on ABCI, arXiv 1811.05233; Google on TPU v3, arXiv 1811.06992) and leader-based 
 gathering collectives (MPICH's SMP-aware collectives).
 
 The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.topology`: the
-simulator's ``local_size``, ``RINGCOLL_LOCAL_SIZE``, torchrun's ``LOCAL_WORLD_SIZE`` or the
-hostnames). Nodes may differ in size and need not hold consecutive ranks. A node's
+simulator's ``local_size``, else the layout the group's ranks agreed on by exchange, from
+``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` or the hostnames). Nodes may differ in size
+and need not hold consecutive ranks. A node's
 **members** are its ranks in rank order; its **leader** is its first member (for rooted
 collectives, the root leads its own node).
 """
@@ -187,8 +188,8 @@ def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
 
     Cost: with N nodes of L ranks (p = NL), 2(L-1)α + 2(L-1)/L·nβ + (L-1)/L·nγ (inside) +
     2(N-1)α + 2(N-1)/(NL)·nβ + (N-1)/(NL)·nγ (across) = 2(L+N-2)α + 2(p-1)/p·nβ +
-    (p-1)/p·nγ; L read from RINGCOLL_LOCAL_SIZE or LOCAL_WORLD_SIZE (else one node: the
-    ring's cost).
+    (p-1)/p·nγ; L the caller's (simulate's nodes), else RINGCOLL_LOCAL_SIZE's (else one
+    node: the ring's cost).
     """
     return two_level_all_reduce(rank, world, _nodes(layout, world), layout.numel)
 

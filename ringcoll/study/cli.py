@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import List, Optional
 
 from ..machine import Machine
@@ -57,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("-e", "--maxbytes", type=parse_size, default="64M")
     s.add_argument("-f", "--stepfactor", type=int, default=4)
     s.add_argument("--simulate-up-to", type=int, default=256, help="closed forms above this many ranks")
-    s.add_argument("--out", default=os.path.join("bench", "results", "study"))
+    s.add_argument("--out", default=None,
+                   help="directory of the tables and maps (default: a fresh study-<UTC time> under the "
+                        "current directory, so a run never overwrites committed results)")
     for q in (s, sub.add_parser("validate", help="predicted vs measured times of a ringcoll-bench run")):
         q.add_argument("--machine", help="Machine JSON, or a ringcoll-bench JSON to fit")
         q.add_argument("--hierarchical", type=int, metavar="RANKS_PER_NODE")
@@ -87,6 +90,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from .sweep import crossovers, plot_map, sweep, write_table
     machine = _machine(args)
+    if args.out is None:
+        args.out = time.strftime("study-%Y%m%dT%H%M%SZ", time.gmtime())
     os.makedirs(args.out, exist_ok=True)
     worlds = [int(w) for w in args.worlds.split(",")]
     sizes = _sizes(args.minbytes, args.maxbytes, args.stepfactor)

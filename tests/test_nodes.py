@@ -1,0 +1,288 @@
+"""Node layouts agreed by every rank of a group (ringcoll.topology), uneven nodes included.
+
+The bug this guards against: each rank grouped the world by its own torchrun
+LOCAL_WORLD_SIZE, so with ``--nproc-per-node 3`` on one node and ``1`` on another ranks 0-2 saw
+nodes (0, 0, 0, 1) and rank 3 (0, 1, 2, 3), and every hierarchical call hung or tore the job
+down. Now the ranks exchange their facts once per group and derive one layout.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringcoll
+from ringcoll.topology import Facts, agreed_layout, describe_layout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# -- the derivation from gathered facts (pure) -------------------------------------------------
+def facts(hosts, local_sizes=None, group_ranks=None, global_ranks=None):
+    world = len(hosts)
+    return [Facts(global_ranks[r] if global_ranks else r, (local_sizes or [""] * world)[r],
+                  (group_ranks or [""] * world)[r], hosts[r]) for r in range(world)]
+
+
+def test_precedence_local_size_then_group_rank_then_hostnames():
+    hosts = ["a", "a", "a", "b", "c"]
+    assert agreed_layout(facts(hosts)) == ((0, 0, 0, 1, 2), "hostnames")
+    by_node_rank = facts(hosts, group_ranks=["1", "1", "0", "0", "2"])
+    assert agreed_layout(by_node_rank) == ((0, 0, 1, 1, 2), "torchrun's GROUP_RANK")
+    both = facts(hosts, local_sizes=["2"] * 5, group_ranks=["1", "1", "0", "0", "2"])
+    assert agreed_layout(both) == ((0, 0, 1, 1, 2), "RINGCOLL_LOCAL_SIZE=2")
+    # a sub-group's nodes come from its members' global ranks: 1 // 2, 2 // 2, 3 // 2
+    assert agreed_layout(facts(["a"] * 3, ["2"] * 3, global_ranks=[1, 2, 3])) == ((0, 1, 1), "RINGCOLL_LOCAL_SIZE=2")
+
+
+@pytest.mark.parametrize("local_sizes,shown", [
+    (["2", "2", "3", "3"], "'2' on ranks [0, 1], '3' on ranks [2, 3]"),
+    (["2", "2", "2", ""], "'2' on ranks [0, 1, 2], unset on rank [3]"),
+])
+def test_disagreeing_local_size_is_refused(local_sizes, shown):
+    with pytest.raises(ValueError, match=r"RINGCOLL_LOCAL_SIZE must be the same on every rank of the group "
+                                         r".*got " + shown.replace("[", r"\[").replace("]", r"\]")):
+        agreed_layout(facts(["a"] * 4, local_sizes))
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got 'two'"):
+        agreed_layout(facts(["a"] * 3, ["two"] * 3))
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got '0'"):
+        agreed_layout(facts(["a"] * 3, ["0"] * 3))
+    with pytest.raises(ValueError, match=r"GROUP_RANK .* must be set on every rank of the group or on none, "
+                                         r"got '0' on ranks \[0, 1\], unset on rank \[2\]"):
+        agreed_layout(facts(["a"] * 3, group_ranks=["0", "0", ""]))
+
+
+def test_describe_layout():
+    assert describe_layout((0, 0, 0, 1)) == "2 nodes of 3+1 ranks (0, 0, 0, 1)"
+    assert describe_layout((0, 1, 0, 1)) == "2 nodes of 2 ranks (0, 1, 0, 1)"
+    assert describe_layout((0,)) == "1 node of 1 rank (0,)"
+    assert describe_layout(tuple(r // 8 for r in range(64))) == "8 nodes of 8 ranks"
+
+
+def test_simulator_log_names_layout_and_source(monkeypatch, caplog):
+    monkeypatch.delenv("RINGCOLL_LOCAL_SIZE", raising=False)
+    with caplog.at_level("INFO", logger="ringcoll"):
+        ringcoll.simulate("all_reduce", "hierarchical", 5, numel=7, local_size=(0, 0, 0, 1, 2))
+        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", "2")
+        ringcoll.simulate("broadcast", "hierarchical", 3, numel=7)
+    lines = [r.getMessage() for r in caplog.records if "rank 0 -> hierarchical" in r.getMessage()]
+    assert "3 nodes of 3+1+1 ranks (0, 0, 0, 1, 2) from simulate's local_size" in lines[0]
+    assert "2 nodes of 2+1 ranks (0, 0, 1) from RINGCOLL_LOCAL_SIZE=2" in lines[1]
+
+
+# -- real gloo ranks ----------------------------------------------------------------------------
+def _hierarchical_sum(group=None) -> list:
+    rank = dist.get_rank()
+    tensor = torch.arange(5, dtype=torch.int64) * 3 + rank + 1
+    want = tensor.clone()
+    ringcoll.all_reduce(tensor, group=group, algorithm="hierarchical")
+    dist.all_reduce(want, group=group)
+    return tensor.tolist() if torch.equal(tensor, want) else ["differs", tensor.tolist(), want.tolist()]
+
+
+def disagreeing_local_size():
+    """RINGCOLL_LOCAL_SIZE 2 on ranks 0-1, 3 on ranks 2-3: the error each rank raises; then,
+    with the setting removed everywhere, a hierarchical call on the same group."""
+    from ringcoll.collectives._common import group_executor
+    from ringcoll.topology import group_layout
+
+    rank = dist.get_rank()
+    os.environ["RINGCOLL_LOCAL_SIZE"] = "2" if rank < 2 else "3"
+    try:
+        ringcoll.all_reduce(torch.ones(6, dtype=torch.int64), algorithm="hierarchical")
+        error = None
+    except ValueError as refused:
+        error = str(refused)
+    finally:
+        os.environ.pop("RINGCOLL_LOCAL_SIZE")
+    return error, _hierarchical_sum(), group_layout(group_executor(None))
+
+
+def test_disagreeing_local_size_is_refused_on_every_rank(clusters):
+    answers = clusters(4).run(disagreeing_local_size)
+    errors = [error for error, _, _ in answers]
+    assert errors[0] is not None and errors == [errors[0]] * 4, errors
+    assert "RINGCOLL_LOCAL_SIZE must be the same on every rank of the group" in errors[0]
+    assert "'2' on ranks [0, 1], '3' on ranks [2, 3]" in errors[0]
+    for rank, (_, total, layout) in enumerate(answers):       # the group goes on, agreed again
+        assert total == [10 + 12 * i for i in range(5)], rank
+        assert layout == ((0, 0, 0, 0), "hostnames"), rank
+
+
+def layout_sources():
+    """Each source of a group's layout on the default group (group_layout, as every rank
+    calls it at one point), and LOCAL_WORLD_SIZE alone, which must not count."""
+    from ringcoll.collectives._common import group_executor
+    from ringcoll.topology import group_layout
+
+    rank, executor = dist.get_rank(), group_executor(None)
+    found = {"hostnames": group_layout(executor)}
+    os.environ["LOCAL_WORLD_SIZE"] = "3" if rank < 3 else "1"        # torchrun's 3 + 1
+    found["LOCAL_WORLD_SIZE alone"] = group_layout(executor)
+    os.environ["GROUP_RANK"] = "0" if rank < 3 else "1"
+    found["GROUP_RANK"] = group_layout(executor)
+    found["sum on GROUP_RANK"] = _hierarchical_sum()
+    os.environ["RINGCOLL_LOCAL_SIZE"] = "2"
+    found["RINGCOLL_LOCAL_SIZE"] = group_layout(executor)
+    found["sum on RINGCOLL_LOCAL_SIZE"] = _hierarchical_sum()
+    for name in ("LOCAL_WORLD_SIZE", "GROUP_RANK", "RINGCOLL_LOCAL_SIZE"):
+        os.environ.pop(name)
+    return found
+
+
+def test_layout_sources_on_a_group(clusters):
+    total = [10 + 12 * i for i in range(5)]
+    for rank, found in enumerate(clusters(4).run(layout_sources)):
+        assert found == {"hostnames": ((0, 0, 0, 0), "hostnames"),
+                         "LOCAL_WORLD_SIZE alone": ((0, 0, 0, 0), "hostnames"),
+                         "GROUP_RANK": ((0, 0, 0, 1), "torchrun's GROUP_RANK"), "sum on GROUP_RANK": total,
+                         "RINGCOLL_LOCAL_SIZE": ((0, 0, 1, 1), "RINGCOLL_LOCAL_SIZE=2"),
+                         "sum on RINGCOLL_LOCAL_SIZE": total}, rank
+
+
+def raw_backend_layouts():
+    """A ringcoll-backend sub-group of global ranks 1, 2, 3: its executor runs on a raw gloo
+    group that torch.distributed does not know. Its layout from GROUP_RANK (node rank
+    r // 2) and from RINGCOLL_LOCAL_SIZE=2 (global rank // 2), after hierarchical calls
+    through torch's own all_reduce on the group, and the logged lines."""
+    from ringcoll.topology import group_layout
+
+    rank = dist.get_rank()
+    group = dist.new_group([1, 2, 3], backend="ringcoll", pg_options=ringcoll.Options(all_reduce="hierarchical"))
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("ringcoll")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    found = {}
+    try:
+        for name, value in (("GROUP_RANK", str(rank // 2)), ("RINGCOLL_LOCAL_SIZE", "2")):
+            os.environ[name] = value
+            if rank != 0:
+                tensor = torch.arange(4, dtype=torch.int64) + 10 * rank
+                dist.all_reduce(tensor, group=group)
+                assert tensor.tolist() == [60 + 3 * i for i in range(4)], tensor
+                found[name] = group_layout(group.executor(torch.device("cpu")))
+    finally:
+        os.environ.pop("GROUP_RANK", None)
+        os.environ.pop("RINGCOLL_LOCAL_SIZE", None)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        dist.destroy_process_group(group)
+    return found, [line for line in records if "-> hierarchical" in line]
+
+
+def test_raw_backend_group_gets_the_agreed_layout(clusters):
+    answers = clusters(4).run(raw_backend_layouts)
+    assert answers[0] == ({}, [])
+    for rank, (found, lines) in enumerate(answers[1:], 1):
+        assert found == {"GROUP_RANK": ((0, 1, 1), "torchrun's GROUP_RANK"),
+                         "RINGCOLL_LOCAL_SIZE": ((0, 1, 1), "RINGCOLL_LOCAL_SIZE=2")}, rank
+        assert "2 nodes of 1+2 ranks (0, 1, 1) from torchrun's GROUP_RANK" in lines[0], lines
+        assert "2 nodes of 1+2 ranks (0, 1, 1) from RINGCOLL_LOCAL_SIZE=2" in lines[1], lines
+
+
+# -- real torchrun launches on localhost, one per node ------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("per_node,rendezvous,layouts", [
+    ((3, 1), "static", [[0, 0, 0, 1]]),
+    ((2, 1, 1), "static", [[0, 0, 1, 2]]),
+    # c10d numbers the nodes in the order they join: the 3-rank node first or second
+    ((3, 1), "c10d", [[0, 0, 0, 1], [0, 1, 1, 1]]),
+])
+def test_uneven_nodes_under_torchrun(tmp_path, per_node, rendezvous, layouts):
+    """One torchrun launch per emulated node, each with its own ``--nproc-per-node`` (a
+    static rendezvous, where ``--node-rank`` is the node's GROUP_RANK, or c10d's); every rank
+    checks every node-aware algorithm and auto against the built-ins (tests/nodes_rank.py)
+    and reports its layout, the same on every rank."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "RINGCOLL_ALGO")}
+    env.update(RINGCOLL_TIMEOUT="15", OMP_NUM_THREADS="1")
+    port = _free_port()
+
+    def where(node: int) -> list:
+        if rendezvous == "static":
+            return ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name]
+
+    launches = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(per_node)), *where(node),
+         "--nproc-per-node", str(count), os.path.join(HERE, "nodes_rank.py"), str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node, count in enumerate(per_node)]
+    deadline = time.monotonic() + 90
+    try:
+        logs = [launch.communicate(timeout=max(deadline - time.monotonic(), 1))[0] for launch in launches]
+    finally:
+        for launch in launches:
+            if launch.poll() is None:
+                launch.kill()
+                launch.wait()
+    world = sum(per_node)
+    reports = [tmp_path / f"rank{rank}.json" for rank in range(world)]
+    assert all(r.exists() for r in reports), "\n".join(log[-3000:] for log in logs)
+    found = [json.loads(report.read_text()) for report in reports]
+    for rank, mine in enumerate(found):
+        assert mine["problems"] == [], f"rank {rank}: {mine['problems'][:4]}"
+        assert mine["layout"] in layouts and mine["source"] == "torchrun's GROUP_RANK", (rank, mine)
+        assert mine["layout"] == found[0]["layout"], f"rank {rank} disagrees with rank 0: {mine['layout']}"
+    assert all(launch.returncode == 0 for launch in launches), "\n".join(log[-3000:] for log in logs)
+
+
+def exchange_behind_queued_calls():
+    """The layout exchange of a fresh group's first hierarchical call runs in call order: after
+    an async call still queued on the default group; and from inside a queued call (a
+    ringcoll-backend group's sparse all_reduce builds its all_gather plans on the queue's
+    worker thread), inline. Each rank's results and layouts."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.environ["GROUP_RANK"] = str(rank // 2)
+    group = dist.new_group(list(range(world)))
+    sparse_group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(all_gather="hierarchical"))
+    try:
+        first = torch.full((3000,), rank + 1, dtype=torch.int64)
+        second = torch.arange(7, dtype=torch.int64) + rank
+        pending = ringcoll.all_reduce(first, algorithm="ring", async_op=True)
+        last = ringcoll.all_reduce(second, group=group, algorithm="hierarchical", async_op=True)
+        pending.wait()
+        last.wait()
+        sparse = torch.sparse_coo_tensor([[rank, world]], [rank + 1, 10], (world + 1,))
+        dist.all_reduce(sparse, group=sparse_group)
+        # what the calls themselves agreed on, cached on each group's executor
+        found = (first[:2].tolist(), second.tolist(), sparse.to_dense().tolist(),
+                 group_executor_of(group).node_layout[1:],
+                 sparse_group.executor(torch.device("cpu")).node_layout[1:])
+    finally:
+        os.environ.pop("GROUP_RANK")
+        dist.destroy_process_group(sparse_group)
+        dist.destroy_process_group(group)
+    return found
+
+
+def group_executor_of(group):
+    from ringcoll.collectives._common import group_executor
+
+    return group_executor(group)
+
+
+def test_exchange_runs_in_call_order(clusters):
+    nodes = ((0, 0, 1), "torchrun's GROUP_RANK")
+    for rank, found in enumerate(clusters(3).run(exchange_behind_queued_calls)):
+        assert found == ([6, 6], [3 * i + 3 for i in range(7)], [1, 2, 3, 30], nodes, nodes), rank

@@ -1,0 +1,83 @@
+"""``ringcoll-bench --tune`` on noisy measurements: the table switches algorithm only where a
+new winner beats the one it holds beyond the measured spread (bench/tune.py)."""
+from __future__ import annotations
+
+import random
+
+from ringcoll.bench import harness, tune
+from ringcoll.bench.harness import Row
+from ringcoll.bench.specs import IN_PLACE
+
+SIZES = [1024 << (2 * i) for i in range(9)]          # 1 KiB .. 64 MiB: 8 band boundaries
+NAMES = ("ring", "recursive_doubling", "rabenseifner")
+
+
+def row(name, size, rounds):
+    """A benchmark row from its rounds (µs), its median and p10 / p90 as the harness takes them."""
+    return Row("all_reduce", IN_PLACE, name, size, size // 4, "float32", "sum", -1,
+               harness.percentile(rounds, 0.5), 1.0, 1.0, 0, min_us=min(rounds), max_us=max(rounds),
+               p10_us=harness.percentile(rounds, 0.1), p90_us=harness.percentile(rounds, 0.9),
+               times_us=list(rounds))
+
+
+def noisy_run(seed, fast_from=None, speedup=3.0, fast="rabenseifner"):
+    """Three algorithms alike at every size, each round ±60 % of the size's time at random
+    (a shared 2-core host); from size index ``fast_from`` on, ``fast`` ``speedup`` times faster."""
+    rng = random.Random(seed)
+    rows = []
+    for index, size in enumerate(SIZES):
+        base = 500 + size / 1000
+        for name in NAMES:
+            scale = base / speedup if name == fast and fast_from is not None and index >= fast_from else base
+            rows.append(row(name, size, [scale * rng.uniform(0.4, 1.6) for _ in range(15)]))
+    return rows
+
+
+def switches(choices):
+    picks = list(choices.values())
+    return sum(a != b for a, b in zip(picks, picks[1:]))
+
+
+def test_noise_within_the_spread_never_switches_the_table():
+    """Medians that trade places on noise flip the bare argmin at most boundaries; the table
+    keeps its first choice through all of them: one band."""
+    rows = noisy_run(seed=7)
+    assert switches(tune.fastest(rows)) >= 4                      # the noise is real ...
+    assert switches(tune.steady_choices(rows)) == 0               # ... and never switches the table
+    bands = tune.tuning_rows(rows, 4)
+    assert [(b.min_bytes, b.max_bytes) for b in bands] == [(0, SIZES[-1])]
+    assert bands[0].algorithm == tune.fastest(rows)[SIZES[0]]
+
+
+def test_a_winner_beyond_the_spread_switches_once_and_holds():
+    """From 4 MiB on rabenseifner is 3x faster (its p90 well below the others' p10): the
+    table switches there, once, from the first pick it held through the noise below."""
+    rows = noisy_run(seed=7, fast_from=5)
+    choices = tune.steady_choices(rows)
+    first = choices[SIZES[0]]
+    assert first != "rabenseifner"
+    assert [choices[s] for s in SIZES] == [first] * 5 + ["rabenseifner"] * 4
+    bands = tune.tuning_rows(rows, 4)
+    assert [(b.min_bytes, b.max_bytes, b.algorithm) for b in bands] == [
+        (0, SIZES[5] - 1, first), (SIZES[5], SIZES[-1], "rabenseifner")]
+    # a 1.1x edge is inside this spread: no switch
+    assert switches(tune.steady_choices(noisy_run(seed=7, fast_from=5, speedup=1.1))) == 0
+
+
+def test_beats_needs_the_spreads_apart():
+    slow = row("ring", 1024, [100.0] * 5 + [200.0] * 5)           # p10 100
+    assert not tune.beats(row("rabenseifner", 1024, [50.0] * 5 + [100.0] * 5), slow)     # p90 100: touches
+    assert tune.beats(row("rabenseifner", 1024, [50.0] * 5 + [99.0] * 5), slow)
+    # rows without rounds (an old run, or one round) compare by their medians, as before
+    bare = [Row("all_reduce", IN_PLACE, name, 1024, 256, "float32", "sum", -1, t, 1.0, 1.0, 0)
+            for name, t in (("ring", 10.0), ("rabenseifner", 9.9))]
+    assert tune.beats(bare[1], bare[0]) and not tune.beats(bare[0], bare[1])
+
+
+def test_a_held_algorithm_missing_at_a_size_gives_way_to_the_fastest():
+    """Where the algorithm held has no row (an error, a wrong element), the fastest median
+    takes over, and holds from there as any first choice does."""
+    rows = [row("ring", 1024, [10.0, 11.0, 12.0]), row("rabenseifner", 1024, [11.0, 12.0, 13.0]),
+            row("rabenseifner", 4096, [20.0, 21.0, 22.0]), row("recursive_doubling", 4096, [19.0, 20.0, 23.0]),
+            row("ring", 16384, [30.0, 31.0, 32.0]), row("recursive_doubling", 16384, [30.5, 31.0, 33.0])]
+    assert tune.steady_choices(rows) == {1024: "ring", 4096: "recursive_doubling", 16384: "recursive_doubling"}
