@@ -71,7 +71,7 @@ def scenarios(kinds):
     ringcoll.set_timeout(SCENARIO_TIMEOUT)
     reports = {}
     # Under the batched transport (pytest --transport batched) tags are ignored, as NCCL's:
-    # there check mode is what keeps a skipped call from matching the next (see README)
+    # there check mode is what keeps a skipped call from matching the next (see docs/semantics.md)
     batched = os.environ.get("RINGCOLL_TRANSPORT") == "batched"
     if batched:
         os.environ["RINGCOLL_CHECK"] = "1"
