@@ -456,14 +456,14 @@ def _run_eagerly(cls):
     attribute of ``self``, a TorchScript object to it (``UnsafeScriptObjectError: Member
     '_plan' is not registered``). A collective is communication, never part of a graph: it
     runs as it does without compile, as gloo's C++ methods do."""
+    if cls.__dict__.get("_eager"):
+        return cls
     for name, member in list(vars(cls).items()):
         if callable(member) and not isinstance(member, type) and (
                 not name.startswith("_") or name in _PRIVATE_ENTRY_POINTS):
             setattr(cls, name, torch.compiler.disable(member, recursive=True))
+    cls._eager = True
     return cls
-
-
-_run_eagerly(ProcessGroupRingcoll)
 
 
 def create(opts, pg_options=None) -> ProcessGroupRingcoll:
@@ -471,6 +471,9 @@ def create(opts, pg_options=None) -> ProcessGroupRingcoll:
     RINGCOLL_* setting is checked first, so a bad one fails ``init_process_group`` naming
     the variable, not a later call."""
     settings()
+    # at the first group, not at import: torch.compiler.disable imports Dynamo (about a second),
+    # which every `import ringcoll` (each launched rank, the drop-ins' users) would pay
+    _run_eagerly(ProcessGroupRingcoll)
     return ProcessGroupRingcoll(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                                 options=pg_options, global_ranks=list(opts.global_ranks_in_group or []))
 

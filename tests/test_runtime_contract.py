@@ -337,3 +337,18 @@ def test_a_skipped_call_identical_to_the_next_is_caught_one_call_later(clusters)
         assert zero[1][0] == two[1][0] == one[1][0] == failure, (check, zero, one, two)
         assert max(zero[1][1], one[1][1], two[1][1]) < limit, (check, zero, one, two)
         assert zero[2][0] == two[2][0] == "GroupFailedError", (check, zero, two)
+
+
+def test_import_ringcoll_leaves_dynamo_unimported():
+    """Marking the backend's methods for Dynamo (torch.compiler.disable) imports Dynamo, about
+    a second: it happens at the first ringcoll group, never at ``import ringcoll`` (each
+    launched rank and every drop-in user would pay it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ringcoll; assert 'torch._dynamo' not in sys.modules, 'imported'; "
+            "import torch.distributed as dist; "
+            "from ringcoll.backend import ProcessGroupRingcoll, create; "
+            "assert not ProcessGroupRingcoll.__dict__.get('_eager')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
