@@ -562,7 +562,7 @@ def test_hierarchical_wins_on_two_levels_as_the_formulas_predict():
     through one NIC: at least 2L(αo + n/2·βo).
     At p = 16 and 16 MiB hierarchical beats both; at p = 4 (one node) it is the ring and
     Rabenseifner beats it; at p = 64 and 4 KiB Rabenseifner's 2 lg p steps beat its 2(L+N-2)."""
-    from ringcoll.bench.study_2level import MACHINE
+    from experiments.study_2level import MACHINE
 
     L = MACHINE.ranks_per_node
     ai, bi, ao, bo, g = MACHINE.alpha, MACHINE.beta, MACHINE.inter_alpha, MACHINE.inter_beta, MACHINE.gamma

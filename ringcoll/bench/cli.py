@@ -40,8 +40,8 @@ def default_out(cwd: Optional[str] = None) -> str:
     """``bench/results`` when run from the root of the project checkout (an editable install),
     else ``./ringcoll-bench-results``: a plain install has no bench/results to fill."""
     here = os.path.abspath(cwd or os.getcwd())
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    inside = here == checkout and os.path.isfile(os.path.join(here, "bench", "cli.py"))
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    inside = here == checkout and os.path.isdir(os.path.join(here, "bench", "results"))
     return DEFAULT_OUT if inside else OUTSIDE_OUT
 
 
