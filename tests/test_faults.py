@@ -1,4 +1,4 @@
-"""Fault injection (issue 10 item 8), a seeded sample of the committed campaign.
+"""Fault injection, a seeded sample of the committed campaign.
 
 The campaign (``python -m tools.faults --injections 60 --seed 1 --timeout 3``, result
 in bench/results/faults_seed1.json) kills or stalls one rank at a random step of a random

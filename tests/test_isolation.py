@@ -1,4 +1,4 @@
-"""Fault isolation between calls (issue 10 items 1-4) on real gloo processes.
+"""Fault isolation between calls on real gloo processes.
 
 The scenario of the issue: one rank's call fails its own argument checks (a root-only list
 one tensor short, a sparse tensor on the root, a short list on rank 0) while its peers post

@@ -1,4 +1,4 @@
-"""Long runs (issue 10 item 9), a sample of the committed run.
+"""Long runs, a sample of the committed run.
 
 ``python -m tools.long_run --calls 10000`` (result: bench/results/long_run.json and
 long_run.png) makes 10^4 consecutive mixed calls on one group, checking each exactly and
