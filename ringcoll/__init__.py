@@ -6,6 +6,14 @@
 Algorithms are schedules (:mod:`ringcoll.schedule`) registered by collective and name
 (:func:`algorithms`); the P2P executor runs them on a process group, :func:`simulate` runs
 them on every rank in one process, and :func:`launch` starts a local cluster to try them.
+
+Layers, lowest first; a module imports only its own layer and those below (tests/test_layers.py
+checks it on every module, and lists what is still to untangle):
+models and vocabulary (ops, machine, schedule) < settings (config) < algorithms (registry,
+plan, schedules) < runtime (kernels, local, transport, work, executor; the simulator's engine)
+< selection (topology, selection) < api (collectives, backend, hooks) < simulation front
+(simulate, study's sweep) < entry points (this package, the launcher, the command lines) <
+the benchmark (ringcoll.bench). Nothing here imports the checkout's tools/ or experiments/.
 """
 from .registry import Cost, algorithms, register
 from .machine import Machine

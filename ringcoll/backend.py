@@ -478,8 +478,13 @@ def create(opts, pg_options=None) -> ProcessGroupRingcoll:
                                 options=pg_options, global_ranks=list(opts.global_ranks_in_group or []))
 
 
-def register() -> None:
-    """Register the ``"ringcoll"`` backend with torch.distributed (idempotent)."""
-    import ringcoll_autoload
+NAME = "ringcoll"
 
-    ringcoll_autoload.register()
+
+def register() -> None:
+    """Register the ``"ringcoll"`` backend with torch.distributed (idempotent), as
+    ``ringcoll_autoload.register`` does when torch loads its entry point: whichever runs first
+    registers. The creator is :func:`create` itself; ringcoll_autoload (above the package: torch
+    imports it without ringcoll) is never imported from here."""
+    if dist.is_available() and NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(NAME, create, extended_api=True, devices=["cpu", "cuda"])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
 
@@ -203,6 +204,23 @@ def parse_algo(name: str, text: str) -> Dict[str, str]:
                 if entry in names:
                     chosen.setdefault(coll, entry)
     return chosen
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from nccl-tests' size syntax (the command lines: ringcoll-bench, ringcoll-study,
+    ``python -m ringcoll.msccl``): ``8``, ``1K``, ``64M``, ``1G`` (powers of 1024;
+    ``KB``/``KiB`` accepted too)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"size must be a number of bytes with an optional K/M/G/T suffix, got {text!r}")
+    value, unit = float(match.group(1)), match.group(2).upper()
+    nbytes = value * 1024 ** " KMGT".index(unit or " ")
+    if nbytes != int(nbytes):
+        raise ValueError(f"size must be a whole number of bytes, got {text!r}")
+    return int(nbytes)
 
 
 def parse_local_size(name: str, text: str) -> Optional[int]:

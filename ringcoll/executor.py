@@ -240,7 +240,6 @@ class P2PExecutor:
         self.check = _check_enabled()
         self.failure: Optional[BaseException] = None
         self._seq = 0
-        self._reserved: deque = deque()   # numbers taken ahead by reserve_calls (collectives._common)
         self._transports: Dict[Tuple[str, Optional[int]], object] = {}
         self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
@@ -256,26 +255,13 @@ class P2PExecutor:
 
     # -- calls -------------------------------------------------------------------------
     def begin_call(self) -> int:
-        """The next call's sequence number in this group (raises if the group has failed): one
-        reserved ahead by a composite call, if any, else a new one."""
+        """The next call's sequence number in this group (raises if the group has failed). A
+        composite call (an object collective) takes one of its own in group_context, before its
+        checks, and its inner calls one each: a check failing on one rank only shifts that
+        rank's later calls past the others' pending ones."""
         self.raise_if_failed()
-        if self._reserved:
-            return self._reserved.popleft()
         self._seq += 1
         return self._seq
-
-    def reserve(self, count: int) -> list:
-        """Take ``count`` new numbers now for the next calls (see collectives._common.reserve_calls)."""
-        self.raise_if_failed()
-        numbers = list(range(self._seq + 1, self._seq + 1 + count))
-        self._seq += count
-        self._reserved.extend(numbers)
-        return numbers
-
-    def unreserve(self, numbers) -> None:
-        """Drop the reserved numbers a composite call did not use (it failed before them)."""
-        unused = set(numbers)
-        self._reserved = deque(n for n in self._reserved if n not in unused)
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:

@@ -95,6 +95,18 @@ def reduce(dst: Buf, *srcs: Buf, out: Optional[Buf] = None) -> Reduce:
     return Reduce(dst, tuple(srcs), out)
 
 
+def span(blocks: Sequence[Buf], lo: int, hi: int) -> Buf:
+    """Blocks ``[lo, hi)`` of one buffer as one chunk (empty when ``lo == hi``)."""
+    if lo >= hi:
+        return Buf(blocks[0].name, blocks[0].start, blocks[0].start)
+    return Buf(blocks[lo].name, blocks[lo].start, blocks[hi - 1].stop)
+
+
+def ceil_log2(n: int) -> int:
+    """⌈log2 n⌉ for n >= 1 (0 for n = 1): the rounds of a doubling or halving over n ranks."""
+    return (n - 1).bit_length()
+
+
 def chunk_bounds(numel: int, parts: int) -> list[int]:
     """Cumulative bounds of ``parts`` near-equal chunks of ``numel`` elements: chunk ``i`` is
     ``[bounds[i], bounds[i + 1])``; the first ``numel % parts`` chunks hold one element more,

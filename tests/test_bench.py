@@ -431,7 +431,7 @@ def test_console_script_without_the_bench_extra(tmp_path):
 
 
 def test_default_out_is_the_checkouts_results_only_inside_it(tmp_path):
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__))))
     assert cli.default_out(checkout) == os.path.join("bench", "results")
     assert cli.default_out(str(tmp_path)) == "ringcoll-bench-results"
 
@@ -698,11 +698,11 @@ def test_the_header_warns_when_the_ranks_outnumber_the_cores():
 
 
 def test_slow_rounds_script(tmp_path):
-    """``python -m ringcoll.bench.slow_rounds``: every way at the world asked for, each with its
+    """``python -m experiments.slow_rounds``: every way at the world asked for, each with its
     rounds, the share of slow ones and the calling thread's CPU; the JSON and the plot written;
     a world under 2, a world that is no number and no rounds refused before anything is
     spawned."""
-    from ringcoll.bench import slow_rounds
+    from experiments import slow_rounds
 
     slow_rounds.main(["--worlds", "2", "--rounds", "4", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "slow_rounds.json").read_text())

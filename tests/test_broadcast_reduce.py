@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from ringcoll.schedule import ceil_log2
 from _util import FLOATS, INTS, assert_every_rank, builtin_all_reduce, close, ops_for
 from _util import random_data as gloo_data
 from conftest import WORLDS as GLOO_WORLDS
@@ -164,7 +165,7 @@ def test_trees_are_trees_and_nccl_shaped(world):
             assert len(tree.children[rank]) <= 2
             for child in tree.children[rank]:
                 assert tree.parent[child] == rank and tree.depth[child] == tree.depth[rank] + 1
-        assert tree.height <= trees.lg(world) + 2
+        assert tree.height <= ceil_log2(world) + 2
     for tree in rooted:
         assert tree.parent[0] is None and len(tree.children[0]) == (1 if world > 1 else 0)
     # every rank is interior in at most one tree, but NCCL's rank 0 (one child) for odd counts

@@ -1,4 +1,4 @@
-"""Contract gaps closed against torch.distributed (issue 10, item 6): ``async_op`` takes what
+"""Contract gaps closed against torch.distributed: ``async_op`` takes what
 torch takes, complex tensors wherever torch's gloo built-ins take them (bitwise equal to
 them), a misspelt ``RINGCOLL_ALGO`` is an error, and ``cluster.run`` with a function the ranks
 cannot import says so."""

@@ -1,6 +1,6 @@
-"""Fault injection (issue 10 item 8), a seeded sample of the committed campaign.
+"""Fault injection, a seeded sample of the committed campaign.
 
-The campaign (``python -m ringcoll.bench.faults --injections 60 --seed 1 --timeout 3``, result
+The campaign (``python -m tools.faults --injections 60 --seed 1 --timeout 3``, result
 in bench/results/faults_seed1.json) kills or stalls one rank at a random step of a random
 collective and algorithm, each in a fresh gloo world. Here: a few of its draws, and the
 cluster's own report of a rank that dies in the middle of a collective.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ringcoll
-from ringcoll.bench import faults
+from tools import faults
 from ringcoll.cluster import ClusterError
 
 #: the sample CI runs: (seed, index) of draws covering kill and stall, before and while in flight

@@ -1,4 +1,4 @@
-"""The randomized differential tester (ringcoll.fuzz): a seeded sample against the built-ins
+"""The randomized differential tester (tools.fuzz): a seeded sample against the built-ins
 on gloo finds nothing wrong, and the tester does find a deliberately broken result."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from ringcoll import fuzz, kernels
+from ringcoll import kernels
+from tools import fuzz
 
 WORLDS = [1, 2, 3, 4]
 

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py, the script to run first when a GPU is lent: its dry run on this CPU-only
+"""tools/gpu_check.py, the script to run first when a GPU is lent: its dry run on this CPU-only
 machine (plan first, every section, JSON + text), and the independence of its backends (one
 backend's error is recorded and the others still run)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--dry-run",
                            "--budget", "90", "--worlds", "2", "--backends", "torch",
                            "--out", str(out)], capture_output=True, text=True, timeout=240,
                           cwd=ROOT)
@@ -50,7 +50,7 @@ def test_dry_run_states_its_plan_then_runs_every_section(dry_run):
 
 @pytest.fixture
 def gpu_check():
-    from ringcoll.bench import gpu_check
+    from tools import gpu_check
     return gpu_check
 
 

@@ -2,7 +2,7 @@
 and dtype, on the CPU; the Numba CUDA kernels under the CUDA simulator and through NVVM; the CuPy
 sources through nvcc; the selection rules.
 
-Data come from ringcoll.kernels.testing (shared with bench/gpu_check.py): exact cases whose
+Data come from ringcoll.kernels.testing (shared with tools/gpu_check.py): exact cases whose
 result is known in closed form (integers wrap, float intermediates are exactly representable), and
 random floats compared bit for bit with torch's sequence of in-place ops. The slow checks run in
 subprocesses started with the module, so they overlap with the in-process tests:
@@ -106,7 +106,7 @@ def nvcc_instances_source() -> str:
     from ringcoll.kernels import _cupy
     names = [name for kind in _lowering.KIND_OPS for name in _cupy.kernel_names(kind)]
     body = "".join(f"    (void*)&{name},\n" for name in names)
-    return (f'#include "{(ROOT / "kernels" / "reduce.cu").as_posix()}"\n'
+    return (f'#include "{(ROOT / "ringcoll" / "kernels" / "reduce.cu").as_posix()}"\n'
             f"// Taking each address instantiates the kernel the dispatch can launch.\n"
             f"void* const ringcoll_reduce_instances[] = {{\n{body}}};\n")
 
@@ -567,7 +567,7 @@ def test_numba_cuda_kernels_compile_to_ptx(background):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: cannot compile "
-                    "kernels/reduce.cu here")
+                    "ringcoll/kernels/reduce.cu here")
 def test_cupy_sources_compile_with_nvcc(background):
     code, stdout, stderr = background["nvcc"].finish()
     assert code == 0, (stdout + stderr)[-5000:]

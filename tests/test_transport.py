@@ -1,4 +1,4 @@
-"""The executor's transports (issue 10 item 5, issue 14's executor items), without a GPU.
+"""The executor's transports, without a GPU.
 
 - A 3-rank cluster with ``RINGCOLL_TRANSPORT=batched`` runs every collective x algorithm
   through the batched (NCCL-shaped) transport and its NCCL shim on gloo, against the

@@ -1,7 +1,6 @@
 """What every collective shares: argument checks, the group context, running a plan."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import numbers
 import weakref
@@ -255,26 +254,6 @@ def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
             executor.run_prepared(prepared, seq)
 
     return submit(task, False, device=prepared.device)
-
-
-@contextlib.contextmanager
-def reserve_calls(group, count: int):
-    """For a call made of ``count`` drop-in calls on ``group`` (an object collective: sizes,
-    then data) with checks of its own that not every rank makes (pickling on the root): take
-    the inner calls' numbers on entry, before those checks, so that when one rank fails them
-    its next call cannot match the others' pending inner calls; numbers left unused on exit
-    are dropped. Outside the group, nothing."""
-    if group is None:
-        group = dist.distributed_c10d._get_default_group()
-    if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
-        yield
-        return
-    executor = _executor(group)
-    numbers = executor.reserve(count)
-    try:
-        yield
-    finally:
-        executor.unreserve(numbers)
 
 
 def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:

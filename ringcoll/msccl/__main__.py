@@ -11,7 +11,7 @@ from .ir import MscclError
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..bench.cli import parse_size
+    from ..config import parse_size
 
     p = argparse.ArgumentParser(prog="python -m ringcoll.msccl", description="MSCCL-IR algorithms in ringcoll")
     sub = p.add_subparsers(dest="command", required=True)

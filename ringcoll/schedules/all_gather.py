@@ -13,21 +13,9 @@ from __future__ import annotations
 from typing import Iterator, List
 
 from ..registry import Cost, register, rotation_when_even, xor_when_even
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, segmented, sendrecv, step
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, segmented, sendrecv, span, step
 from .fold import folded_rank, largest_pof2, real_rank
 from .trees import segment_count
-
-
-def _lg(world: int) -> int:
-    """ceil(log2(world))."""
-    return (world - 1).bit_length()
-
-
-def span(blocks: List[Buf], lo: int, hi: int) -> Buf:
-    """Blocks ``[lo, hi)`` of one buffer as one chunk (empty when ``lo == hi``)."""
-    if lo >= hi:
-        return Buf(blocks[0].name, blocks[0].start, blocks[0].start)
-    return Buf(blocks[lo].name, blocks[lo].start, blocks[hi - 1].stop)
 
 
 def _place_own(rank: int, world: int, layout: Layout, output: List[Buf]) -> Iterator[Step]:
@@ -66,7 +54,7 @@ def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
     rem, block = world - pof2, nbytes / world
     # folded rank 0 holds the most blocks at every step: m of its group plus min(m, rem) doubles
     held = sum(m + min(m, rem) for m in _powers(pof2))
-    cost = Cost(_lg(pof2), held * block, 0)
+    cost = Cost(ceil_log2(pof2), held * block, 0)
     if world != pof2:
         cost = cost.plus(Cost(2, block + nbytes, 0))
     return cost
@@ -121,7 +109,7 @@ def all_gather_recursive_doubling(rank: int, world: int, layout: Layout) -> Iter
 
 
 def _bruck_cost(world: int, nbytes: int) -> Cost:
-    return Cost(_lg(world), (world - 1) / world * nbytes, 0)
+    return Cost(ceil_log2(world), (world - 1) / world * nbytes, 0)
 
 
 @register("all_gather", "bruck", cost=_bruck_cost, symmetry=rotation_when_even)

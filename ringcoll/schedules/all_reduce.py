@@ -9,16 +9,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..schedule import Buf, Layout, Step, chunks, reduce, segmented, sendrecv, step
+from ..schedule import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
 from ..registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, \
     segment_count, segment_numel
-
-
-def _lg(world: int) -> int:
-    """ceil(log2(world))."""
-    return (world - 1).bit_length()
 
 
 def _fold_cost(world: int, nbytes: int) -> Cost:
@@ -69,7 +64,7 @@ def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
-    steps = _lg(largest_pof2(world))
+    steps = ceil_log2(largest_pof2(world))
     return Cost(steps, steps * nbytes, steps * nbytes).plus(_fold_cost(world, nbytes))
 
 
@@ -83,7 +78,7 @@ def all_reduce_recursive_doubling(rank: int, world: int, layout: Layout) -> Iter
     """
     pof2 = largest_pof2(world)
     return whole_vector_exchanges(rank, world, layout, [lambda me, bit=bit: me ^ bit for bit in
-                                                        (1 << k for k in range(_lg(pof2)))])
+                                                        (1 << k for k in range(ceil_log2(pof2)))])
 
 
 def whole_vector_exchanges(rank: int, world: int, layout: Layout, partners) -> Iterator[Step]:
@@ -104,7 +99,7 @@ def whole_vector_exchanges(rank: int, world: int, layout: Layout, partners) -> I
 def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
     pof2 = largest_pof2(world)
     share = (pof2 - 1) / pof2 * nbytes
-    return Cost(2 * _lg(pof2), 2 * share, share).plus(_fold_cost(world, nbytes))
+    return Cost(2 * ceil_log2(pof2), 2 * share, share).plus(_fold_cost(world, nbytes))
 
 
 @register("all_reduce", "rabenseifner", cost=_rabenseifner_cost, symmetry=xor_when_even)
@@ -126,9 +121,6 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
         pof2 = largest_pof2(world)
         data_chunks = chunks("data", layout.numel, pof2)
 
-        def span(lo: int, hi: int) -> Buf:
-            return Buf("data", data_chunks[lo].start, data_chunks[hi - 1].stop)
-
         lo, hi = 0, pof2
         distance = pof2 // 2
         history = []
@@ -137,14 +129,15 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
             peer = real_rank(me ^ distance, world)
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
-            recv_buf = Buf("scratch", 0, span(*keep).numel)
-            yield step(sendrecv(peer, span(*give), peer, recv_buf), [reduce(span(*keep), recv_buf)])
+            recv_buf = Buf("scratch", 0, span(data_chunks, *keep).numel)
+            yield step(sendrecv(peer, span(data_chunks, *give), peer, recv_buf),
+                       [reduce(span(data_chunks, *keep), recv_buf)])
             history.append((peer, keep, give))
             lo, hi = keep
             distance //= 2
         # allgather
         for peer, keep, give in reversed(history):
-            yield step(sendrecv(peer, span(*keep), peer, span(*give)))
+            yield step(sendrecv(peer, span(data_chunks, *keep), peer, span(data_chunks, *give)))
     yield from fold_out(rank, world, data)
 
 

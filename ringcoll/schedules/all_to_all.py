@@ -18,13 +18,8 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, step
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, step
 from ..registry import Cost, register, rotation_when_even
-
-
-def _lg(world: int) -> int:
-    """ceil(log2(world))."""
-    return (world - 1).bit_length()
 
 
 def _blocks(layout: Layout, world: int) -> tuple[Sequence[Buf], Sequence[Buf]]:
@@ -81,12 +76,12 @@ def all_to_all_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 def _bruck_moves(world: int) -> list[list[int]]:
     """For each step k, the block positions i < world that move (bit k of i is set)."""
-    return [[i for i in range(world) if i >> k & 1] for k in range(_lg(world))]
+    return [[i for i in range(world) if i >> k & 1] for k in range(ceil_log2(world))]
 
 
 def _bruck_cost(world: int, nbytes: int) -> Cost:
     block = nbytes / world
-    return Cost(_lg(world), sum(len(moved) for moved in _bruck_moves(world)) * block, 0)
+    return Cost(ceil_log2(world), sum(len(moved) for moved in _bruck_moves(world)) * block, 0)
 
 
 @register("all_to_all", "bruck", cost=_bruck_cost, symmetry=rotation_when_even)

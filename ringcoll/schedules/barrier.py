@@ -12,17 +12,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..schedule import Buf, Layout, Recv, Send, Step, step
+from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, step
 from ..registry import Cost, register, rotation_when_even
 
 
-def _lg(world: int) -> int:
-    """ceil(log2(world))."""
-    return (world - 1).bit_length()
-
-
 def _dissemination_cost(world: int, nbytes: int) -> Cost:
-    return Cost(_lg(world), _lg(world), 0)     # one one-byte token per step
+    return Cost(ceil_log2(world), ceil_log2(world), 0)     # one one-byte token per step
 
 
 @register("barrier", "dissemination", cost=_dissemination_cost, symmetry=rotation_when_even)
@@ -33,7 +28,7 @@ def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Ste
 
     Cost: ⌈lg p⌉(α + β): one-byte tokens.
     """
-    for k in range(_lg(world)):
+    for k in range(ceil_log2(world)):
         distance = 1 << k
         yield step([Send((rank + distance) % world, Buf("token", k, k + 1)),
                     Recv((rank - distance) % world, Buf("token", k + 1, k + 2))])
@@ -41,4 +36,4 @@ def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Ste
 
 def token_numel(world: int) -> int:
     """The elements of the ``token`` buffer the dissemination barrier needs."""
-    return _lg(world) + 1
+    return ceil_log2(world) + 1

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..registry import Cost, register
-from ..schedule import Buf, Layout, Recv, Send, Step, chunk_table, segments, step
-from .trees import Phase, Tree, binomial, binomial_span, halves, lg, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
+from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
+from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
     segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
-    return Cost(lg(world), lg(world) * nbytes, 0)
+    return Cost(ceil_log2(world), ceil_log2(world) * nbytes, 0)
 
 
 @register("broadcast", "binomial", cost=_binomial_cost)
@@ -82,7 +82,7 @@ def broadcast_pipelined_chain(rank: int, world: int, layout: Layout) -> Iterator
 
 def _scatter_allgather_cost(world: int, nbytes: int) -> Cost:
     share = (world - 1) / world * nbytes
-    return Cost(lg(world) + world - 1, 2 * share, 0)
+    return Cost(ceil_log2(world) + world - 1, 2 * share, 0)
 
 
 @register("broadcast", "scatter_allgather", cost=_scatter_allgather_cost)
@@ -106,15 +106,12 @@ def _scatter_allgather(vrank: int, world: int, numel: int) -> Iterator[Step]:
     data = chunk_table("data", numel, world)
     filled = min(numel, world)            # the chunks that hold elements: 0 .. filled - 1
 
-    def span(lo: int, hi: int) -> Buf:
-        return Buf("data", data[lo].start, data[hi - 1].stop)
-
     # scatter
     parent, children = binomial(vrank, world)
     if parent is not None:
-        yield step([Recv(parent, span(*binomial_span(vrank, world)))])
+        yield step([Recv(parent, span(data, *binomial_span(vrank, world)))])
     for child in children:
-        yield step([Send(child, span(*binomial_span(child, world)))])
+        yield step([Send(child, span(data, *binomial_span(child, world)))])
     # allgather: one Step per step with a transfer, built directly (its chunks are not empty)
     right, left = (vrank + 1) % world, (vrank - 1) % world
     right_lo, right_hi = binomial_span(right, world)      # the chunks each already holds

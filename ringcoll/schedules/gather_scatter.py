@@ -12,13 +12,8 @@ from __future__ import annotations
 from typing import Iterator, List, Tuple
 
 from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, step
-from .all_gather import span
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, span, step
 from .trees import binomial, binomial_span
-
-
-def _lg(world: int) -> int:
-    return (world - 1).bit_length()
 
 
 def _linear_cost(world: int, nbytes: int) -> Cost:
@@ -26,7 +21,7 @@ def _linear_cost(world: int, nbytes: int) -> Cost:
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
-    return Cost(_lg(world), (world - 1) / world * nbytes, 0)
+    return Cost(ceil_log2(world), (world - 1) / world * nbytes, 0)
 
 
 def _pieces(lo: int, hi: int, root: int, world: int) -> List[Tuple[int, int]]:

@@ -18,9 +18,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunk_bounds, chunks, reduce, step
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, reduce, span, step
 from ..topology import Nodes, local_size_from_env, needs_nodes
-from .all_gather import span
 from .trees import binomial
 
 
@@ -220,10 +219,6 @@ def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 
 # -- rooted and gathering collectives: leaders (MPICH's SMP-aware collectives) ----------------
-def _lg(size: int) -> int:
-    return (size - 1).bit_length()
-
-
 def _levels(world: int, local_size: Optional[int] = None) -> Tuple[int, int]:
     """(L, N): ranks per node and nodes, for the cost models (even nodes; L given, else from
     the environment)."""
@@ -246,7 +241,7 @@ def _rooted(rank: int, world: int, layout: Layout) -> Tuple[List[int], List[int]
 
 def _broadcast_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
     local, count = _levels(world, local_size)
-    rounds = _lg(count) + _lg(local)
+    rounds = ceil_log2(count) + ceil_log2(local)
     return Cost(rounds, rounds * nbytes, 0)
 
 
@@ -268,7 +263,7 @@ def broadcast_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[St
 
 def _reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
     local, count = _levels(world, local_size)
-    rounds = _lg(count) + _lg(local)
+    rounds = ceil_log2(count) + ceil_log2(local)
     return Cost(rounds, rounds * nbytes, rounds * nbytes)
 
 
@@ -301,8 +296,8 @@ def _gathering(rank: int, world: int, layout: Layout, name: str):
 def _all_gather_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
     local, count = _levels(world, local_size)
     block = nbytes / world
-    return Cost(local - 1 + count - 1 + _lg(local),
-                (local - 1) * block + (count - 1) * local * block + _lg(local) * nbytes, 0)
+    return Cost(local - 1 + count - 1 + ceil_log2(local),
+                (local - 1) * block + (count - 1) * local * block + ceil_log2(local) * nbytes, 0)
 
 
 @register("all_gather", "hierarchical", cost=_all_gather_cost, symmetry=node_period)
@@ -332,8 +327,8 @@ def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
 def _reduce_scatter_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
     local, count = _levels(world, local_size)
     block = nbytes / world
-    inner, across = _lg(local) * nbytes, (count - 1) * local * block
-    return Cost(_lg(local) + count - 1 + local - 1, inner + across + (local - 1) * block, inner + across)
+    inner, across = ceil_log2(local) * nbytes, (count - 1) * local * block
+    return Cost(ceil_log2(local) + count - 1 + local - 1, inner + across + (local - 1) * block, inner + across)
 
 
 @register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost, symmetry=node_period)

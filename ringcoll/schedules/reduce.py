@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..registry import Cost, register
-from ..schedule import Buf, Layout, Recv, Send, Step, chunks, reduce, segments, step
+from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
 from .fold import fold_in, folded_rank, largest_pof2, real_rank
-from .trees import Phase, Tree, binomial, halves, lg, pipeline, pipelined_tree_cost, relabel, rooted, rooted_pipeline, \
+from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, relabel, rooted, rooted_pipeline, \
     segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
-    return Cost(lg(world), lg(world) * nbytes, lg(world) * nbytes)
+    return Cost(ceil_log2(world), ceil_log2(world) * nbytes, ceil_log2(world) * nbytes)
 
 
 @register("reduce", "binomial", cost=_binomial_cost)
@@ -44,7 +44,7 @@ def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
     pof2 = largest_pof2(world)
     share = (pof2 - 1) / pof2 * nbytes
     fold = Cost(1, nbytes, nbytes) if world != pof2 else Cost(0, 0, 0)
-    return Cost(2 * lg(pof2), 2 * share, share).plus(fold)
+    return Cost(2 * ceil_log2(pof2), 2 * share, share).plus(fold)
 
 
 @register("reduce", "rabenseifner", cost=_rabenseifner_cost)
@@ -77,9 +77,6 @@ def _reduce_scatter_gather(w: int, world: int, numel: int) -> Iterator[Step]:
     pof2 = largest_pof2(world)
     data_chunks = chunks("data", numel, pof2)
 
-    def span(lo: int, hi: int) -> Buf:
-        return Buf("data", data_chunks[lo].start, data_chunks[hi - 1].stop)
-
     # scatter-reduce: keep the lower half when the distance bit is clear
     lo, hi = 0, pof2
     distance = pof2 // 2
@@ -87,8 +84,9 @@ def _reduce_scatter_gather(w: int, world: int, numel: int) -> Iterator[Step]:
         peer = real_rank(me ^ distance, world)
         mid = (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
-        recv_buf = Buf("scratch", 0, span(*keep).numel)
-        yield step([Send(peer, span(*give)), Recv(peer, recv_buf)], [reduce(span(*keep), recv_buf)])
+        recv_buf = Buf("scratch", 0, span(data_chunks, *keep).numel)
+        yield step([Send(peer, span(data_chunks, *give)), Recv(peer, recv_buf)],
+                   [reduce(span(data_chunks, *keep), recv_buf)])
         lo, hi = keep
         distance //= 2
     # gather to the root's folded rank
@@ -98,11 +96,11 @@ def _reduce_scatter_gather(w: int, world: int, numel: int) -> Iterator[Step]:
     while mask < top:
         child = me ^ mask
         first = child & ~(mask - 1)
-        yield step([Recv(real_rank(child, world), span(first, first + mask))])
+        yield step([Recv(real_rank(child, world), span(data_chunks, first, first + mask))])
         mask <<= 1
     if relative:
         first = me & ~(top - 1)
-        yield step([Send(real_rank(me ^ top, world), span(first, first + top))])
+        yield step([Send(real_rank(me ^ top, world), span(data_chunks, first, first + top))])
 
 
 def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:

@@ -13,14 +13,10 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..registry import Cost, register, rotation_when_even, xor_when_even
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, segmented, sendrecv, step
-from .all_gather import _powers, span
+from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
+from .all_gather import _powers
 from .trees import segment_count
 from .fold import folded_rank, largest_pof2, real_rank
-
-
-def _lg(world: int) -> int:
-    return (world - 1).bit_length()
 
 
 def _share_cost(world: int, nbytes: int) -> Cost:
@@ -94,7 +90,7 @@ def _recursive_halving_cost(world: int, nbytes: int) -> Cost:
     rem, block = world - pof2, nbytes / world
     # folded rank 0 receives the most at every step: d blocks of its half plus min(d, rem) doubles
     kept = sum(d + min(d, rem) for d in _powers(pof2)) * block
-    cost = Cost(_lg(pof2), kept, kept)
+    cost = Cost(ceil_log2(pof2), kept, kept)
     if world != pof2:
         cost = cost.plus(Cost(2, nbytes + block, nbytes))
     return cost

@@ -27,7 +27,7 @@ import functools
 from typing import Iterator, List, Tuple
 
 from ..registry import register
-from ..schedule import Buf, Layout, Step, chunks, reduce, sendrecv, step
+from ..schedule import Buf, Layout, Step, chunks, reduce, sendrecv, span, step
 from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 
@@ -103,22 +103,19 @@ def butterfly(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         blocks = swing_blocks(pof2)
         data_chunks = chunks("data", layout.numel, pof2)
 
-        def span(lo: int, hi: int) -> Buf:
-            return Buf("data", data_chunks[lo].start, data_chunks[hi - 1].stop)
-
         steps = pof2.bit_length() - 1
         partners = [swing_peer(me, s, pof2) for s in range(steps)]
         # reduce-scatter: keep the blocks of the ranks this rank still reaches
         for s, q in enumerate(partners):
-            keep, give = span(*blocks[me][s]), span(*blocks[q][s])
+            keep, give = span(data_chunks, *blocks[me][s]), span(data_chunks, *blocks[q][s])
             recv_buf = Buf("scratch", 0, keep.numel)
             yield step(sendrecv(real_rank(q, world), give, real_rank(q, world), recv_buf),
                        [reduce(keep, recv_buf)])
         # all-gather: the same pairs in reverse order swap what they own
         for s in reversed(range(steps)):
             q = partners[s]
-            yield step(sendrecv(real_rank(q, world), span(*blocks[me][s]),
-                                real_rank(q, world), span(*blocks[q][s])))
+            yield step(sendrecv(real_rank(q, world), span(data_chunks, *blocks[me][s]),
+                                real_rank(q, world), span(data_chunks, *blocks[q][s])))
     yield from fold_out(rank, world, data)
 
 

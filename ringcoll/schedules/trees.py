@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ..schedule import Buf, Layout, Recv, Send, Step, reduce, segments, step
+from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
 from ..selection import segment_bytes
 
 def segment_numel(layout: Layout, itemsize: int = 4) -> int:
@@ -45,11 +45,6 @@ def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Op
     """How many segments ``nbytes`` makes (at least one), for the cost models: segments of
     ``segment`` bytes, else of the segment table's for ``collective``/``algorithm``."""
     return max(1, -(-int(nbytes) // (segment or segment_bytes(collective, algorithm))))
-
-
-def lg(world: int) -> int:
-    """ceil(log2(world))."""
-    return (world - 1).bit_length()
 
 
 def relabel(steps: Iterable[Step], rank_of: Callable[[int], int]) -> Iterator[Step]:
@@ -69,7 +64,7 @@ def rooted(steps: Iterable[Step], root: int, world: int) -> Iterator[Step]:
 def binomial(vrank: int, world: int) -> Tuple[Optional[int], List[int]]:
     """A vrank's parent and children in the binomial tree rooted at vrank 0, children
     largest subtree first: vrank v's subtree is ``[v, v + lowbit(v))`` (vrank 0's: all)."""
-    low = vrank & -vrank if vrank else 1 << lg(world)
+    low = vrank & -vrank if vrank else 1 << ceil_log2(world)
     parent = vrank - low if vrank else None
     children = []
     mask = low >> 1
@@ -82,7 +77,7 @@ def binomial(vrank: int, world: int) -> Tuple[Optional[int], List[int]]:
 
 def binomial_span(vrank: int, world: int) -> Tuple[int, int]:
     """The vranks ``[lo, hi)`` of vrank's binomial subtree."""
-    low = vrank & -vrank if vrank else 1 << lg(world)
+    low = vrank & -vrank if vrank else 1 << ceil_log2(world)
     return vrank, min(vrank + low, world)
 
 
@@ -94,7 +89,7 @@ def nccl_btree(world: int, rank: int) -> Tuple[Optional[int], List[int]]:
     Rank 0 is the top, with one child: the largest power of two below world. Odd ranks are
     leaves."""
     if rank == 0:
-        return None, ([1 << (lg(world) - 1)] if world > 1 else [])
+        return None, ([1 << (ceil_log2(world) - 1)] if world > 1 else [])
     bit = rank & -rank
     parent = (rank ^ bit) | (bit << 1)
     if parent >= world:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional
 
+from ..schedule import ceil_log2
+
 _FAMILY = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
            "all_to_all_single": "all_to_all"}
 
@@ -37,7 +39,7 @@ class Bounds(NamedTuple):
 
 def lower_bounds(collective: str, world: int, nbytes: float) -> Bounds:
     family = _FAMILY.get(collective, collective)
-    lg = (world - 1).bit_length()
+    lg = ceil_log2(world)
     share = (world - 1) / world * nbytes if world else 0.0
     bandwidth = {"broadcast": nbytes, "reduce": nbytes, "all_reduce": 2 * share, "barrier": 0.0}.get(family, share)
     compute = share if family in ("reduce", "reduce_scatter", "all_reduce") else 0.0

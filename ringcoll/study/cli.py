@@ -46,7 +46,7 @@ def _machine(args) -> Machine:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ..bench.cli import parse_size
+    from ..config import parse_size
 
     p = argparse.ArgumentParser(prog="ringcoll-study", description=__doc__.split("\n\n")[0].replace("``", ""))
     sub = p.add_subparsers(dest="command", required=True)

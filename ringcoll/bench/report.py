@@ -35,7 +35,7 @@ def oversubscribed(world: int, cores: Optional[int]) -> List[str]:
         return []
     return [f"# {world} ranks share {cores} cores: in a share of the rounds a rank waits for a core, "
             f"so at small sizes a median and its ratio can flip from run to run (the '{NOISY_MARK}' rows); "
-            f"python -m ringcoll.bench.slow_rounds measures that share by world size"]
+            f"python -m experiments.slow_rounds measures that share by world size"]
 
 
 def variants_of(rows: Sequence[Row]) -> List[str]:

@@ -1,6 +1,6 @@
 """Why a small message's median flips at 4 ranks here: the slow rounds, by world size.
 
-    python -m ringcoll.bench.slow_rounds [--worlds 2,3,4] [--rounds 300] [--out bench/results]
+    python -m experiments.slow_rounds [--worlds 2,3,4] [--rounds 300] [--out bench/results]
 
 Each rank of a gloo group on this machine runs a calling thread and gloo's message thread
 (and, for a built-in collective, gloo's workers), so once the ranks outnumber the 2 cores some
@@ -28,7 +28,7 @@ import torch
 import ringcoll
 
 from .executor_overhead import _fast_rounds, _in_turn
-from .specs import p2p_all_to_all_single
+from ringcoll.bench.specs import p2p_all_to_all_single
 
 #: a round over this is slow (as executor_overhead's fast/slow split)
 SLOW = 2e-3

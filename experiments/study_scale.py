@@ -1,7 +1,7 @@
 """Cost-only simulations at scale: every algorithm at p = 1024, the O(lg p)-step ones at
 p = 4096, the ring all_reduce at p = 4096 (targets: 10 s, 10 s, 2 min and 2 GiB).
 
-    python bench/study_scale.py [--out bench/results/study_scale.json] [--skip-long]
+    python experiments/study_scale.py [--out bench/results/study_scale.json] [--skip-long]
 
 Each case runs ``ringcoll.simulate(..., data=False)`` in a child process of its own (so its
 peak memory is its own) and records wall time, peak RSS, the simulated time, the critical

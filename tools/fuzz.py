@@ -1,8 +1,8 @@
 """Randomized differential testing: ringcoll against torch.distributed's built-ins.
 
-    python -m ringcoll.fuzz --trials 10000 --seed 1 --out bench/results/fuzz.json
-    python -m ringcoll.fuzz --replay 1:4711          # one trial alone, with its details
-    python -m ringcoll.fuzz --simulate --trials 500  # in one process, against the exact reference
+    python -m tools.fuzz --trials 10000 --seed 1 --out bench/results/fuzz.json
+    python -m tools.fuzz --replay 1:4711          # one trial alone, with its details
+    python -m tools.fuzz --simulate --trials 500  # in one process, against the exact reference
 
 A trial is one call drawn from its id ``seed:index`` alone (so it replays alone): collective
 × algorithm (``auto`` included) × op × dtype × world size × element count (0, 1, below the
@@ -677,9 +677,9 @@ def _replay_alone(chunk: List[dict], world: int, timeout: float, tally: Tally, d
 def simulate_trial(trial: Trial) -> dict:
     """A trial on the simulator (whole world, synchronous): ringcoll's builders and schedules
     against the exact local reference, with the same canary and input checks."""
-    from .collectives import BUILDERS
-    from .collectives._common import Context
-    from .simulator import Machine, run_plans
+    from ringcoll.collectives import BUILDERS
+    from ringcoll.collectives._common import Context
+    from ringcoll.simulator import Machine, run_plans
 
     trial = Trial(**{**asdict(trial), "world": trial.group_size, "members": None, "async_op": False})
     calls, plans = [], []
@@ -751,7 +751,7 @@ def _load() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ringcoll.fuzz", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--worlds", default="1-8", help="world sizes: 1-8 or 2,3,5 (default 1-8)")
@@ -778,7 +778,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                            progress=lambda line: print(line, flush=True))
     elapsed = time.monotonic() - start
     summary = {
-        "command": "python -m ringcoll.fuzz " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m tools.fuzz " + " ".join(argv if argv is not None else sys.argv[1:]),
         "mode": "simulator" if args.simulate else "gloo",
         "seed": args.seed, "worlds": worlds, "max_bytes": args.max_bytes,
         "trials": tally.trials, "wrong_elements": tally.wrong_elements,
@@ -792,7 +792,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{len(tally.failing)} failing trials, {elapsed:.0f} s")
     for failure in tally.failing[:20]:
         print(f"  FAIL {failure['id']}: {'; '.join(failure['problems'])[:300]}  "
-              f"(replay: python -m ringcoll.fuzz --replay {failure['id']} --worlds {args.worlds})")
+              f"(replay: python -m tools.fuzz --replay {failure['id']} --worlds {args.worlds})")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -5,7 +5,7 @@ Every all_reduce algorithm, every world and size below, as one cost-only simulat
 and 10 GB/s between nodes through one NIC port per node, 50 GB/s reducing: ringcoll-study's
 ``--hierarchical 4`` defaults). The node-aware algorithms see the machine's nodes.
 
-    python bench/study_2level.py      # writes bench/results/study/best_all_reduce_2level.{png,md,csv}
+    python experiments/study_2level.py      # writes bench/results/study/best_all_reduce_2level.{png,md,csv}
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _size(nbytes: int) -> str:
 
 
 def main(argv=None) -> int:
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "study")
+    out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results", "study")
     os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
     cells = sweep(["all_reduce"], WORLDS, SIZES, MACHINE)

@@ -1,7 +1,7 @@
 """Long runs: 10^4 consecutive mixed calls on one group, with each rank's resident memory, open
 file descriptors and threads sampled as it goes (issue 10 item 9).
 
-    python -m ringcoll.bench.long_run [--calls 10000] [--world 3] [--seed 1] [--out DIR]
+    python -m tools.long_run [--calls 10000] [--world 3] [--seed 1] [--out DIR]
 
 Every rank draws the same seeded sequence of calls: a collective (all_reduce, broadcast,
 reduce, all_gather, all_gather_single, reduce_scatter_single, gather, scatter,
@@ -205,7 +205,7 @@ def plot(result: dict, path: str) -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ringcoll.bench.long_run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.long_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=10000)
     parser.add_argument("--world", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
@@ -217,7 +217,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "overwrites committed results)")
     args = parser.parse_args(argv)
     result = run(args.calls, args.world, args.seed, args.warmup, args.every)
-    result["command"] = "python -m ringcoll.bench.long_run " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = "python -m tools.long_run " + " ".join(argv if argv is not None else sys.argv[1:])
     result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.out is None:
         args.out = time.strftime("long_run-%Y%m%dT%H%M%SZ", time.gmtime())

@@ -16,10 +16,10 @@ import argparse
 import datetime
 import importlib
 import os
-import re
 import sys
 from typing import List, Optional, Sequence
 
+from ..config import parse_size
 from .harness import (BUILTIN, DTYPES, OPS, OURS, Job, Row, failed_rows, import_module, job_numel, measure,
                       summarize)
 from .report import (LEGEND, avg_bus_bandwidth, machine_info, oversubscribed, plot, summary_lines, table_header,
@@ -40,8 +40,8 @@ def default_out(cwd: Optional[str] = None) -> str:
     """``bench/results`` when run from the root of the project checkout (an editable install),
     else ``./ringcoll-bench-results``: a plain install has no bench/results to fill."""
     here = os.path.abspath(cwd or os.getcwd())
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    inside = here == checkout and os.path.isfile(os.path.join(here, "bench", "cli.py"))
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    inside = here == checkout and os.path.isdir(os.path.join(here, "bench", "results"))
     return DEFAULT_OUT if inside else OUTSIDE_OUT
 
 
@@ -76,22 +76,6 @@ class _NoBar:
     @staticmethod
     def write(line, file=None):
         print(line, file=file or sys.stdout)
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from nccl-tests' size syntax: ``8``, ``1K``, ``64M``, ``1G`` (powers of 1024;
-    ``KB``/``KiB`` accepted too)."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"size must be a number of bytes with an optional K/M/G/T suffix, got {text!r}")
-    value, unit = float(match.group(1)), match.group(2).upper()
-    nbytes = value * 1024 ** " KMGT".index(unit or " ")
-    if nbytes != int(nbytes):
-        raise ValueError(f"size must be a whole number of bytes, got {text!r}")
-    return int(nbytes)
-
-
 def size_range(minbytes: int, maxbytes: int, factor: float = 2, step: int = 0) -> List[int]:
     """nccl-tests' sweep: from minbytes to maxbytes, times ``factor`` (or plus ``step``)."""
     if minbytes < 0 or maxbytes < minbytes:

@@ -2,7 +2,7 @@
 step of a random collective and algorithm; every other rank must raise an error naming a
 peer within the timeout plus a small margin, and none may hand back wrong data.
 
-    python -m ringcoll.bench.faults --injections 60 --seed 1 --timeout 3 --out bench/results/faults.json
+    python -m tools.faults --injections 60 --seed 1 --timeout 3 --out bench/results/faults.json
 
 Each injection runs in a fresh world of 2-4 gloo processes (a world that lost a rank cannot be
 reused): every rank warms up with one clean run of the same call, then runs it again while
@@ -261,7 +261,7 @@ def _load() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ringcoll.bench.faults", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--injections", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3.0, help="ringcoll's timeout in the ranks (s)")
@@ -288,7 +288,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"max {verdict['max_elapsed']:.2f} s)", flush=True)
     failing = [v for v in verdicts if not v["ok"]]
     summary = {
-        "command": "python -m ringcoll.bench.faults " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m tools.faults " + " ".join(argv if argv is not None else sys.argv[1:]),
         "injections": len(verdicts), "failing": len(failing), "timeout_s": args.timeout, "margin_s": args.margin,
         "kills": sum(v["injection"]["mode"] == "kill" for v in verdicts),
         "stalls": sum(v["injection"]["mode"] == "stall" for v in verdicts),

@@ -1,6 +1,6 @@
 """Where the time goes: the executor's own cost per step, and a profile of one big all_reduce.
 
-    python -m ringcoll.bench.executor_overhead [--out bench/results]
+    python -m experiments.executor_overhead [--out bench/results]
 
 1. Executor overhead: rank 0's schedule of each all_reduce algorithm, run by the P2P
    executor over a transport that moves nothing (every send and receive completes at once),

@@ -1,6 +1,6 @@
 """How well ``ringcoll.fit`` predicts this machine's committed ``ringcoll-bench`` runs.
 
-    python bench/fit_error.py [--out bench/results/study/fit_error_np4.json] [RUN.json ...]
+    python experiments/fit_error.py [--out bench/results/study/fit_error_np4.json] [RUN.json ...]
 
 Fits one flat machine to the runs (default: every committed 4-rank gloo run) and reports
 its error: per size band (the fit's own report), over the rows of 64 KiB and more, and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU check: ringcoll's local-reduction kernels and collectives on CUDA tensors, in one run.
 
-    python bench/gpu_check.py [--out bench/results] [--budget 240] [--worlds 2,4]
+    python tools/gpu_check.py [--out bench/results] [--budget 240] [--worlds 2,4]
                               [--backends cupy,numba,torch] [--dry-run]
 
 The first thing to run when a GPU is lent: it fits a 5-minute window (``--budget`` seconds for
@@ -54,7 +54,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def import_ringcoll_kernels():
-    """ringcoll.kernels, installed or loaded from this checkout's kernels/ under that name."""
+    """ringcoll.kernels, installed or loaded from this checkout's ringcoll/kernels/ under that name."""
     try:
         return importlib.import_module("ringcoll.kernels")
     except ImportError as exc:  # no ringcoll, or a ringcoll whose `from . import kernels` failed
@@ -63,8 +63,8 @@ def import_ringcoll_kernels():
     for name in [m for m in sys.modules if m == "ringcoll" or m.startswith("ringcoll.")]:
         del sys.modules[name]  # what a failed import of ringcoll left half-initialised
     spec = importlib.util.spec_from_file_location(
-        "ringcoll.kernels", REPO / "kernels" / "__init__.py",
-        submodule_search_locations=[str(REPO / "kernels")])
+        "ringcoll.kernels", REPO / "ringcoll" / "kernels" / "__init__.py",
+        submodule_search_locations=[str(REPO / "ringcoll" / "kernels")])
     module = importlib.util.module_from_spec(spec)
     sys.modules["ringcoll.kernels"] = module
     spec.loader.exec_module(module)
