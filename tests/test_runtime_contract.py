@@ -280,8 +280,14 @@ def mismatch_without_check(timeout: float) -> list:
 
 
 def test_a_timeout_suggests_check_mode_for_a_mismatched_call(clusters):
-    for (message,) in clusters(3).run(mismatch_without_check, 1.0):
-        assert "timed out after 1s" in message, message
+    """Every rank gets a PeerError; a rank whose peer timed out first and aborted may see the
+    connection closed instead of its own timeout (a race on 2 cores), but at least one rank
+    times out, and every timeout carries the hint."""
+    messages = [message for (message,) in clusters(3).run(mismatch_without_check, 1.0)]
+    assert all(message.startswith("ringcoll call #1 ") for message in messages), messages
+    timed_out = [message for message in messages if "timed out after 1s" in message]
+    assert timed_out, messages
+    for message in timed_out:
         assert "a mismatched call (ranks calling different collectives, or a rank skipping a call) looks " \
                "exactly like this: run with RINGCOLL_CHECK=1 to diagnose it" in message, message
 
