@@ -33,9 +33,9 @@ import time
 import torch
 
 import ringcoll
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context
-from ringcoll.executor import P2PExecutor
+from ringcoll.api import BUILDERS
+from ringcoll.api._common import Context
+from ringcoll.runtime.executor import P2PExecutor
 
 
 class _Done:
@@ -81,7 +81,7 @@ def per_step_overhead(world: int = 4, numel: int = 1 << 16, segment_bytes: int =
 
 def api_overhead(world: int = 4, numel: int = 256, repeats: int = 2000) -> dict:
     """Microseconds per public call (checks, choice, plan) with the null transport."""
-    from ringcoll.work import submit
+    from ringcoll.runtime.work import submit
 
     executor = P2PExecutor(NullTransport(), rank=0, world=world, backend="null")
     context = Context(0, world, executor)
@@ -174,7 +174,7 @@ def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
     in us. A rank leaves the barrier with cold caches: each us of Python it then runs costs
     several, and with 4 ranks on 2 cores the others wait for it."""
     import torch.distributed as dist
-    from ringcoll.collectives import _common
+    from ringcoll.api import _common
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tensor = torch.arange(numel, dtype=torch.float32)
@@ -208,7 +208,7 @@ def _reused_calls(world: int = 4, numel: int = 1024, repeats: int = 2000, cold_r
     complete at once): µs per call warm (a tight loop) and cold (the median of calls after a
     32 MiB write has flushed the caches, as a rank leaving a wait finds them here)."""
     import torch.distributed as dist
-    from ringcoll.collectives import _common
+    from ringcoll.api import _common
 
     group = dist.group.WORLD
     kept = _common._executors.get(group)

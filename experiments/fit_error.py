@@ -18,7 +18,7 @@ import json
 import os
 import statistics
 
-from ringcoll.study.fit import fit_samples, samples_from_bench
+from ringcoll.sim.fit import fit_samples, samples_from_bench
 
 LARGE = 64 * 1024
 GROUPS = {"every rank at once": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"),

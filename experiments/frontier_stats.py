@@ -5,7 +5,7 @@ data=False)``: the schedules the executors run, on its port-limited clock, one s
 one receive port per rank, γ per byte reduced after a step's transfers). Its statistics are
 reported as the simulator gives them: critical-path steps, the most messages and bytes one
 rank sends, the most bytes one rank reduces, the time, and the ratios to the lower bounds of
-Chan et al. 2007 (:mod:`ringcoll.study.bounds`, as STUDY-NOTES §3 suggests).
+Chan et al. 2007 (:mod:`ringcoll.sim.bounds`, as STUDY-NOTES §3 suggests).
 
     python experiments/frontier_stats.py            # writes bench/results/frontier_stats.{json,md}
 """
@@ -19,8 +19,8 @@ import time
 import torch
 
 import ringcoll
-from ringcoll.simulate import BUILDER_OF
-from ringcoll.study.bounds import lower_bounds
+from ringcoll.sim.simulate import BUILDER_OF
+from ringcoll.sim.bounds import lower_bounds
 
 #: (collective, algorithm, extra arguments, worlds) measured; hierarchical on nodes of 8.
 #: Every algorithm here admits any p (non-powers of two included), so every case runs at both.
@@ -57,7 +57,7 @@ MACHINE = ringcoll.Machine()                # the simulator's default machine, a
 
 def statistics(collective: str, name: str, extra: dict, world: int, nbytes: int) -> dict:
     """One cost-only simulation and its statistics as the simulator reports them."""
-    from ringcoll.study.sweep import bound_time
+    from ringcoll.sim.sweep import bound_time
 
     extra = dict(extra)
     local = extra.get("local_size")
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
              f"on its default machine: α = {MACHINE.alpha * 1e6:g} µs, {1 / MACHINE.beta / 1e9:g} GB/s on "
              f"the wire, {1 / MACHINE.gamma / 1e9:g} GB/s reducing, one send and one receive port per "
              "rank; float32; hierarchical on nodes of 8 ranks. Bounds: Chan et al. 2007 "
-             "(ringcoll.study.bounds: ⌈lg p⌉ steps, the bandwidth and compute bounds of STUDY-NOTES §3). "
+             "(ringcoll.sim.bounds: ⌈lg p⌉ steps, the bandwidth and compute bounds of STUDY-NOTES §3). "
              "`steps`: the critical path (the longest chain of dependent steps); `messages`: the most "
              "one rank sends; `steps/lg p`, `bytes/bound` (the most bytes through one rank ÷ the "
              "bandwidth bound) and `reduced/bound` (the most bytes one rank reduces ÷ (p-1)/p·n): the "

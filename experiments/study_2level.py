@@ -1,7 +1,7 @@
 """The best all_reduce on a 2-level machine, hierarchical included: the study map of ringcoll-study.
 
 Every all_reduce algorithm, every world and size below, as one cost-only simulation each on
-:data:`MACHINE` (``ringcoll.study.sweep``: nodes of 4 ranks at 2 µs and 100 GB/s inside, 10 µs
+:data:`MACHINE` (``ringcoll.sim.sweep``: nodes of 4 ranks at 2 µs and 100 GB/s inside, 10 µs
 and 10 GB/s between nodes through one NIC port per node, 50 GB/s reducing: ringcoll-study's
 ``--hierarchical 4`` defaults). The node-aware algorithms see the machine's nodes.
 
@@ -14,7 +14,7 @@ import sys
 import time
 
 from ringcoll import Machine
-from ringcoll.study.sweep import best, crossovers, plot_map, sweep, write_table
+from ringcoll.sim.sweep import best, crossovers, plot_map, sweep, write_table
 
 RANKS_PER_NODE = 4
 MACHINE = Machine.hierarchical(RANKS_PER_NODE, intra=(2e-6, 1 / 100e9), inter=(10e-6, 1 / 10e9), gamma=1 / 50e9)
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     time_of = {(c.algorithm, c.world, c.nbytes): c.seconds for c in cells}
     winners = best(cells)
     lines = [f"# all_reduce on a 2-level machine: the best algorithm, hierarchical included", "",
-             f"bench/study_2level.py: ringcoll.study.sweep, every all_reduce algorithm as a cost-only "
+             f"bench/study_2level.py: ringcoll.sim.sweep, every all_reduce algorithm as a cost-only "
              f"simulation on `Machine.hierarchical({RANKS_PER_NODE}, intra=(2 µs, 100 GB/s), "
              f"inter=(10 µs, 10 GB/s), gamma=50 GB/s)`, one NIC port per node, float32; the node-aware "
              f"algorithms see the machine's nodes. Map: [{NAME}.png]({NAME}.png); every cell: "

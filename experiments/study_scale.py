@@ -28,7 +28,7 @@ LOG_STEPS = {"recursive_doubling", "rabenseifner", "bruck", "binomial", "recursi
 
 def child(collective: str, algorithm: str, world: int, symmetry: bool = True) -> dict:
     import ringcoll
-    from ringcoll.simulate import BUILDER_OF
+    from ringcoll.sim.simulate import BUILDER_OF
 
     start, cpu = time.perf_counter(), time.process_time()
     sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,

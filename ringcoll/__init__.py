@@ -3,31 +3,38 @@
     import ringcoll
     ringcoll.all_reduce(tensor, op=ringcoll.ReduceOp.SUM, algorithm="ring")
 
-Algorithms are schedules (:mod:`ringcoll.schedule`) registered by collective and name
+Algorithms are schedules (:mod:`ringcoll.schedules.vocabulary`) registered by collective and name
 (:func:`algorithms`); the P2P executor runs them on a process group, :func:`simulate` runs
 them on every rank in one process, and :func:`launch` starts a local cluster to try them.
 
-Layers, lowest first; a module imports only its own layer and those below (tests/test_layers.py
-checks it on every module, and lists what is still to untangle):
-models and vocabulary (ops, machine, schedule) < settings (config) < algorithms (registry,
-plan, schedules) < runtime (kernels, local, transport, work, executor; the simulator's engine)
-< selection (topology, selection) < api (collectives, backend, hooks) < simulation front
-(simulate, study's sweep) < entry points (this package, the launcher, the command lines) <
-the benchmark (ringcoll.bench). Nothing here imports the checkout's tools/ or experiments/.
+The packages, by layer, lowest first (a module imports only its own layer and those below;
+tests/test_layers.py checks it on every module and lists what is still to untangle):
+``ops`` and ``schedules.vocabulary`` (the words a schedule is written in) < ``config`` (every
+setting, read once) < ``schedules`` (the registry and one module per collective) < ``runtime``
+(plan, executor, work, transport, the group's node layout) and ``kernels`` < ``selection``
+(rules, tuning table, model) < ``api`` (the drop-ins) and ``backend`` (the torch backend, the
+DDP hook) < ``sim`` (the simulator and the study) and ``msccl`` < this package, the launcher and
+the command lines < ``bench`` (ringcoll-bench). Nothing here imports the checkout's tools/ or
+experiments/; the pre-split module paths (``ringcoll.executor``, ``ringcoll.schedule``, ...)
+still import, with a DeprecationWarning (:mod:`ringcoll._moved`).
 """
-from .registry import Cost, algorithms, register
-from .machine import Machine
+from . import _moved
+
+_moved.install()
+
+from .schedules.registry import Cost, algorithms, register
+from .sim.machine import Machine
 from .cluster import launch
-from . import collectives
-from .collectives import *  # noqa: F401,F403 - the drop-ins, one module each
-from .executor import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
+from . import api
+from .api import *  # noqa: F401,F403 - the drop-ins, one module each
+from .runtime.executor import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging
-from .simulate import simulate
-from .study.fit import fit
-from .work import WaitTimeout, Work
+from .sim.simulate import simulate
+from .sim.fit import fit
+from .runtime.work import WaitTimeout, Work
 from .backend import Options, register as _register_backend
-from .hooks import ddp_comm_hook
+from .backend.hooks import ddp_comm_hook
 
 configure_logging()
 _register_backend()
@@ -36,4 +43,4 @@ __version__ = "0.1.0"
 __all__ = ["Cost", "GroupFailedError", "Machine", "MismatchError", "Options", "PeerError", "ReduceOp",
            "WaitTimeout", "Work", "algorithms", "ddp_comm_hook", "fit", "register", "get_timeout", "launch",
            "set_timeout",
-           "simulate", *collectives.__all__]
+           "simulate", *api.__all__]

@@ -18,7 +18,7 @@ its own moment. Parsing costs tens of microseconds (the machine file, the tuning
 a call reads each variable's raw bytes from ``os.environ``'s own dict, the modification times
 of the files it names and the registry's version, and finds the Settings parsed for exactly
 those (about a microsecond). Equal raw values give the same Settings object, so a persistent
-plan can hold it in its key (:func:`ringcoll.collectives._common.run_call`): a plan is reused
+plan can hold it in its key (:func:`ringcoll.api._common.run_call`): a plan is reused
 only under the settings it was built with.
 
 Importing ringcoll reads nothing that can fail: a bad value must not kill ``import ringcoll``
@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
 
-from . import registry
+from .schedules import registry
 
 log = logging.getLogger("ringcoll")
 
@@ -248,7 +248,7 @@ def parse_group_rank(name: str, text: str) -> str:
 def parse_machine(name: str, text: str) -> Optional[str]:
     """The path of a ``ringcoll.Machine`` JSON (``Machine.save`` writes one), read now: a
     missing or malformed file is refused here rather than at the first call ``auto`` weighs."""
-    from .machine import Machine
+    from .sim.machine import Machine
 
     path = text.strip()
     if not path:

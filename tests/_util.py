@@ -96,9 +96,9 @@ def builtin_all_reduce(tensor: torch.Tensor, op, group=None) -> torch.Tensor:
 def run_world(collective: str, algorithm: str, world: int, make_call: Callable[[int], tuple]):
     """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
     they are (aliasing kept, nothing copied); returns each rank's arguments and result."""
-    from ringcoll.collectives import BUILDERS
-    from ringcoll.collectives._common import Context
-    from ringcoll.simulator import run_plans
+    from ringcoll.api import BUILDERS
+    from ringcoll.api._common import Context
+    from ringcoll.sim.engine import run_plans
 
     calls = [make_call(rank) for rank in range(world)]
     plans = [BUILDERS[collective](Context(rank, world), *args, algorithm=algorithm, **kwargs)
@@ -148,7 +148,7 @@ class CountingPlans:
     ``"collective/algorithm"``, and the ops of reducing plans under ``"ops"``."""
 
     def __enter__(self):
-        from ringcoll.executor import P2PExecutor
+        from ringcoll.runtime.executor import P2PExecutor
 
         self.runs: dict = {}
         self._run = P2PExecutor.run
@@ -166,7 +166,7 @@ class CountingPlans:
         return self
 
     def __exit__(self, *exc):
-        from ringcoll.executor import P2PExecutor
+        from ringcoll.runtime.executor import P2PExecutor
 
         P2PExecutor.run = self._run
 

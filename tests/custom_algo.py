@@ -1,7 +1,7 @@
 """A user's module for ``ringcoll-bench --import``: it registers one all_reduce algorithm,
 as code outside ringcoll would (tests/test_bench.py benchmarks it)."""
 import ringcoll
-from ringcoll.registry import get
+from ringcoll.schedules.registry import get
 from ringcoll.schedules.trees import relabel
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll import registry
+from ringcoll.schedules import registry
 
 
 def values(rank: int, numel: int) -> torch.Tensor:
@@ -80,8 +80,8 @@ def main(out_dir: str) -> None:
                     problem = compare(rank, world, numel, algorithm, collective)
                     if problem:
                         found["problems"].append(problem)
-        from ringcoll.collectives._common import group_executor
-        from ringcoll.topology import group_layout
+        from ringcoll.api._common import group_executor
+        from ringcoll.runtime.nodes import group_layout
 
         nodes, source = group_layout(group_executor(None))
         found["layout"], found["source"] = list(nodes), source

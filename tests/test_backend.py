@@ -20,7 +20,7 @@ import torch.nn as nn
 import ringcoll
 from _util import CountingPlans
 from _util import random_data as data
-from ringcoll.executor import P2PExecutor
+from ringcoll.runtime.executor import P2PExecutor
 
 R = dist.ReduceOp
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -116,7 +116,7 @@ def ddp_failing_backward() -> str:
     PeerError, as for a dead peer): the error must reach Python on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ringcoll.executor import PeerError
+    from ringcoll.runtime.executor import PeerError
 
     rank = dist.get_rank()
     ddp = DDP(mlp(seed=0), process_group=ringcoll_group())

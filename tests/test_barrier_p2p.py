@@ -10,10 +10,10 @@ import torch.distributed as dist
 
 import ringcoll
 from conftest import WORLDS
-from ringcoll import registry
-from ringcoll.collectives._common import Context
-from ringcoll.collectives.barrier import build_barrier
-from ringcoll.schedule import Layout, Recv, Send
+from ringcoll.schedules import registry
+from ringcoll.api._common import Context
+from ringcoll.api.barrier import build_barrier
+from ringcoll.schedules.vocabulary import Layout, Recv, Send
 from ringcoll.schedules.barrier import token_numel
 
 SIM_WORLDS = (*range(1, 18), 32, 64, 100)
@@ -240,8 +240,8 @@ def test_barrier_timeout_names_the_missing_peer():
 
 
 def test_barrier_timeout_must_be_a_timedelta():
-    from ringcoll.collectives._common import Context
-    from ringcoll.collectives import BUILDERS
+    from ringcoll.api._common import Context
+    from ringcoll.api import BUILDERS
 
     with pytest.raises(TypeError, match="timeout must be a datetime.timedelta or None, got int"):
         BUILDERS["barrier"](Context(0, 2), None, 5)

@@ -265,9 +265,9 @@ def test_catalogue_lists_what_ringcoll_has():
 def _simulated_wrong(name: str, algorithm: str, world: int, numel: int, dtype, op: str, variant: str) -> int:
     """#wrong of ``algorithm`` run by the simulator on the buffers the spec sets up on every rank
     (the very tensors: in-place aliasing kept), counted by the spec's own check."""
-    from ringcoll.collectives import BUILDERS
-    from ringcoll.collectives._common import Context
-    from ringcoll.simulator import run_plans
+    from ringcoll.api import BUILDERS
+    from ringcoll.api._common import Context
+    from ringcoll.sim.engine import run_plans
 
     spec = SPECS[name]
     instances, plans = [], []
@@ -650,7 +650,7 @@ def registry_restored():
     """The registry and sys.modules as they were: a user module's algorithm stays in this test."""
     import sys
 
-    from ringcoll import registry
+    from ringcoll.schedules import registry
 
     saved = {collective: dict(table) for collective, table in registry._REGISTRY.items()}
     yield

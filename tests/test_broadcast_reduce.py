@@ -12,14 +12,14 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.schedule import ceil_log2
+from ringcoll.schedules.vocabulary import ceil_log2
 from _util import FLOATS, INTS, assert_every_rank, builtin_all_reduce, close, ops_for
 from _util import random_data as gloo_data
 from conftest import WORLDS as GLOO_WORLDS
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context
+from ringcoll.api import BUILDERS
+from ringcoll.api._common import Context
 from ringcoll.schedules import trees
-from ringcoll.simulate import rank_data
+from ringcoll.sim.simulate import rank_data
 
 R = dist.ReduceOp
 WORLDS = list(range(1, 18)) + [32, 64]

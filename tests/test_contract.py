@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context, check_async
+from ringcoll.api import BUILDERS
+from ringcoll.api._common import Context, check_async
 
 R = dist.ReduceOp
 COMPLEX = (torch.complex64, torch.complex128)

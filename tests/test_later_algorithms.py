@@ -12,8 +12,8 @@ import torch
 
 import ringcoll
 from _util import ringcoll_log
-from ringcoll import registry
-from ringcoll.simulate import BUILDER_OF, rank_data
+from ringcoll.schedules import registry
+from ringcoll.sim.simulate import BUILDER_OF, rank_data
 
 R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
@@ -189,7 +189,7 @@ def test_torus_grid():
 
 # -- auto: measured rules, tuning table, model ------------------------------------------------
 from ringcoll import selection  # noqa: E402
-from ringcoll.topology import even_nodes  # noqa: E402
+from ringcoll.runtime.nodes import even_nodes  # noqa: E402
 
 
 @pytest.fixture
@@ -517,7 +517,7 @@ def test_bad_local_size_is_refused(plain_env):
 def test_model_local_size_of_node_layouts(plain_env):
     """The cost models' L of a node layout: the ranks per node, the last rank's node allowed
     fewer (nodes of L consecutive ranks); simulate's cost takes it, not the environment's."""
-    from ringcoll.topology import even_nodes, model_local_size
+    from ringcoll.runtime.nodes import even_nodes, model_local_size
 
     assert model_local_size(None) is None
     assert [model_local_size(even_nodes(p, 4)) for p in (3, 4, 10, 12)] == [3, 4, 4, 4]
@@ -585,7 +585,7 @@ def test_algorithm_docs_list_every_registered_algorithm():
     import inspect
     import re
 
-    from ringcoll.simulate import COLLECTIVE_OF
+    from ringcoll.sim.simulate import COLLECTIVE_OF
 
     documented = {}
     for name in ringcoll.__all__:

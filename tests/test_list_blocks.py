@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll import executor as executor_module
-from ringcoll.collectives import _common
+from ringcoll.runtime import executor as executor_module
+from ringcoll.api import _common
 from _util import assert_every_rank, assert_no_problems, block, one_thread  # noqa: F401 - autouse
 
 

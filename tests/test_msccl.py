@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import ringcoll
 import ringcoll.msccl as msccl
-from ringcoll import registry
+from ringcoll.schedules import registry
 from ringcoll.msccl import MscclError
 from ringcoll.msccl.ir import load_program
 from ringcoll.selection import choose
@@ -352,7 +352,7 @@ def test_bench_runs_an_msccl_xml_as_a_contestant(tmp_path, capsys):
 def test_study_sweep_takes_a_loaded_program_at_its_own_world(loaded_names, tmp_path):
     """``ringcoll-study sweep --msccl FILE`` loads the program and sweeps it beside ringcoll's
     own at its world size only (other worlds skip it instead of failing)."""
-    from ringcoll.study.cli import main
+    from ringcoll.sim.cli import main
 
     target = tmp_path / "ring4.xml"
     msccl.export("all_reduce", "ring", 4, str(target))

@@ -1,4 +1,4 @@
-"""Node layouts agreed by every rank of a group (ringcoll.topology), uneven nodes included.
+"""Node layouts agreed by every rank of a group (ringcoll.runtime.nodes), uneven nodes included.
 
 The bug this guards against: each rank grouped the world by its own torchrun
 LOCAL_WORLD_SIZE, so with ``--nproc-per-node 3`` on one node and ``1`` on another ranks 0-2 saw
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.topology import Facts, agreed_layout, describe_layout
+from ringcoll.runtime.nodes import Facts, agreed_layout, describe_layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,8 +94,8 @@ def _hierarchical_sum(group=None) -> list:
 def disagreeing_local_size():
     """RINGCOLL_LOCAL_SIZE 2 on ranks 0-1, 3 on ranks 2-3: the error each rank raises; then,
     with the setting removed everywhere, a hierarchical call on the same group."""
-    from ringcoll.collectives._common import group_executor
-    from ringcoll.topology import group_layout
+    from ringcoll.api._common import group_executor
+    from ringcoll.runtime.nodes import group_layout
 
     rank = dist.get_rank()
     os.environ["RINGCOLL_LOCAL_SIZE"] = "2" if rank < 2 else "3"
@@ -123,8 +123,8 @@ def test_disagreeing_local_size_is_refused_on_every_rank(clusters):
 def layout_sources():
     """Each source of a group's layout on the default group (group_layout, as every rank
     calls it at one point), and LOCAL_WORLD_SIZE alone, which must not count."""
-    from ringcoll.collectives._common import group_executor
-    from ringcoll.topology import group_layout
+    from ringcoll.api._common import group_executor
+    from ringcoll.runtime.nodes import group_layout
 
     rank, executor = dist.get_rank(), group_executor(None)
     found = {"hostnames": group_layout(executor)}
@@ -156,7 +156,7 @@ def raw_backend_layouts():
     group that torch.distributed does not know. Its layout from GROUP_RANK (node rank
     r // 2) and from RINGCOLL_LOCAL_SIZE=2 (global rank // 2), after hierarchical calls
     through torch's own all_reduce on the group, and the logged lines."""
-    from ringcoll.topology import group_layout
+    from ringcoll.runtime.nodes import group_layout
 
     rank = dist.get_rank()
     group = dist.new_group([1, 2, 3], backend="ringcoll", pg_options=ringcoll.Options(all_reduce="hierarchical"))
@@ -277,7 +277,7 @@ def exchange_behind_queued_calls():
 
 
 def group_executor_of(group):
-    from ringcoll.collectives._common import group_executor
+    from ringcoll.api._common import group_executor
 
     return group_executor(group)
 

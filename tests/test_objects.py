@@ -167,7 +167,7 @@ def test_errors_are_torchs(clusters):
         for name in ("gather_object dst and group_dst", "scatter_object_list empty output",
                      "scatter_object_list src and group_src"):
             assert out[f"torch.distributed.distributed_c10d {name}"] is ValueError, (rank, name)
-            assert out[f"ringcoll.collectives.objects {name}"] is ValueError, (rank, name)
+            assert out[f"ringcoll.api.objects {name}"] is ValueError, (rank, name)
         assert out["all_gather_object short list: torch"] is IndexError
         assert out["all_gather_object short list: ringcoll"] == (True, True, True)
         assert out["group not a group"] is TypeError

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.collectives import _common
-from ringcoll.executor import GroupFailedError, P2PExecutor, PeerError, call_tag, fingerprint
+from ringcoll.api import _common
+from ringcoll.runtime.executor import GroupFailedError, P2PExecutor, PeerError, call_tag, fingerprint
 
 ROUNDS = 3
 KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",

@@ -12,7 +12,7 @@ import ringcoll
 from test_all_reduce import R, builtin_reference, data
 
 def pipelined(segment_bytes):
-    from ringcoll.collectives._common import group_context
+    from ringcoll.api._common import group_context
 
     executor = group_context(None).executor
     rank, out = dist.get_rank(), []
@@ -27,7 +27,7 @@ def pipelined(segment_bytes):
                 out.append((window, numel, torch.equal(tensor, want)))
     finally:
         os.environ.pop("RINGCOLL_SEGMENT")
-        executor.window = ringcoll.executor.DEFAULT_WINDOW
+        executor.window = ringcoll.runtime.executor.DEFAULT_WINDOW
     return out
 
 

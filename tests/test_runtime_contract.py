@@ -208,7 +208,7 @@ def stalled_ring(victim: int, timeout: float) -> dict:
     """A ring all_reduce in which global rank ``victim`` stalls before its first step, past
     the step timeout: on a gloo group of every rank through the drop-in, then on a ringcoll
     group of ranks 1..world-1 through ``dist.*``. Each rank's error and its peers."""
-    from ringcoll import executor as executor_module
+    from ringcoll.runtime import executor as executor_module
 
     rank, world = dist.get_rank(), dist.get_world_size()
     previous = ringcoll.get_timeout()

@@ -105,7 +105,7 @@ def test_bad_files_are_read_when_set(clean_env, tmp_path):
 def test_check_booleans(clean_env, word, on):
     clean_env.setenv("RINGCOLL_CHECK", word)
     assert config.settings().check is on
-    from ringcoll.executor import _check_enabled
+    from ringcoll.runtime.executor import _check_enabled
     assert _check_enabled() is on
 
 
@@ -231,7 +231,7 @@ def test_debug_one_logs_at_info_with_the_rank_and_the_rank_filter(clusters):
 
 
 def plans_under_changed_settings() -> tuple:
-    from ringcoll.collectives._common import group_executor
+    from ringcoll.api._common import group_executor
 
     tensor = torch.ones(4, dtype=torch.int64)
     executor = group_executor(None)

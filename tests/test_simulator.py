@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import ringcoll
-from ringcoll.plan import Plan
-from ringcoll.registry import Algorithm, Cost, get
-from ringcoll.schedule import Buf, Layout, Recv, Send, chunk_bounds, step
-from ringcoll.simulate import rank_data
-from ringcoll.simulator import ScheduleError, run_plans
+from ringcoll.runtime.plan import Plan
+from ringcoll.schedules.registry import Algorithm, Cost, get
+from ringcoll.schedules.vocabulary import Buf, Layout, Recv, Send, chunk_bounds, step
+from ringcoll.sim.simulate import rank_data
+from ringcoll.sim.engine import ScheduleError, run_plans
 
 R = ringcoll.ReduceOp
 WORLDS = list(range(1, 18)) + [32, 64]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import ringcoll
-from ringcoll.schedule import Layout
-from ringcoll.simulate import BUILDER_OF, rank_data
-from ringcoll.study.check import ResultError
+from ringcoll.schedules.vocabulary import Layout
+from ringcoll.sim.simulate import BUILDER_OF, rank_data
+from ringcoll.sim.check import ResultError
 
 WORLDS = list(range(1, 18)) + [32, 64]
 #: the pipelined trees' cost takes its critical path message times first, so where a path of
@@ -64,7 +64,7 @@ def test_each_global_step_gets_as_many_colours_as_its_busiest_port_needs(world):
                 assert len({(pipe.pairs[e][1], colour[e]) for e in active}) == len(active)
                 assert len({colour[e] for e in active}) == max([*senders.values(), *receivers.values(), 0])
     for collective in ("all_reduce", "broadcast", "reduce"):
-        algorithm = ringcoll.registry.get(collective, "double_binary_tree")
+        algorithm = ringcoll.schedules.registry.get(collective, "double_binary_tree")
         layout = Layout(world * 4000, {"segment": 300, "root": world // 3})
         for rank in range(world):
             for st in algorithm.schedule(rank, world, layout):
@@ -122,7 +122,7 @@ def test_runs_without_data_give_the_same_statistics(small_segments, collective, 
 
 
 def _symmetric_algorithms():
-    return [(coll, name) for coll, name in _all_algorithms() if ringcoll.registry.get(coll, name).symmetry]
+    return [(coll, name) for coll, name in _all_algorithms() if ringcoll.schedules.registry.get(coll, name).symmetry]
 
 
 @pytest.mark.parametrize("collective,algorithm", _symmetric_algorithms())
@@ -131,7 +131,7 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
     relabelled, every rank's is, and the cost-only run of the representatives alone gives the
     statistics of the run of every rank: on a flat machine, and for node-periodic ones on a
     machine of the same nodes."""
-    from ringcoll.simulator import signature
+    from ringcoll.sim.engine import signature
 
     flat = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
     mirrored = 0
@@ -174,9 +174,9 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
 
 def test_a_schedule_that_breaks_its_declared_symmetry_is_an_error():
     """A rooted schedule declared rotation-symmetric: the sampled ranks expose it."""
-    from ringcoll.simulator import ScheduleError
+    from ringcoll.sim.engine import ScheduleError
 
-    binomial = ringcoll.registry.get("all_reduce", "recursive_doubling")
+    binomial = ringcoll.schedules.registry.get("all_reduce", "recursive_doubling")
     ringcoll.register("all_reduce", "test_lying", cost=binomial.cost,
                       symmetry=lambda world, layout: "rotation")(binomial.schedule)
     with pytest.raises(TypeError, match="symmetry must be a bool, got str 'no'"):
@@ -186,7 +186,7 @@ def test_a_schedule_that_breaks_its_declared_symmetry_is_an_error():
             ringcoll.simulate("all_reduce", "test_lying", 8, numel=64, data=False, record=False)
         assert ringcoll.simulate("all_reduce", "test_lying", 8, numel=64).stats.time > 0   # data runs: every rank
     finally:
-        ringcoll.registry._REGISTRY["all_reduce"].pop("test_lying")
+        ringcoll.schedules.registry._REGISTRY["all_reduce"].pop("test_lying")
 
 
 def test_critical_path_is_not_the_per_rank_count():
@@ -243,7 +243,7 @@ def test_machine_json_round_trip(tmp_path):
         ringcoll.Machine.from_dict({"alpha": 1, "speed": 2})
 
 
-@pytest.mark.parametrize("collective", sorted(ringcoll.collectives.BUILDERS))
+@pytest.mark.parametrize("collective", sorted(ringcoll.api.BUILDERS))
 def test_numel_works_for_every_collective_and_is_checked(collective):
     for world in (1, 3, 4):
         for numel in (0, 1, world + 1, 50):
@@ -252,13 +252,13 @@ def test_numel_works_for_every_collective_and_is_checked(collective):
 
 
 def test_a_wrong_schedule_is_caught_naming_rank_and_element():
-    from ringcoll.schedule import Buf, Recv, Send, step
+    from ringcoll.schedules.vocabulary import Buf, Recv, Send, step
 
     def all_reduce_forgets_one(rank, world, layout):
         """Ring-less 'all_reduce' that only sums ranks 0 and 1 (wrong above two ranks)."""
         data, scratch = Buf("data", 0, layout.numel), Buf("scratch", 0, layout.numel)
         if rank < 2:
-            yield step([Send(1 - rank, data), Recv(1 - rank, scratch)], [ringcoll.schedule.reduce(data, scratch)])
+            yield step([Send(1 - rank, data), Recv(1 - rank, scratch)], [ringcoll.schedules.vocabulary.reduce(data, scratch)])
 
     ringcoll.register("all_reduce", "test_wrong", cost=lambda p, n: ringcoll.Cost(1, n, n),
                       replace=True)(all_reduce_forgets_one)
@@ -269,7 +269,7 @@ def test_a_wrong_schedule_is_caught_naming_rank_and_element():
             ringcoll.simulate("all_reduce", "test_wrong", 3, numel=10)
         ringcoll.simulate("all_reduce", "test_wrong", 3, numel=10, check=False)     # opt out
     finally:
-        ringcoll.registry._REGISTRY["all_reduce"].pop("test_wrong")
+        ringcoll.schedules.registry._REGISTRY["all_reduce"].pop("test_wrong")
 
 
 def test_register_twice_needs_replace():
@@ -281,9 +281,9 @@ def test_register_twice_needs_replace():
         with pytest.raises(ValueError, match="registered twice"):
             ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(0, 0, 0))(first)
         ringcoll.register("barrier", "test_twice", cost=lambda p, n: ringcoll.Cost(1, 0, 0), replace=True)(first)
-        assert ringcoll.registry.get("barrier", "test_twice").cost(4, 0) == (1, 0, 0)
+        assert ringcoll.schedules.registry.get("barrier", "test_twice").cost(4, 0) == (1, 0, 0)
     finally:
-        ringcoll.registry._REGISTRY["barrier"].pop("test_twice")
+        ringcoll.schedules.registry._REGISTRY["barrier"].pop("test_twice")
 
 
 def test_float_results_are_checked_within_tolerance():
@@ -330,7 +330,7 @@ def _synthetic_bench(path, machine, world, noise, seed):
     import json
     import random
 
-    from ringcoll.study.fit import Sample, coefficients
+    from ringcoll.sim.fit import Sample, coefficients
 
     rng = random.Random(seed)
     rows = []
@@ -352,7 +352,7 @@ def _synthetic_bench(path, machine, world, noise, seed):
 
 
 def test_fit_recovers_a_known_machine(tmp_path):
-    from ringcoll.study.fit import fit_report
+    from ringcoll.sim.fit import fit_report
 
     truth = ringcoll.Machine(alpha=20e-6, beta=1 / 5e9, gamma=1 / 12e9)
     paths = [_synthetic_bench(tmp_path / f"np{w}.json", truth, w, noise=0.02, seed=w) for w in (3, 4, 8)]
@@ -369,7 +369,7 @@ def test_fit_ties_collinear_beta_and_gamma(tmp_path):
     """all_reduce ring and Rabenseifner alone: β and γ in a fixed 2:1 ratio, no unique split."""
     import json
 
-    from ringcoll.study.fit import fit_report
+    from ringcoll.sim.fit import fit_report
 
     truth = ringcoll.Machine(alpha=10e-6, beta=1 / 8e9, gamma=1 / 16e9)
     path = _synthetic_bench(tmp_path / "ar.json", truth, 4, noise=0.0, seed=1)
@@ -387,7 +387,7 @@ def test_hierarchical_machine_crossover_follows_the_formulas():
     """Nodes of 4 ranks, inter-node β 10× intra-node: at p = 16 recursive doubling (lg p whole
     vectors) wins small messages and a bandwidth-optimal algorithm wins large ones; the size
     where it changes lies within 4× of where the closed forms on the inter-node link cross."""
-    from ringcoll.study.sweep import best, crossovers, sweep
+    from ringcoll.sim.sweep import best, crossovers, sweep
 
     machine = ringcoll.Machine.hierarchical(4, intra=(2e-6, 1 / 100e9), inter=(10e-6, 1 / 10e9), gamma=1 / 50e9)
     sizes = [4 ** k * KiB for k in range(7)]
@@ -396,9 +396,9 @@ def test_hierarchical_machine_crossover_follows_the_formulas():
     assert winners[("all_reduce", 16, sizes[0])].algorithm == "recursive_doubling"
     assert winners[("all_reduce", 16, sizes[-1])].algorithm in ("rabenseifner", "ring")
     change = [c for c in crossovers(cells) if c[1] == 16][0]
-    a, b = ringcoll.registry.get("all_reduce", "recursive_doubling"), ringcoll.registry.get("all_reduce", change[4])
+    a, b = ringcoll.schedules.registry.get("all_reduce", "recursive_doubling"), ringcoll.schedules.registry.get("all_reduce", change[4])
     predicted = next(n for n in (2 ** k for k in range(10, 30))
-                     if ringcoll.registry.model(b, 16, n).on(machine) < ringcoll.registry.model(a, 16, n).on(machine))
+                     if ringcoll.schedules.registry.model(b, 16, n).on(machine) < ringcoll.schedules.registry.model(a, 16, n).on(machine))
     assert predicted / 4 <= change[2] <= predicted * 4
     assert all(c.bound_ratio >= 1 for c in cells)
 
@@ -408,13 +408,13 @@ def test_closed_form_cells_take_the_machines_nodes(monkeypatch, world):
     """Above ``simulate_up_to`` a cell is the closed form; the hierarchical all-reduce's form
     takes the study machine's nodes of 8 ranks (at p = 60 the last node holds 4, as the
     form's ⌈p/L⌉ nodes count it), whatever node size the environment gives."""
-    from ringcoll.study.sweep import evaluate
+    from ringcoll.sim.sweep import evaluate
 
     machine = ringcoll.Machine.hierarchical(8, intra=(2e-6, 1 / 100e9), inter=(10e-6, 1 / 10e9))
-    algorithm = ringcoll.registry.get("all_reduce", "hierarchical")
+    algorithm = ringcoll.schedules.registry.get("all_reduce", "hierarchical")
     nbytes = 1 << 20
-    want = ringcoll.registry.model(algorithm, world, nbytes, local_size=8).on(machine)
-    assert want != ringcoll.registry.model(algorithm, world, nbytes, local_size=2).on(machine)
+    want = ringcoll.schedules.registry.model(algorithm, world, nbytes, local_size=8).on(machine)
+    assert want != ringcoll.schedules.registry.model(algorithm, world, nbytes, local_size=2).on(machine)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for local_size in (None, "2"):
         if local_size is None:
@@ -427,7 +427,7 @@ def test_closed_form_cells_take_the_machines_nodes(monkeypatch, world):
 
 
 def test_study_cli_sweep_and_validate(tmp_path, capsys):
-    from ringcoll.study.cli import main
+    from ringcoll.sim.cli import main
 
     assert main(["sweep", "--worlds", "4,8", "-b", "1K", "-e", "1M", "--hierarchical", "2",
                  "--out", str(tmp_path)]) == 0

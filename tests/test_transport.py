@@ -26,13 +26,12 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll import transport, work as work_module
-from ringcoll.collectives import BUILDERS
-from ringcoll.collectives._common import Context, check_device, executor_context
-from ringcoll.executor import P2PExecutor, group_timeout
-from ringcoll.schedule import Buf, Recv, Send
-from ringcoll.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError,
-                                wire)
+from ringcoll.runtime import transport, work as work_module
+from ringcoll.api import BUILDERS
+from ringcoll.api._common import Context, check_device, executor_context
+from ringcoll.runtime.executor import P2PExecutor, group_timeout
+from ringcoll.schedules.vocabulary import Buf, Recv, Send
+from ringcoll.runtime.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire)
 
 
 # -- the catalogue through the batched transport -------------------------------------------------
@@ -106,7 +105,7 @@ def catalogue_slice():
         x = data(n, rank, torch.int16)
         ringcoll.all_reduce(x, algorithm="ring")
         check(f"all_reduce int16 {n}", x, sum(data(n, r) for r in range(world)).to(torch.int16))
-    executor = ringcoll.collectives._common.group_context(None).executor
+    executor = ringcoll.api._common.group_context(None).executor
     return type(executor.transport(torch.device("cpu"))).__name__, wrong
 
 
@@ -126,7 +125,7 @@ def batched_semantics():
         ringcoll.all_to_all_single(got, inp, counts, counts, group=group)
         want = torch.zeros_like(got)
         dist.all_to_all_single(want, inp, counts, counts, group=group)
-        shim = ringcoll.collectives._common.group_context(group).executor.transport(torch.device("cpu")).comm
+        shim = ringcoll.api._common.group_context(group).executor.transport(torch.device("cpu")).comm
         out["zero_splits"] = (torch.equal(got, want), shim.log[0], sum(e[0] == "batch" for e in shim.log))
         # barrier blocks the host until the peers arrive (NCCL's wait() does not)
         if rank == 1:

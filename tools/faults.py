@@ -115,7 +115,7 @@ def _hook(inj: Injection, announce) -> dict:
     """Make this (victim) rank die or stall at step k of its next plan, k drawn from the plan's
     step count the first time the executor posts a step: before posting step k's transfers
     (``hook="post"``), or once they are posted and in flight (``hook="in_flight"``)."""
-    from ringcoll import executor
+    from ringcoll.runtime import executor
 
     original = executor.P2PExecutor._post
     state = {"step": None, "steps": None, "fired": False}

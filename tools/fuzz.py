@@ -677,9 +677,9 @@ def _replay_alone(chunk: List[dict], world: int, timeout: float, tally: Tally, d
 def simulate_trial(trial: Trial) -> dict:
     """A trial on the simulator (whole world, synchronous): ringcoll's builders and schedules
     against the exact local reference, with the same canary and input checks."""
-    from ringcoll.collectives import BUILDERS
-    from ringcoll.collectives._common import Context
-    from ringcoll.simulator import Machine, run_plans
+    from ringcoll.api import BUILDERS
+    from ringcoll.api._common import Context
+    from ringcoll.sim.engine import Machine, run_plans
 
     trial = Trial(**{**asdict(trial), "world": trial.group_size, "members": None, "async_op": False})
     calls, plans = [], []

@@ -7,7 +7,7 @@ size and size band (bytes inclusive)::
     all_reduce,4,0,65535,recursive_doubling
     all_reduce,4,65536,67108864,ring
 
-``RINGCOLL_TUNING=table.csv`` makes ``auto`` follow it (ringcoll/selection.py reads it). At each
+``RINGCOLL_TUNING=table.csv`` makes ``auto`` follow it (ringcoll/selection/__init__.py reads it). At each
 measured size the algorithm is the argmin of the median times of ringcoll's algorithms (``auto``
 and the built-in are not candidates; a row with an error or a wrong element is not either),
 on the collective's first variant (out-of-place where there are two), with hysteresis: going

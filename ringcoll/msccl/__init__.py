@@ -20,23 +20,16 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-import torch
 
-from .. import registry
-from ..registry import Cost
+from ..schedules import registry
+from ..schedules.registry import Cost
 from .ir import MscclError, Program, load_program, parse, read_text
-from .mapping import schedule as _schedule
 from .export import export  # noqa: E402 - binds the function over the submodule's name
 from .to_schedule import Compiled, compile_program
+from .program import REPLICATED, cost_of, data_check, schedule_of
+from .check import report
 
 __all__ = ["load", "unload", "export", "check", "MscclError", "Loaded", "loaded"]
-
-#: the collectives whose result is the same on every rank
-REPLICATED = ("all_reduce", "all_gather")
-#: the drop-in the data check runs each collective through
-_BUILDER = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
-            "all_to_all": "all_to_all_single", "reduce_scatter": "reduce_scatter_tensor"}
-
 
 @dataclass
 class Loaded:
@@ -66,84 +59,6 @@ def _default_name(source: str, program: Program) -> str:
         base = os.path.basename(text)
         return "msccl:" + (base[:-3] if base.endswith(".gz") else base).rsplit(".", 1)[0]
     return "msccl:" + program.name
-
-
-def _cost_of(compiled: Compiled):
-    """``cost(world, nbytes)`` in the registry's terms: the program's steps with transfers,
-    and the chunks on the wire and reduced by the busiest rank of each step, each chunk
-    ``nbytes / nchunksperloop`` bytes (exact on a flat single-port machine)."""
-    per = compiled.program.nchunksperloop
-    alpha, beta, gamma = compiled.alpha, compiled.beta_chunks, compiled.gamma_chunks
-
-    def cost(world: int, nbytes: int) -> Cost:
-        chunk = nbytes / per
-        return Cost(alpha, beta * chunk, gamma * chunk)
-
-    cost.__doc__ = f"{alpha} steps, {beta}/{per}·nβ, {gamma}/{per}·nγ"
-    return cost
-
-
-def _schedule_of(compiled: Compiled, name: str):
-    def run(rank: int, world: int, layout):
-        return _schedule(compiled, rank, world, layout)
-
-    program = compiled.program
-    run.__name__ = name
-    run.__doc__ = (f"MSCCL program {program.name!r} ({program.coll}, {program.ngpus} ranks, "
-                   f"nchunksperloop={program.nchunksperloop}, {program.nchannels} channel(s), "
-                   f"proto {program.proto}): {compiled.nsteps} steps, {compiled.messages} messages. "
-                   f"Runs at world size {program.ngpus} only; sizes that are not a multiple of its "
-                   f"chunking run padded.")
-    return run
-
-
-def _check_sizes(program: Program) -> Tuple[int, int]:
-    """Two sizes (the simulator's numel) for the data check: a multiple of the chunking and
-    one that needs padding."""
-    n, per = program.ngpus, program.nchunksperloop
-    if program.collective == "all_reduce":
-        return 2 * per, 2 * per + 1
-    return 2 * per, n * (2 * (per // n) + 1)
-
-
-def _float_call(collective: str, world: int, numel: int):
-    """A call on random floats, whose sums differ by the order they are added in."""
-    from ..simulate import numel_call
-
-    def call(rank: int):
-        args, kwargs = numel_call(_BUILDER[collective], rank, world, numel, torch.float32, {})
-        generator = torch.Generator().manual_seed(1234 + rank)
-        filled = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                a = torch.rand(a.shape, generator=generator, dtype=torch.float32) * 3 - 1
-            filled.append(a)
-        return tuple(filled), kwargs
-    return call
-
-
-def data_check(name: str, program: Program) -> bool:
-    """Simulate the registered ``name`` at its world size on exact integer data (any wrong
-    element raises, naming rank and element), at a size its chunking divides and one it pads;
-    return whether a float run gives every rank bitwise the same result (True where the
-    collective has no replicated result)."""
-    from ..simulate import simulate
-
-    builder, n = _BUILDER[program.collective], program.ngpus
-    for numel in _check_sizes(program):
-        simulate(builder, name, world=n, numel=numel, dtype=torch.int64, check=True, record=False)
-    if program.collective not in REPLICATED:
-        return True
-    sim = simulate(builder, name, world=n, call=_float_call(program.collective, n, _check_sizes(program)[0]),
-                   check=True, record=False)
-    first = _result(sim.outputs[0])
-    return all(torch.equal(first.view(torch.int32), _result(out).view(torch.int32)) for out in sim.outputs[1:])
-
-
-def _result(output) -> torch.Tensor:
-    while isinstance(output, (list, tuple)):
-        output = output[0]
-    return output.reshape(-1)
 
 
 def load(path_or_text, name: Optional[str] = None, *, deterministic: bool = True,
@@ -179,8 +94,8 @@ def load(path_or_text, name: Optional[str] = None, *, deterministic: bool = True
                          f"replace=True) re-defines it, name= gives another)")
     compiled = compile_program(program)
     previous = registry.get(program.collective, name) if name in table else None
-    registry.register(program.collective, name, cost=_cost_of(compiled), replace=True,
-                      world=program.ngpus, auto=False)(_schedule_of(compiled, name))
+    registry.register(program.collective, name, cost=cost_of(compiled), replace=True,
+                      world=program.ngpus, auto=False)(schedule_of(compiled, name))
     try:
         same = data_check(name, program)
         if not same and deterministic:
@@ -209,5 +124,4 @@ def unload(name: str) -> None:
 
 def check(path_or_text, machine=None) -> dict:
     """What ``python -m ringcoll.msccl check`` prints, as a dict (see :mod:`.__main__`)."""
-    from .check import report
     return report(path_or_text, machine)

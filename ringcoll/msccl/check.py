@@ -11,10 +11,11 @@ from typing import Optional
 
 import torch
 
-from .. import registry
-from ..machine import Machine
-from ..study.check import ResultError
+from ..schedules import registry
+from ..sim.machine import Machine
+from ..sim.check import ResultError
 from .ir import load_program
+from .program import BUILDER, REPLICATED, cost_of, float_call, result_of, schedule_of
 
 #: the simulated size when none is given: 1 MiB of float32
 DEFAULT_BYTES = 1 << 20
@@ -23,17 +24,16 @@ DEFAULT_BYTES = 1 << 20
 def report(path_or_text, machine: Optional[Machine] = None, nbytes: int = DEFAULT_BYTES) -> dict:
     """collective, ranks, steps, messages, bytes per rank, deterministic, simulated time on
     ``machine`` (default: ringcoll.Machine()) at ``nbytes``, and the first wrong element (None)."""
-    from . import REPLICATED, _BUILDER, _cost_of, _float_call, _result, _schedule_of
     from .to_schedule import compile_program
-    from ..simulate import simulate
+    from ..sim.simulate import simulate
 
     machine = machine or Machine()
     program = load_program(path_or_text)
     compiled = compile_program(program)
     name = f"msccl-check:{program.name}"
-    registry.register(program.collective, name, cost=_cost_of(compiled), replace=True,
-                      world=program.ngpus, auto=False)(_schedule_of(compiled, name))
-    builder, n = _BUILDER[program.collective], program.ngpus
+    registry.register(program.collective, name, cost=cost_of(compiled), replace=True,
+                      world=program.ngpus, auto=False)(schedule_of(compiled, name))
+    builder, n = BUILDER[program.collective], program.ngpus
     wrong, identical = None, None
     try:
         try:
@@ -41,10 +41,10 @@ def report(path_or_text, machine: Optional[Machine] = None, nbytes: int = DEFAUL
         except ResultError as error:
             wrong = str(error)
         if program.collective in REPLICATED and wrong is None:
-            sim = simulate(builder, name, world=n, call=_float_call(program.collective, n, 2 * program.nchunksperloop),
+            sim = simulate(builder, name, world=n, call=float_call(program.collective, n, 2 * program.nchunksperloop),
                            check=False, record=False)
-            first = _result(sim.outputs[0]).view(torch.int32)
-            identical = all(torch.equal(first, _result(o).view(torch.int32)) for o in sim.outputs[1:])
+            first = result_of(sim.outputs[0]).view(torch.int32)
+            identical = all(torch.equal(first, result_of(o).view(torch.int32)) for o in sim.outputs[1:])
         numel = max(1, nbytes // 4)
         timed = simulate(builder, name, world=n, numel=numel, dtype=torch.float32, data=False, machine=machine)
     finally:

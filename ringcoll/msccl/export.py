@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional, Tuple
 
-from .. import registry
-from ..schedule import Buf, Copy, Layout, Recv, Reduce, Send, chunks, extents
+from ..schedules import registry
+from ..schedules.vocabulary import Buf, Copy, Layout, Recv, Reduce, Send, chunks, extents
 from ..schedules.fold import largest_pof2
 from .ir import MAX_COUNT, MAX_STEPS_PER_TB, MAX_TBS_PER_CHANNEL
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterator, List, Sequence, Tuple
 
-from ..schedule import Buf, Copy, Layout, Recv, Reduce, Send, Step, chunks, step
+from ..schedules.vocabulary import Buf, Copy, Layout, Recv, Reduce, Send, Step, chunks, step
 from .ir import OPCODES, Program
 from .to_schedule import Compiled, LocalCopy, LocalReduce, Region, aliases
 

@@ -1,2 +1,2 @@
 """The algorithms, one module per collective; each registers its schedules in
-:mod:`ringcoll.registry` when imported."""
+:mod:`ringcoll.schedules.registry` when imported."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Iterator, List
 
-from ..registry import Cost, register, rotation_when_even, xor_when_even
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, segmented, sendrecv, span, step
+from .registry import Cost, register, rotation_when_even, xor_when_even
+from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, segmented, sendrecv, span, step
 from .fold import folded_rank, largest_pof2, real_rank
 from .trees import segment_count
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..schedule import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
-from ..registry import Cost, register, rotation_when_even, xor_when_even
+from .vocabulary import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
+from .registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, \
     segment_count, segment_numel

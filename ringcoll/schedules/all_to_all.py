@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, step
-from ..registry import Cost, register, rotation_when_even
+from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, step
+from .registry import Cost, register, rotation_when_even
 
 
 def _blocks(layout: Layout, world: int) -> tuple[Sequence[Buf], Sequence[Buf]]:

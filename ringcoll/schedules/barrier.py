@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, step
-from ..registry import Cost, register, rotation_when_even
+from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, step
+from .registry import Cost, register, rotation_when_even
 
 
 def _dissemination_cost(world: int, nbytes: int) -> Cost:

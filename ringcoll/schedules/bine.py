@@ -23,8 +23,8 @@ import functools
 from typing import Iterator, List, Optional, Tuple
 
 from . import broadcast, reduce  # noqa: F401 - the classic algorithms register (and are listed) first
-from ..registry import Cost, register
-from ..schedule import Buf, Layout, Recv, Send, Step, reduce, step
+from .registry import Cost, register
+from .vocabulary import Buf, Layout, Recv, Send, Step, reduce, step
 from .swing import _rabenseifner_cost, butterfly, swing_peer
 from .trees import rooted
 

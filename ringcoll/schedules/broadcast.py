@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..registry import Cost, register
-from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
+from .registry import Cost, register
+from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
 from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
     segment_count, segment_numel
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from . import all_gather, all_reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
-from ..registry import Cost, register, rotation_when_even
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
+from .registry import Cost, register, rotation_when_even
+from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
 
 
 def _exchange(rank: int, world: int, send_for, recv_from) -> list:

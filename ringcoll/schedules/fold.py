@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from ..schedule import Buf, Recv, Send, Step, reduce, step
+from .vocabulary import Buf, Recv, Send, Step, reduce, step
 
 
 def largest_pof2(world: int) -> int:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Iterator, List, Tuple
 
-from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, span, step
+from .registry import Cost, register
+from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, span, step
 from .trees import binomial, binomial_span
 
 

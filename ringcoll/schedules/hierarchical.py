@@ -5,7 +5,7 @@ across nodes, local ncclAllGather; ``nccl_operations.cc``), the 2-D torus all-re
 on ABCI, arXiv 1811.05233; Google on TPU v3, arXiv 1811.06992) and leader-based rooted and
 gathering collectives (MPICH's SMP-aware collectives).
 
-The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.topology`: the
+The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.runtime.nodes`: the
 simulator's ``local_size``, else the layout the group's ranks agreed on by exchange, from
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` or the hostnames). Nodes may differ in size
 and need not hold consecutive ranks. A node's
@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
-from ..registry import Cost, register
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, reduce, span, step
-from ..topology import Nodes, local_size_from_env, needs_nodes
+from .registry import Cost, register
+from .vocabulary import (Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, needs_nodes, reduce,
+                         span, step)
 from .trees import binomial
 
 
@@ -164,14 +164,15 @@ def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
     return Cost(2 * (local - 1) + 2 * (count - 1), 2 * inner + 2 * outer, inner + outer)
 
 
-def _env_local_size(world: int, local_size: Optional[int] = None) -> int:
-    """Ranks per node for the cost models: ``local_size`` when the caller knows the nodes
-    (the simulator's ``local_size=``), else the environment's, else one node of all."""
-    return local_size or local_size_from_env() or world
+def _local_size(world: int, local_size: Optional[int] = None) -> int:
+    """Ranks per node for the cost models: ``local_size`` as the caller gives it (the
+    simulator's ``local_size=``; :func:`ringcoll.schedules.registry.model` gives
+    RINGCOLL_LOCAL_SIZE's when its caller gives none), else one node of all."""
+    return local_size or world
 
 
 def _all_reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
-    return _two_level_cost(world, nbytes, _env_local_size(world, local_size))
+    return _two_level_cost(world, nbytes, _local_size(world, local_size))
 
 
 @register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=node_period)
@@ -222,7 +223,7 @@ def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 def _levels(world: int, local_size: Optional[int] = None) -> Tuple[int, int]:
     """(L, N): ranks per node and nodes, for the cost models (even nodes; L given, else from
     the environment)."""
-    local = max(1, min(_env_local_size(world, local_size), world))
+    local = max(1, min(_local_size(world, local_size), world))
     return local, -(-world // local)
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Iterator, List
 
 from . import all_gather, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
-from ..registry import Cost, register, rotation_when_even
-from ..schedule import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
+from .registry import Cost, register, rotation_when_even
+from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
 from ..selection import segment_bytes
 
 

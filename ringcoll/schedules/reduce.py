@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..registry import Cost, register
-from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
+from .registry import Cost, register
+from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
 from .fold import fold_in, folded_rank, largest_pof2, real_rank
 from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, relabel, rooted, rooted_pipeline, \
     segment_count, segment_numel

@@ -26,8 +26,8 @@ from __future__ import annotations
 import functools
 from typing import Iterator, List, Tuple
 
-from ..registry import register
-from ..schedule import Buf, Layout, Step, chunks, reduce, sendrecv, span, step
+from .registry import register
+from .vocabulary import Buf, Layout, Step, chunks, reduce, sendrecv, span, step
 from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 

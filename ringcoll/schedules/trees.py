@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ..schedule import Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
+from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
 from ..selection import segment_bytes
 
 def segment_numel(layout: Layout, itemsize: int = 4) -> int:
@@ -419,7 +419,7 @@ def pipelined_tree_cost(pipe: TreePipeline, nbytes: float, segment: Optional[int
     """α-β-γ cost of a :class:`TreePipeline` whose trees carry n/2 each in k segments of
     s = n/2k bytes, on the simulator's clock: nothing queues on a port, so the cost is
     ``pipe.time(k)`` message times (α + sβ) and segments reduced (sγ)."""
-    from ..registry import Cost
+    from .registry import Cost
 
     if pipe.world == 1:
         return Cost(0, 0, 0)

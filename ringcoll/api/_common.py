@@ -1,0 +1,412 @@
+"""What every collective shares: argument checks, the group context, running a plan."""
+from __future__ import annotations
+
+import logging
+import numbers
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..schedules import registry
+from ..config import Settings, settings
+from ..runtime.executor import P2PExecutor, Prepared
+from ..sim.machine import Machine
+from ..ops import SUPPORTED_DTYPES, op_type
+from ..runtime.plan import Plan
+from ..schedules.vocabulary import Layout
+from ..selection import choose, group_nodes, segment_elements
+from ..runtime.nodes import context_layout, describe_layout
+from ..runtime.work import submit
+
+log = logging.getLogger("ringcoll")
+
+#: collective name -> builder(ctx, *args, **kwargs) -> Plan | None; the simulator uses them too
+BUILDERS: Dict[str, Callable[..., Optional[Plan]]] = {}
+
+
+def builder(collective: str):
+    def decorate(fn):
+        BUILDERS[collective] = fn
+        return fn
+    return decorate
+
+
+@dataclass
+class Context:
+    """One rank's view of a group: its rank (None outside the group), the world size, and on
+    a process group its executor and this call's sequence number in the group."""
+
+    rank: Optional[int]
+    world: Optional[int]
+    executor: Optional[P2PExecutor] = None
+    seq: Optional[int] = None
+    nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.runtime.nodes)
+    machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
+
+    def submit(self, plan: Optional[Plan], async_op: bool):
+        if plan is None:
+            return None
+        executor = self.executor
+        executor.raise_if_failed()          # at once, not after the calls queued before it
+
+        def task():
+            with torch.no_grad():
+                executor.run(plan)
+
+        return submit(task, async_op, plan.result, device=plan.device, describe=plan.describe)
+
+
+def executor_context(executor: P2PExecutor) -> Context:
+    """A call's context on ``executor``: takes the call's sequence number now. Code that builds
+    plans itself (the backend) calls this once per call, before checks that not every rank
+    makes; a plan built without a number takes one when it runs."""
+    return Context(executor.rank, executor.world, executor, executor.begin_call())
+
+
+_executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _executor(group) -> P2PExecutor:
+    """The executor of a registered group this process belongs to (one per group; it holds
+    the group weakly, or this cache would keep every destroyed group alive)."""
+    executor = _executors.get(group)
+    if executor is None:
+        executor = _executors[group] = P2PExecutor(group, weak=True)
+    return executor
+
+
+#: the group of the last call and its executor: (weak reference, executor); the one
+#: lookup of a call that repeats on its group (a weak key's lookup builds a reference)
+_last: tuple = (lambda: None, None)
+
+
+def group_executor(group) -> Optional[P2PExecutor]:
+    """The executor of ``group`` (None: the default group) for this process; None when this
+    process is not a member."""
+    if group is not None and not isinstance(group, dist.ProcessGroup) \
+            and group is not dist.GroupMember.NON_GROUP_MEMBER:
+        raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
+    global _last
+    last, executor = _last
+    if group is last():                 # a member: it had an executor
+        return executor
+    if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
+        return None
+    executor = _executor(group)
+    _last = (weakref.ref(group), executor)
+    return executor
+
+
+def group_context(group) -> Context:
+    """The context of ``group`` (None: the default group) for this process."""
+    executor = group_executor(group)
+    _call_settings(executor)
+    # The call takes its number here, once the group is known and before any check that
+    # depends on this rank's role (the root's list, say): an argument error on one rank
+    # only leaves the numbering aligned, so the others' pending call can never match this
+    # rank's next one. A failed group raises here, at once.
+    return Context(None, None) if executor is None else executor_context(executor)
+
+
+def _call_settings(executor) -> Settings:
+    """The settings of this call (:func:`ringcoll.config.settings`), read before anything is
+    touched: a bad RINGCOLL_* value is refused here, naming it. A rank that refuses still
+    takes the call's number, as an argument error does (see group_context): a setting bad on
+    one host only must not shift this rank's later calls against its peers'."""
+    try:
+        return settings()
+    except ValueError:
+        if executor is not None:
+            executor_context(executor)
+        raise
+
+
+# -- persistent plans ---------------------------------------------------------------------
+#: plans kept per group when RINGCOLL_PERSISTENT_PLANS is unset (0: none, every call builds
+#: its own), least recently used dropped first; a call whose tensors hold more bytes than
+#: PERSISTENT_MAX_BYTES keeps none: its transfers dwarf the cost of a new plan, and a kept
+#: plan keeps its tensors' memory (see run_call)
+PERSISTENT_PLANS = 16
+PERSISTENT_MAX_BYTES = 1 << 20
+
+
+#: argument types a key holds as they are, checked first (most of a call's arguments)
+_ATOMS = frozenset({int, str, bool, float, type(None)})
+_TENSOR, _PARAMETER, _STRIDED = torch.Tensor, torch.nn.Parameter, torch.strided
+
+
+class _NotKeyed(Exception):
+    """An argument a call's key cannot hold: the call builds its plan afresh."""
+
+
+def _signature(values, tensors: list) -> tuple:
+    """The key of a call's arguments: each tensor by the memory and view it names (address,
+    shape, strides, dtype, device; the conjugate bit of a complex one), lists and tuples item
+    by item, anything else as itself (hashable, or the key is refused). ``tensors`` collects
+    the tensors."""
+    key = []
+    for value in values:
+        kind = value.__class__
+        if kind in _ATOMS:
+            key.append(value)
+        elif isinstance(value, _TENSOR):
+            if kind is not _TENSOR and not isinstance(value, _PARAMETER) or value.layout is not _STRIDED:
+                raise _NotKeyed                 # a subclass's own dispatch may differ
+            tensors.append(value)
+            dtype = value.dtype
+            if dtype.is_complex:
+                key.append((value.data_ptr(), value.shape, value.stride(), dtype, value.device,
+                            value.is_conj(), value.is_neg()))
+            else:
+                key.append((value.data_ptr(), value.shape, value.stride(), dtype, value.device))
+        elif isinstance(value, (list, tuple)):
+            key.append((kind, _signature(value, tensors)))
+        else:
+            key.append(value)
+    return tuple(key)
+
+
+def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwargs):
+    """Run one drop-in call: ``build(ctx, *args, **kwargs)`` checks the arguments and makes
+    the plan, which this rank's executor for ``group`` runs now or, with ``async_op``, as a
+    Work.
+
+    A synchronous call repeated with the same arguments reuses the plan its first instance
+    prepared (the executor's :class:`~ringcoll.runtime.executor.Prepared`: checks passed, algorithm
+    chosen, schedule expanded, transfers resolved), as MPI's persistent collectives: on a
+    2-core gloo host a small broadcast spends more time building its plan than moving its
+    bytes. "The same" is exact: each tensor names the same memory with the same shape,
+    strides and dtype (the kept plan holds that memory, so the address cannot have been
+    handed to another tensor meanwhile; a plan whose memory moved, a storage resized in
+    place, is dropped: :meth:`Prepared.moved`), every other argument is equal, and so are the
+    settings (:func:`ringcoll.config.settings`: every RINGCOLL_* variable, the files they
+    name and the registry of algorithms). Only calls whose tensors hold at most
+    :data:`PERSISTENT_MAX_BYTES` and whose plan reads their data when it runs (not a copy
+    made while building: :func:`_rerunnable`) keep a plan; a call takes its sequence number
+    and tag afresh either way."""
+    async_op = check_async(async_op)
+    executor = group_executor(group)
+    current = _call_settings(executor)
+    limit = PERSISTENT_PLANS if current.persistent_plans is None else current.persistent_plans
+    if executor is None or async_op or limit <= 0:
+        ctx = Context(None, None) if executor is None else executor_context(executor)
+        return ctx.submit(build(ctx, *args, **kwargs), async_op)
+    tensors: list = []
+    try:
+        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current)
+        prepared = executor.persistent.get(key)
+    except (_NotKeyed, TypeError, RuntimeError):
+        # not hashable, or a tensor without an address (its call's checks say what is wrong)
+        key = prepared = None
+    if prepared is not None and prepared.moved():
+        executor.persistent.pop(key, None)
+        prepared = None
+    if prepared is not None:
+        seq = executor.begin_call()
+        try:
+            executor.persistent.move_to_end(key)
+        except KeyError:                    # dropped meanwhile by a call on another thread
+            pass
+        plan = prepared.plan
+        log.info("%s: world %d, rank %d -> %s (%s; plan reused)", plan.describe, plan.world,
+                 plan.rank, plan.algorithm.name, plan.why)
+        return run_prepared(executor, prepared, seq)
+    ctx = executor_context(executor)
+    plan = build(ctx, *args, **kwargs)
+    if plan is None:
+        return None
+    if key is None or sum(t.numel() * t.element_size() for t in tensors) > PERSISTENT_MAX_BYTES \
+            or not _rerunnable(plan, tensors, executor):
+        return ctx.submit(plan, False)
+    executor.raise_if_failed()
+    prepared = executor.prepare(plan)
+    executor.persistent[key] = prepared
+    if len(executor.persistent) > limit:
+        executor.persistent.popitem(last=False)
+    return run_prepared(executor, prepared, ctx.seq)
+
+
+def _rerunnable(plan: Plan, tensors: list, executor: P2PExecutor) -> bool:
+    """Whether ``plan`` reads the caller's data when it runs, not when it was built: each of
+    its buffers is the memory of one of the call's tensors, or the executor's (staging), or
+    one of the plan's own (Plan.own). A buffer the builder filled itself (the contiguous
+    copy of a strided tensor, the clone that separates an input from its output) holds this
+    call's data only."""
+    owned = {t.untyped_storage().data_ptr() for t in tensors}
+    owned |= executor.lent()
+    return all(name in plan.own or buffer.untyped_storage().data_ptr() in owned
+               for name, buffer in plan.buffers.items())
+
+
+def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
+    """Run a synchronous call's prepared plan as call ``seq``, in call order."""
+    executor.raise_if_failed()
+    if not (prepared.before or prepared.after):      # the schedule alone: detached buffers
+        return submit(lambda: executor.run_prepared(prepared, seq), False, device=prepared.device)
+
+    def task():
+        with torch.no_grad():
+            executor.run_prepared(prepared, seq)
+
+    return submit(task, False, device=prepared.device)
+
+
+def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:
+    """TypeError/ValueError naming ``param`` unless ``tensor`` is a dense tensor of a supported
+    dtype (and, with ``like``, of the same dtype and device)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{param} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{param} must be a dense (strided) tensor, got layout {tensor.layout}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{param} must have one of the dtypes "
+                        f"{[str(d).replace('torch.', '') for d in SUPPORTED_DTYPES]}, got {tensor.dtype}")
+    if like is not None:
+        if tensor.dtype != like.dtype:
+            raise TypeError(f"{param} must have dtype {like.dtype} like the other tensors, got {tensor.dtype}")
+        if tensor.device != like.device:
+            raise ValueError(f"{param} must be on device {like.device} like the other tensors, got {tensor.device}")
+
+
+def check_async(async_op) -> bool:
+    """``async_op`` as the bool torch makes of it, checked before anything else.
+
+    torch hands ``async_op`` to a C++ option (pybind11's bool conversion), which takes True,
+    False, None (False) and any object whose type defines ``__bool__``: ints, floats, numpy
+    bools, one-element tensors. It refuses, with a TypeError, what has no ``__bool__`` or
+    whose ``__bool__`` fails: strings, lists, plain objects, tensors of several elements."""
+    if async_op is None or isinstance(async_op, bool):
+        return bool(async_op)
+    to_bool = getattr(type(async_op), "__bool__", None)
+    if to_bool is not None:
+        try:
+            value = to_bool(async_op)
+        except Exception:  # noqa: BLE001 - refused below, as torch
+            value = None
+        if isinstance(value, bool):
+            return value
+    raise TypeError(f"async_op must be a bool, got {type(async_op).__name__} {async_op!r:.60} (torch also "
+                    f"takes None, numbers and one-element tensors, by their truth value)")
+
+
+#: the ops torch refuses on complex tensors (distributed_c10d.supports_complex's deny list):
+#: applied to the real view they would mix real and imaginary parts
+_COMPLEX_REFUSED = ("MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR")
+
+
+def as_real(tensor, op=None, collective: str = ""):
+    """A complex tensor as the real tensor the collective moves and reduces (its
+    ``torch.view_as_real``: a trailing dim of 2, the same memory), as torch does; anything
+    else unchanged. With ``op``: ValueError, as torch's, for the ops torch refuses on complex
+    tensors."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
+        return tensor
+    if op is not None:
+        kind = op_type(op)                  # TypeError naming op for what is not a ReduceOp
+        if kind.name in _COMPLEX_REFUSED:
+            raise ValueError(f"{collective} does not support op=ReduceOp.{kind.name} on complex tensors "
+                             f"(as torch: only SUM, AVG and PREMUL_SUM are defined there), got dtype "
+                             f"{tensor.dtype}")
+    return torch.view_as_real(tensor)
+
+
+def real_tensor(param: str, tensor, op=None, collective: str = "") -> torch.Tensor:
+    """:func:`check_tensor` of what the collective works on: ``tensor``, or its real view
+    when it is complex (:func:`as_real`, which also checks ``op``)."""
+    real = as_real(tensor, op, collective)
+    check_tensor(param, real)
+    return real
+
+
+def check_device(param: str, tensor: torch.Tensor, ctx: Context) -> None:
+    """ValueError unless the group has a backend for ``tensor``'s device type."""
+    if ctx.executor is not None and tensor.device.type not in ctx.executor.device_backends:
+        if ctx.executor.backend == "nccl":
+            raise ValueError(f"{param} must be a CUDA tensor on an NCCL group, got device {tensor.device}")
+        raise ValueError(f"{param} must be on a device the group's backends serve "
+                         f"({ctx.executor.device_backends}), got device {tensor.device}")
+
+
+def flat(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None]]]:
+    """A flat contiguous view of ``tensor`` and, when it is not contiguous (ringcoll works on a
+    contiguous copy), the step that writes the result back."""
+    if tensor.is_contiguous():
+        return tensor.view(-1), None
+    work = tensor.contiguous().view(-1)
+    return work, lambda: tensor.copy_(work.view(tensor.shape))
+
+
+def describe(collective: str, name: str, tensor: torch.Tensor, extra: str = "") -> str:
+    dtype = str(tensor.dtype).replace("torch.", "")
+    return f"{collective}/{name} {tensor.numel()}x{dtype}{' ' + extra if extra else ''}"
+
+
+def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registry.Algorithm, str]:
+    """Check ``algorithm`` and choose it; valid outside the group too (world unknown there)."""
+    if ctx.world is None:
+        if algorithm != "auto":
+            choose(collective, algorithm, nbytes, 1)
+        return None, ""
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
+                       nodes=lambda: group_nodes(ctx))
+    return registry.get(collective, name), why
+
+
+def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
+             layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
+             result=None, describe_as: str = "") -> Plan:
+    algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
+    if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
+        element_size = next(iter(buffers.values())).element_size()
+        layout = Layout(layout.numel, {**layout.params,
+                                       "segment": segment_elements(collective, algorithm.name, element_size)})
+    if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
+        # the group's agreed layout (exchanged at its first node-aware call), named in the log
+        nodes, source = context_layout(ctx, next(iter(buffers.values())).device)
+        layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
+        why = f"{why}; {describe_layout(nodes)} from {source}"
+    plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
+                result=result, describe=describe_as, seq=ctx.seq, why=why)
+    log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
+    return plan
+
+
+def group_root(ctx: Context, name: str, global_root, group_name: str, group_root,
+               default: Optional[int] = None) -> Optional[int]:
+    """The root's rank in the group, from exactly one of a global rank (``name``, as torch's
+    ``src``/``dst``) and a group rank (``group_name``, as torch's ``group_src``/``group_dst``).
+    TypeError/ValueError naming the parameter unless it is an int that names a member of the
+    group. With neither given, the global rank ``default`` (gather and scatter: 0, as torch),
+    else an error. Outside the group (``ctx.rank`` None) only the type is checked, and None
+    returned. Shared by every rooted collective."""
+    if global_root is not None and group_root is not None:
+        raise ValueError(f"give exactly one of {name} and {group_name}, got {name}={global_root!r} "
+                         f"and {group_name}={group_root!r}")
+    if global_root is None and group_root is None and default is not None:
+        global_root = default
+    if global_root is None and group_root is None:
+        raise ValueError(f"{name} (a global rank) or {group_name} (a rank in the group) must be given")
+    param, value = (name, global_root) if global_root is not None else (group_name, group_root)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{param} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if ctx.world is None:
+        if value < 0:
+            raise ValueError(f"{param} must be a non-negative rank, got {value}")
+        return None
+    if param == group_name:
+        if not 0 <= value < ctx.world:
+            raise ValueError(f"{group_name} must be a rank of the group, in [0, {ctx.world}), got {value}")
+        return value
+    members = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
+    if value not in members:
+        if members == list(range(len(members))):
+            raise ValueError(f"{name} must be a rank in [0, {len(members)}), got {value}")
+        raise ValueError(f"{name} must be the global rank of a member of the group, one of "
+                         f"{members}, got {value}")
+    return members.index(value)

@@ -1,0 +1,165 @@
+"""The gather and scatter drop-ins.
+
+As torch: the root is ``dst``/``src`` (a global rank) or ``group_dst``/``group_src`` (a rank of
+``group``), never both, global rank 0 when neither is given; the list is given on the root
+only (None or empty elsewhere) and holds one tensor per rank of the group.
+"""
+from __future__ import annotations
+
+__all__ = ["gather", "scatter"]
+
+from ..schedules.vocabulary import Layout
+from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
+from ._lists import (check_all_same, check_list_fits, check_tensor_list, is_block, separate_input,
+                     stage_list, stage_through)
+
+
+def _optional_list(param: str, tensors) -> tuple:
+    """The root's list and the list the collective works on (complex tensors as their real
+    view), or [] for None or an empty list (torch's ``if gather_list:``)."""
+    if tensors is None or (isinstance(tensors, (list, tuple)) and len(tensors) == 0):
+        return [], []
+    return tensors, check_tensor_list(param, tensors)
+
+
+def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int, role: str) -> None:
+    if ctx.rank == root:
+        if not tensors:
+            raise ValueError(f"{param} must be given on the {role} rank (group rank {root}), got none")
+        check_list_fits(param, tensors, tensor, "tensor", ctx)
+    elif tensors:
+        raise ValueError(f"{param} must be None on ranks other than the {role} (group rank {root}), "
+                         f"got a list of {len(tensors)} on group rank {ctx.rank}")
+
+
+# -- gather -------------------------------------------------------------------------------
+@builder("gather")
+def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
+    real = real_tensor("tensor", tensor)
+    outputs, real_outputs = _optional_list("gather_list", gather_list)
+    check_all_same("gather_list", outputs, tensor, "tensor")
+    root = group_root(ctx, "dst", dst, "group_dst", group_dst, default=0)
+    chosen, why = pick("gather", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
+    if ctx.rank is None:
+        return None
+    _check_root_list("gather_list", real_outputs, real, ctx, root, "destination")
+    check_device("tensor", tensor, ctx)
+    input_flat, _ = flat(real)
+    buffers = {"input": input_flat}
+    staged = False
+    if ctx.rank == root:
+        buffers["output"], staged = stage_list(real_outputs, real, ctx)
+    plan = new_plan("gather", chosen, why, ctx, Layout(ctx.world * input_flat.numel(), {"root": root}), buffers,
+                    result=outputs if ctx.rank == root else [],
+                    describe_as=describe("gather", chosen.name, tensor, f"root {root}"))
+    if ctx.rank == root:
+        separate_input(input_flat, buffers["output"], is_block(input_flat, buffers["output"], root), plan)
+    if staged:
+        stage_through(plan, "output", real_outputs, into=False)
+    return plan
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
+           algorithm="auto"):
+    """Gathers a list of tensors in a single process.
+
+    On the destination, ``gather_list[r]`` ends as rank r's ``tensor``. This function
+    requires all tensors to be the same size on each process.
+
+    Args:
+        tensor (Tensor): Input tensor.
+        gather_list (list[Tensor], optional): List of appropriately, same-sized tensors to
+            use for gathered data (default is None, must be specified on the destination rank
+            and only there).
+        dst (int, optional): Destination rank on global process group (regardless of
+            ``group`` argument). (If both ``dst`` and ``group_dst`` are None, default is
+            global rank 0.)
+        group (ProcessGroup, optional): The process group to work on. If None, the default
+            process group will be used.
+        async_op (bool, optional): Whether this op should be an async op.
+        group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
+            ``dst`` and ``group_dst``.
+        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("gather")``:
+            ``linear``, ``binomial``.
+
+    Returns:
+        Async work handle, if async_op is set to True; its ``result()`` is ``gather_list`` on
+        the destination and ``[]`` elsewhere (as gloo's). None, if not async_op or if not
+        part of the group.
+
+    Examples:
+        >>> # We have 2 process groups, 2 ranks.
+        >>> tensor = torch.ones(2) + rank
+        >>> gather_list = [torch.zeros(2) for _ in range(2)] if rank == 0 else None
+        >>> ringcoll.gather(tensor, gather_list, dst=0, algorithm="binomial")
+        >>> # Rank 0 gets gathered data.
+        >>> gather_list
+        [tensor([1., 1.]), tensor([2., 2.])] # Rank 0
+        None                                 # Rank 1
+    """
+    return run_call(build_gather, group, async_op, tensor, gather_list, dst, group_dst, algorithm=algorithm)
+
+
+# -- scatter ------------------------------------------------------------------------------
+@builder("scatter")
+def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
+    real = real_tensor("tensor", tensor)
+    inputs, real_inputs = _optional_list("scatter_list", scatter_list)
+    check_all_same("scatter_list", inputs, tensor, "tensor")
+    root = group_root(ctx, "src", src, "group_src", group_src, default=0)
+    chosen, why = pick("scatter", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
+    if ctx.rank is None:
+        return None
+    _check_root_list("scatter_list", real_inputs, real, ctx, root, "source")
+    check_device("tensor", tensor, ctx)
+    output_flat, write_back = flat(real)
+    buffers = {"output": output_flat}
+    staged = False
+    if ctx.rank == root:
+        buffers["input"], staged = stage_list(real_inputs, real, ctx)
+    plan = new_plan("scatter", chosen, why, ctx, Layout(ctx.world * output_flat.numel(), {"root": root}), buffers,
+                    result=[tensor], describe_as=describe("scatter", chosen.name, tensor, f"root {root}"))
+    if staged:
+        stage_through(plan, "input", real_inputs, into=True)
+    if write_back is not None:
+        plan.after.append(write_back)
+    return plan
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
+            algorithm="auto"):
+    """Scatters a list of tensors to all processes in a group.
+
+    Each process will receive exactly one tensor and store its data in the ``tensor``
+    argument: rank r gets ``scatter_list[r]`` of the source.
+
+    Args:
+        tensor (Tensor): Output tensor.
+        scatter_list (list[Tensor]): List of tensors to scatter (default is None, must be
+            specified on the source rank and only there), one per rank, each the size of
+            ``tensor``.
+        src (int): Source rank on global process group (regardless of ``group`` argument).
+            (If both ``src`` and ``group_src`` are None, default is global rank 0.)
+        group (ProcessGroup, optional): The process group to work on. If None, the default
+            process group will be used.
+        async_op (bool, optional): Whether this op should be an async op.
+        group_src (int, optional): Source rank on ``group``. Invalid to specify both ``src``
+            and ``group_src``.
+        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("scatter")``:
+            ``linear``, ``binomial``.
+
+    Returns:
+        Async work handle, if async_op is set to True; its ``result()`` is ``[tensor]``. None,
+        if not async_op or if not part of the group.
+
+    Examples:
+        >>> # We have 2 process groups, 2 ranks.
+        >>> output_tensor = torch.zeros(2)
+        >>> scatter_list = [torch.ones(2), torch.ones(2) * 5] if rank == 0 else None
+        >>> ringcoll.scatter(output_tensor, scatter_list, src=0, algorithm="binomial")
+        >>> # Rank i gets scatter_list[i].
+        >>> output_tensor
+        tensor([1., 1.]) # Rank 0
+        tensor([5., 5.]) # Rank 1
+    """
+    return run_call(build_scatter, group, async_op, tensor, scatter_list, src, group_src, algorithm=algorithm)

@@ -1,0 +1,736 @@
+"""The P2P executor: runs one rank's plan on a real torch.distributed process group.
+
+Each step's sends and receives are posted together and waited on together (a blocking send
+before a receive deadlocks under gloo at every size), then the step's local operations run.
+The transfers go through a transport (:mod:`ringcoll.runtime.transport`), chosen by the device of
+the call's tensors: NCCL's batched transport for CUDA tensors on a group with an NCCL
+backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend given), gloo's host transport
+otherwise (CUDA tensors staged through pinned host memory). ``RINGCOLL_TRANSPORT=batched``
+runs CPU tensors on gloo through the batched transport and its NCCL shim.
+
+Isolation between calls. Every call on a group has a sequence number in that group (taken
+when the drop-in resolves its group, before any check that depends on this rank's role, so
+an argument error raised on one rank only leaves every rank's numbering aligned) and a
+fingerprint (collective, algorithm, element count, dtype, op, root). On gloo every message
+of the call carries a tag made of both, in [2**30, 2**31), away from user tags: a message of
+one call can only ever be received by the same call, and a mismatched call times out with
+an error instead of taking another call's data. NCCL ignores tags and matches by order, so
+there isolation rests on order (each rank posts calls in program order, through one queue,
+and a call's transfers in schedule order), on fail-stop (below), and on check mode
+(``RINGCOLL_CHECK=1``), which compares the fingerprints and sequence numbers of all ranks
+before each call and so also catches the one case order cannot: a rank whose call failed its
+own argument checks while its peers posted theirs.
+
+What check mode catches, exactly. Sequence numbers count each rank's own calls, so a rank
+that skips a call does not make numbers differ: it compares its next call with the others'
+skipped one. Any difference of fingerprint or number at a call raises the same
+MismatchError on every rank at that call and leaves the group failed everywhere (a skip
+leaves the ranks out of step for good). What no check can catch: a skipped call identical in
+fingerprint to the call that follows it (same collective, algorithm, element count, dtype,
+op and root): the skipping rank's call runs with the others' first one, and the difference
+shows at the first later call that differs (or, if none does, as a timeout where a rank
+has no partner left), as in NCCL. Shapes with equal element counts, data and the call site
+are not compared.
+
+Failure. A transfer that fails or does not complete within the timeout raises a
+:class:`PeerError` naming this rank, the peer, the step and the call, and marks the group
+failed, as NCCL aborts its communicator: every later call on it raises
+:class:`GroupFailedError` at once, naming the call that failed, instead of posting messages
+that could meet leftovers. Timeouts: a call's ``timeout=`` (barrier), else ``set_timeout``/
+``RINGCOLL_TIMEOUT``, else the group's own (``init_process_group``/``new_group``'s
+``timeout``, torch's default when none was given), per step.
+"""
+from __future__ import annotations
+
+import struct
+import time
+import weakref
+import zlib
+from collections import OrderedDict, deque
+from datetime import timedelta
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..schedules import registry
+from ..config import settings
+from .local import resolve_local, run_resolved
+from .plan import Plan
+from ..schedules.vocabulary import Layout, Recv, Reduce, Send, extents
+from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
+
+#: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
+#: torch's own send/recv use small ones (0 by default)
+TAG_BASE = 1 << 30
+_SEQ_BITS, _PRINT_BITS = 12, 18
+#: the tag of check mode's fingerprint exchange (print bits 0: never a call's tag)
+CHECK_TAG = TAG_BASE
+
+#: steps whose transfers may be in flight at once (see P2PExecutor.run); RINGCOLL_WINDOW overrides
+DEFAULT_WINDOW = 2
+
+#: torch's default process-group timeout, for groups whose own cannot be read
+DEFAULT_TIMEOUT = timedelta(minutes=30).total_seconds()
+
+#: collectives whose element count differs between ranks of one call (and whose ranks may
+#: pick different, interoperating algorithms): their fingerprint leaves both out
+_RANK_VARYING = frozenset({"all_to_all"})
+
+
+_timeout_override: Optional[float] = None
+
+
+def set_timeout(seconds: Optional[float]) -> None:
+    """Override how long one step of any ringcoll call may wait for its peers (it wins over
+    the ``RINGCOLL_TIMEOUT`` environment variable); ``None`` goes back to RINGCOLL_TIMEOUT,
+    else each group's own timeout (given to ``init_process_group``/``new_group``, torch's
+    default otherwise)."""
+    global _timeout_override
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or seconds <= 0):
+        raise ValueError(f"seconds must be a positive number or None, got {seconds!r}")
+    _timeout_override = None if seconds is None else float(seconds)
+
+
+def get_timeout() -> Optional[float]:
+    """The override of :func:`set_timeout`, else RINGCOLL_TIMEOUT's, or None when groups'
+    own timeouts apply."""
+    return _timeout_override if _timeout_override is not None else settings().timeout
+
+
+def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
+    """The timeout, in seconds, that ``pg`` (a registered ProcessGroup or a raw backend) was
+    created with; torch's default when it cannot be read."""
+    try:
+        backend = pg._get_backend(device) if isinstance(pg, dist.ProcessGroup) else pg
+        return backend.options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return DEFAULT_TIMEOUT
+
+
+class PeerError(RuntimeError):
+    """A transfer with a peer failed or timed out. ``peer`` is the peer (None when a batch of
+    transfers with several peers failed as a whole); ``peers`` all the step's peers concerned."""
+
+    def __init__(self, message: str, *, rank: int, peer: Optional[int], step: int, peers=None, call=""):
+        super().__init__(message)
+        self.rank, self.peer, self.step = rank, peer, step
+        self.peers = tuple(peers) if peers is not None else ((peer,) if peer is not None else ())
+        self.call = call
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.rank, self.peer, self.step, self.peers, self.call))
+
+
+def _rebuild(cls, message, rank, peer, step, peers, call):
+    return cls(message, rank=rank, peer=peer, step=step, peers=peers, call=call)
+
+
+class GroupFailedError(RuntimeError):
+    """A call on a group that an earlier call left failed. ``failure`` is that call's
+    :class:`PeerError` (or :class:`MismatchError`)."""
+
+    def __init__(self, message: str, failure: Optional[BaseException] = None):
+        super().__init__(message)
+        self.failure = failure
+        self.call = getattr(failure, "call", "")
+        self.rank = getattr(failure, "rank", None)
+        self.peer = getattr(failure, "peer", None)
+        self.step = getattr(failure, "step", None)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.failure))
+
+
+class MismatchError(RuntimeError):
+    """Check mode: the ranks of a group called different collectives (or the same one
+    differently) at the same point. Raised on every rank alike."""
+
+    def __init__(self, message: str, *, rank: int, differences=(), call=""):
+        super().__init__(message)
+        self.rank, self.differences, self.call = rank, tuple(differences), call
+        self.peer = self.step = None
+
+    def __reduce__(self):
+        return (_rebuild_mismatch, (str(self), self.rank, self.differences, self.call))
+
+
+def _rebuild_mismatch(message, rank, differences, call):
+    return MismatchError(message, rank=rank, differences=differences, call=call)
+
+
+# -- call identity ------------------------------------------------------------------------
+_FIELDS = ("collective", "algorithm", "numel", "dtype", "op", "root")
+
+
+def fingerprint(plan: Plan) -> Tuple:
+    """What every rank of one call agrees on: (collective, algorithm, element count, dtype,
+    local op, root); None where ranks may legitimately differ or it does not apply."""
+    varying = plan.collective in _RANK_VARYING
+    return (plan.collective, None if varying else plan.algorithm.name,
+            None if varying else plan.layout.numel, str(plan.dtype).replace("torch.", ""),
+            plan.op, plan.layout.get("root"))
+
+
+def _code(value) -> int:
+    return zlib.crc32(repr(value).encode())
+
+
+def print_bits(print_: Tuple) -> int:
+    """The fingerprint's part of a call's tag: never 0 (check mode's tag)."""
+    return 1 + _code(print_) % ((1 << _PRINT_BITS) - 1)
+
+
+def _tag(seq: int, bits: int) -> int:
+    return TAG_BASE | ((seq & ((1 << _SEQ_BITS) - 1)) << _PRINT_BITS) | bits
+
+
+def call_tag(seq: int, print_: Tuple) -> int:
+    """The tag of every message of call ``seq`` with fingerprint ``print_``: calls within
+    4096 of each other never share a tag, two different calls at the same number share one
+    with probability 2**-18 (and gloo then refuses the size if that differs)."""
+    return _tag(seq, print_bits(print_))
+
+
+def _check_enabled() -> bool:
+    return settings().check
+
+
+def _device_backends(backend: str) -> Dict[str, str]:
+    """``"nccl"`` -> {cuda: nccl}; ``"gloo"`` -> gloo for both; ``"cpu:gloo,cuda:nccl"`` -> as written."""
+    backend = backend.lower()
+    if ":" not in backend:
+        return {"cpu": backend, "cuda": backend} if backend != "nccl" else {"cuda": "nccl"}
+    pairs = (part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return {device.strip(): name.strip() for device, name in pairs}
+
+
+class P2PExecutor:
+    """Runs plans for one process group; keeps scratch buffers and transports across calls."""
+
+    def __init__(self, group: dist.ProcessGroup, *, rank: Optional[int] = None,
+                 world: Optional[int] = None, backend: Optional[str] = None, weak: bool = False):
+        """``group`` is a process group; or, with ``rank``, ``world`` and ``backend`` given,
+        any object with ProcessGroup's ``send``/``recv`` in group ranks (a raw gloo or NCCL
+        group that c10d does not know, or a transport for measurements). ``weak``: hold the
+        group by a weak reference (the drop-in's one executor per group does), so that it
+        never keeps a group that ``destroy_process_group`` released alive; a gloo group
+        destroyed only at the interpreter's teardown aborts the process ("terminate called
+        without an active exception")."""
+        self._group = weakref.ref(group) if weak else (lambda: group)
+        self._weak = weak
+        if rank is None:
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            backend = str(dist.get_backend(group))
+            try:
+                config = str(dist.get_backend_config(group))
+            except (AttributeError, RuntimeError, ValueError):
+                config = backend
+            self.global_ranks = [dist.get_global_rank(group, r) for r in range(world)] \
+                if group is not dist.GroupMember.WORLD else list(range(world))
+        else:
+            config = str(backend)
+            self.global_ranks = list(range(world))
+        self.rank, self.world = rank, world
+        self.backend = str(backend).lower()
+        self.device_backends = _device_backends(config)
+        self.window = settings().window or DEFAULT_WINDOW
+        self.transport_mode = settings().transport
+        self.check = _check_enabled()
+        self.failure: Optional[BaseException] = None
+        self._seq = 0
+        self._transports: Dict[Tuple[str, Optional[int]], object] = {}
+        self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
+        self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+        #: the drop-in's persistent plans on this group, by call (collectives._common.run_call)
+        self.persistent: "OrderedDict[tuple, Prepared]" = OrderedDict()
+
+    @property
+    def group(self):
+        group = self._group()
+        if group is None:
+            raise RuntimeError("ringcoll: this executor's process group has been destroyed")
+        return group
+
+    # -- calls -------------------------------------------------------------------------
+    def begin_call(self) -> int:
+        """The next call's sequence number in this group (raises if the group has failed). A
+        composite call (an object collective) takes one of its own in group_context, before its
+        checks, and its inner calls one each: a check failing on one rank only shifts that
+        rank's later calls past the others' pending ones."""
+        self.raise_if_failed()
+        self._seq += 1
+        return self._seq
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            failure = self.failure
+            raise GroupFailedError(
+                f"ringcoll: this process group failed earlier and cannot be used any more (as an "
+                f"aborted NCCL communicator): {failure} -- create a new group (or restart) to go on",
+                failure)
+
+    def transport(self, device: torch.device):
+        """The transport for tensors on ``device`` (kept per device)."""
+        key = (device.type, device.index)
+        transport = self._transports.get(key)
+        if transport is None:
+            group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
+            if device.type == "cuda" and self.device_backends.get("cuda") == "nccl":
+                transport = BatchedTransport(NcclComm(group, device))
+            elif device.type == "cpu" and self.transport_mode == "batched":
+                transport = BatchedTransport(NcclShim(group))
+            else:
+                transport = HostTransport(group, stage=device.type != "cpu")
+            self._transports[key] = transport
+        return transport
+
+    def timeout(self, plan: Plan, of_group: Optional[float] = None) -> float:
+        """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's or
+        RINGCOLL_TIMEOUT's, else the
+        group's (``of_group`` when already known: a prepared plan's)."""
+        if plan.timeout is not None:
+            return plan.timeout
+        override = get_timeout()
+        if override is not None:
+            return override
+        return of_group if of_group is not None else group_timeout(self.group, plan.device)
+
+    # -- buffers -----------------------------------------------------------------------
+    def _buffers(self, plan: Plan, steps) -> Dict[str, torch.Tensor]:
+        buffers = dict(plan.buffers)
+        for name, need in extents(steps).items():
+            if name in buffers:
+                continue
+            key = (name, plan.dtype, plan.device)
+            scratch = self._scratch.get(key)
+            if scratch is None or scratch.numel() < need:
+                scratch = torch.empty(need, dtype=plan.dtype, device=plan.device)
+                self._scratch[key] = scratch
+            buffers[name] = scratch
+        return buffers
+
+    def lent(self) -> set:
+        """The addresses of the storages this executor lends (scratch and staging buffers)."""
+        return {buffer.untyped_storage().data_ptr() for buffer in self._scratch.values()}
+
+    def staging(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A buffer of ``numel`` elements that a builder stages a tensor list through, kept
+        across calls like the scratch buffers (plans run one at a time, and each copies in and
+        out within its own run)."""
+        key = ("staging", dtype, device)
+        buffer = self._scratch.get(key)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._scratch[key] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel]
+
+    # -- running -----------------------------------------------------------------------
+    def prepare(self, plan: Plan) -> "Prepared":
+        """``plan`` made ready to run any number of times (see :class:`Prepared`)."""
+        steps = plan.steps()
+        # detached: the schedule's copies and reductions need no autograd (no_grad), only
+        # the plan's own before/after steps on the caller's tensors do
+        buffers = {name: tensor.detach() for name, tensor in self._buffers(plan, steps).items()}
+        before, after = plan.before, plan.after
+        for name, (tensors, hook, writes) in plan.lists.items():
+            blocks = Blocks.of(name, tensors, writes, steps, buffers)
+            if blocks is not None:       # the list itself, no staging copy
+                buffers[name] = blocks
+                before = [other for other in before if other is not hook]
+                after = [other for other in after if other is not hook]
+        posts = []
+        for index, st in enumerate(steps):
+            for item in st.comms:
+                if not 0 <= item.peer < self.world or item.peer == self.rank:
+                    raise ValueError(f"ringcoll {plan.describe}: step {index + 1} names peer {item.peer}, "
+                                     f"which is not another rank of a world of {self.world}")
+            posts.append(tuple((item, wire(buffers[item.buf.name][item.buf.start:item.buf.stop]))
+                               for item in st.comms))
+        timeout = None if plan.timeout is not None else group_timeout(self.group, plan.device)
+        return Prepared(plan, steps, buffers, tuple(posts), self.transport(plan.device),
+                        print_bits(fingerprint(plan)), timeout, tuple(before), tuple(after))
+
+    def run(self, plan: Plan) -> None:
+        """Run the plan's steps in order (see :meth:`run_prepared`)."""
+        self.raise_if_failed()
+        seq = plan.seq if plan.seq is not None else self.begin_call()
+        self.run_prepared(self.prepare(plan), seq)
+
+    def run_prepared(self, prepared: "Prepared", seq: int) -> None:
+        """Run a prepared plan as call ``seq``, keeping up to ``window`` steps' transfers in
+        flight: step j is posted early, while earlier steps are still moving or reducing,
+        when none of its transfers touches what those steps still read or write. A step's
+        local operations run as soon as its own transfers are done, so the reduction of one
+        segment overlaps the transfer of the next."""
+        self.raise_if_failed()
+        plan, transport = prepared.plan, prepared.transport
+        timeout = self.timeout(plan, prepared.group_timeout)
+        try:
+            transport.ready(time.monotonic() + timeout)
+        except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
+            first = next((st.comms for st in prepared.steps if st.comms), ())
+            failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
+                                       TransferError(first, error, timed_out=True, batch=True), timeout)
+            self._failed(failure, [])
+            raise failure from error
+        if self.check:
+            self._check(plan, seq, transport, timeout)
+        for before in prepared.before:
+            before()
+        self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
+        for after in prepared.after:
+            after()
+
+    def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, seq) -> None:
+        """``seq``: the call's number (or a name), for errors."""
+        transport, op, local = prepared.transport, prepared.plan.op, prepared.local
+        reach = prepared.reach(self.window)
+        posted: deque = deque()          # handles of posted, unfinished steps, in step order
+        next_post, index, handle = 0, 0, None
+        try:
+            for index, last in enumerate(reach):
+                while next_post < last:
+                    posted.append(self._post(prepared, next_post, tag))
+                    next_post += 1
+                handle = posted.popleft()
+                if handle is not None:
+                    transport.wait(handle, time.monotonic() + timeout)
+                if local[index]:
+                    run_resolved(op, local[index])
+        except TransferError as error:
+            call = f"call #{seq} {prepared.plan.describe}" if isinstance(seq, int) else seq
+            failure = self._peer_error(call, getattr(error, "step", index), len(reach), error, timeout)
+            self._failed(failure, [handle] + list(posted))
+            raise failure from error.error
+
+    def _post(self, prepared: "Prepared", index: int, tag: int):
+        """Post step ``index``'s transfers (None when it has none): the one place a step
+        starts moving (bench/faults.py injects its faults here)."""
+        transfers = prepared.posts[index]
+        if not transfers:
+            return None
+        try:
+            return prepared.transport.post(transfers, tag)
+        except TransferError as error:
+            error.step = index
+            raise
+
+    def _peer_error(self, call: str, index: int, total: int, error: TransferError, timeout: float) -> PeerError:
+        what = "timed out after %gs" % timeout if error.timed_out else "failed"
+
+        def name(item) -> str:
+            kind = "send to" if isinstance(item, Send) else "receive from"
+            return f"{kind} peer {item.peer} (global rank {self.global_ranks[item.peer]}) of {item.buf!r}"
+
+        peers = sorted({item.peer for item in error.items})
+        also = ""
+        if not error.items:
+            subject = "the group's set-up"
+        elif error.batch and len(error.items) > 1:
+            subject = (f"a batch of {len(error.items)} transfers (NCCL reports a batch as a whole: "
+                       f"{'; '.join(name(item) for item in error.items)})")
+        else:
+            subject = name(error.items[0])
+            if len(error.items) > 1:     # the step's other transfers still incomplete then
+                also = f"; still incomplete too: {'; '.join(name(item) for item in error.items[1:])}"
+        message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}{also}: "
+                   f"{error.error}")
+        if error.timed_out:
+            message += self._timeout_hint()
+        first = error.items[0].peer if error.items and not error.batch else None
+        return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else first,
+                         step=index, peers=peers, call=call)
+
+    def _timeout_hint(self) -> str:
+        """What a timeout can mean, for the PeerError: the peer named is the one this rank
+        waited on, which may itself be waiting on the rank that stalled; and without check
+        mode a mismatched call looks exactly like a stall."""
+        hint = (" -- the peer named is the one this rank was waiting on; it may itself be waiting on "
+                "another rank (the rank that stalled or died is named by every neighbour of it)")
+        if self.check:
+            return hint + "; check mode is on and the ranks agreed on this call, so a peer stalled or died"
+        return hint + ("; a mismatched call (ranks calling different collectives, or a rank skipping a "
+                       "call) looks exactly like this: run with RINGCOLL_CHECK=1 to diagnose it (every rank "
+                       "then raises a MismatchError naming what differs on which ranks)")
+
+    def _failed(self, failure: BaseException, keep: list) -> None:
+        """Mark the group failed. The failed call's posted transfers are kept alive for good:
+        gloo may still hold their buffers' addresses, and a failed group is never used again."""
+        self.failure = failure
+        self._graveyard.append(keep)
+        for transport in self._transports.values():
+            transport.abort()
+
+    # -- monitored barrier -----------------------------------------------------------------
+    def monitored_barrier(self, seconds: float, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitoredBarrier`` on this group, as one call (it takes a call number and
+        a tag of its own): every other rank sends rank 0 a token and waits for rank 0's
+        release; rank 0 waits for each rank in turn, all within ``seconds`` of entering, and
+        releases them once every rank has arrived. A rank that did not arrive in time makes
+        rank 0 raise a :class:`PeerError` naming it (``wait_all_ranks``: naming every such
+        rank, found by waiting on each until the same deadline) and leaves the group failed,
+        as every timeout does; the others then time out waiting for the release. What it is
+        for: finding the rank that hangs, where ``barrier()`` only says that some peer did."""
+        seq = self.begin_call()
+        if self.world == 1:
+            return
+        tag, group = call_tag(seq, _MONITORED), self.group
+        deadline = time.monotonic() + seconds
+        call = f"call #{seq} monitored_barrier"
+        tokens = {peer: torch.zeros(1, dtype=torch.uint8) for peer in range(self.world) if peer != self.rank}
+
+        def wait(work) -> Optional[BaseException]:
+            """None once ``work`` completes, or its error (a peer's closed connection fails
+            the post itself: then ``work`` is that error)."""
+            if isinstance(work, BaseException):
+                return work
+            try:
+                work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                return None
+            except RuntimeError as error:
+                return error
+
+        def post(transfer, peer: int):
+            try:
+                return transfer([tokens[peer]], peer, tag)
+            except RuntimeError as error:
+                return error
+
+        if self.rank != 0:
+            for what, transfer in (("send its token to", group.send), ("receive the release from", group.recv)):
+                work = post(transfer, 0)
+                error = wait(work)
+                if error is not None:
+                    failure = PeerError(
+                        f"ringcoll {call}: rank {self.rank} could not {what} rank 0 (global rank "
+                        f"{self.global_ranks[0]}) within {seconds:g} s: rank 0 has not reached "
+                        f"monitored_barrier, or another rank did not and rank 0 names it: {error}",
+                        rank=self.rank, peer=0, step=0, call=call)
+                    self._failed(failure, [work, tokens])
+                    raise failure from error
+            return
+        works = {peer: post(group.recv, peer) for peer in tokens}
+        missing = []
+        for peer, work in works.items():
+            if wait(work) is not None:
+                missing.append(peer)
+                if not wait_all_ranks:
+                    break
+        if missing:
+            ranks = ", ".join(f"{peer} (global rank {self.global_ranks[peer]})" for peer in missing)
+            failure = PeerError(
+                f"ringcoll {call}: rank 0: {'rank' if len(missing) == 1 else 'ranks'} {ranks} failed to pass "
+                f"monitoredBarrier in {seconds * 1000:.0f} ms" + ("" if wait_all_ranks else
+                " (the first such rank; wait_all_ranks=True names every one)"),
+                rank=self.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=call)
+            self._failed(failure, [works, tokens])
+            raise failure
+        releases = {peer: post(group.send, peer) for peer in tokens}
+        for peer, work in releases.items():
+            error = wait(work)
+            if error is not None:
+                failure = PeerError(f"ringcoll {call}: rank 0 could not release rank {peer} (global rank "
+                                    f"{self.global_ranks[peer]}) within {seconds:g} s: {error}",
+                                    rank=self.rank, peer=peer, step=1, call=call)
+                self._failed(failure, [releases, tokens])
+                raise failure from error
+
+    # -- check mode ----------------------------------------------------------------------
+    def _check(self, plan: Plan, seq: int, transport, timeout: float) -> None:
+        """Exchange every rank's sequence number and fingerprint (a fixed-size record) with a
+        ring all-gather through this transport on its own tag, and raise the same
+        :class:`MismatchError` on every rank if they differ, and leave the group failed on
+        every rank: from a mismatch alone no rank can tell a different call from a skipped one
+        (numbers count each rank's own calls, so a rank that skipped a call compares its next
+        call with the others' skipped one, at the same number), and after a skip the ranks are
+        out of step for good; identical calls would then pair up silently. A differing number
+        means a rank's call failed its own checks after taking it."""
+        table = torch.zeros(self.world * _RECORD.size, dtype=torch.uint8)
+        row = slice(self.rank * _RECORD.size, (self.rank + 1) * _RECORD.size)
+        table[row] = torch.frombuffer(bytearray(_pack(seq, fingerprint(plan))), dtype=torch.uint8)
+        ring = registry.get("all_gather", "ring")
+        layout = Layout(table.numel(), {"in_place": True})
+        check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table},
+                          describe=f"fingerprint check of call #{seq} {plan.describe}")
+        self._run_steps(self.prepare(check_plan), CHECK_TAG, timeout, check_plan.describe)
+        rows = [_unpack(bytes(table[r * _RECORD.size:(r + 1) * _RECORD.size].tolist())) for r in range(self.world)]
+        names = ("call number",) + _FIELDS
+        differences = []
+        for column, field in enumerate(names):
+            by_value: Dict[object, list] = {}
+            for r, values in enumerate(rows):
+                by_value.setdefault(values[column], []).append(r)
+            if len(by_value) > 1:
+                differences.append(f"{field}: " + " vs ".join(
+                    f"{value!r} on ranks {ranks}" for value, ranks in by_value.items()))
+        if not differences:
+            return
+        call = f"call #{seq} {plan.describe}"
+        message = (f"ringcoll check: the ranks of the group disagree on their call (this rank, rank "
+                   f"{self.rank}: {call}): " + "; ".join(differences) + ". Every rank raises this error.")
+        error = MismatchError(message + " The group is failed on every rank (a skipped call leaves the "
+                              "ranks out of step): create a new group to go on.",
+                              rank=self.rank, differences=differences, call=call)
+        self._failed(error, [])
+        raise error
+
+
+#: the fingerprint in monitored_barrier's tag (no plan: its transfers are its own)
+_MONITORED = ("monitored_barrier", None, 1, "uint8", None, 0)
+
+_RECORD = struct.Struct("<qqq24s24s24s24s")
+
+
+def _pack(seq: int, print_: Tuple) -> bytes:
+    collective, algorithm, numel, dtype, op, root = print_
+    text = [str(value if value is not None else "-").encode()[:24] for value in (collective, algorithm, dtype, op)]
+    return _RECORD.pack(seq, -1 if numel is None else numel, -1 if root is None else root, *text)
+
+
+def _unpack(record: bytes) -> Tuple:
+    seq, numel, root, collective, algorithm, dtype, op = _RECORD.unpack(record)
+    text = [value.rstrip(b"\0").decode() for value in (collective, algorithm, dtype, op)]
+    return (seq, text[0], text[1], numel, text[2], text[3], root)
+
+
+class Prepared:
+    """A plan made ready to run again and again, as MPI-4's persistent collectives
+    (``MPI_Bcast_init`` once, ``MPI_Start`` per call): its steps; its buffers, scratch
+    included; each step's transfers as (item, bytes) on those buffers; its transport; the
+    fingerprint part of its tags; the group's timeout; its local operations on views of its
+    buffers. Which later step may be posted while an earlier one is in flight is worked out
+    once (:meth:`reach`). Valid for any later call
+    whose tensors name the same memory with the same shapes, strides and dtypes: the drop-in
+    checks that before it reuses one (ringcoll.api._common.run_call)."""
+
+    __slots__ = ("plan", "steps", "buffers", "posts", "local", "transport", "print_bits", "group_timeout",
+                 "before", "after", "device", "_addresses", "_reach")
+
+    def __init__(self, plan, steps, buffers, posts, transport, bits, group_timeout, before, after):
+        self.plan, self.steps, self.buffers, self.posts = plan, steps, buffers, posts
+        self.before, self.after = before, after         # the plan's, less any staging copy Blocks spares
+        self.device = plan.device
+        self.transport, self.print_bits, self.group_timeout = transport, bits, group_timeout
+        self.local = tuple(resolve_local(buffers, st.local) for st in steps)
+        self._addresses = tuple((tensor, tensor.data_ptr()) for buffer in buffers.values()
+                                for tensor in _tensors_of(buffer))
+        self._reach: Dict[int, Tuple[int, ...]] = {}
+
+    def moved(self) -> bool:
+        """Whether a buffer's memory has moved since (its storage resized in place, as FSDP
+        frees and re-allocates parameters): the old address may then belong to another tensor,
+        and this plan must not run again."""
+        return any(buffer.data_ptr() != address for buffer, address in self._addresses)
+
+    def reach(self, window: int) -> Tuple[int, ...]:
+        """For each step, how many steps are posted once the executor waits on it, with up to
+        ``window`` steps in flight: step j is posted early, while steps i .. j-1 are in flight,
+        when none of its transfers touches what those steps still read or write. Worked out
+        once per window."""
+        known = self._reach.get(window)
+        if known is None:
+            reach, next_post = [], 0
+            for index in range(len(self.steps)):
+                while next_post < len(self.steps) and (next_post == index or (
+                        next_post - index < window and _independent(self.steps, next_post, index))):
+                    next_post += 1
+                reach.append(next_post)
+            known = self._reach[window] = tuple(reach)
+        return known
+
+
+class Blocks:
+    """A list argument's equal-sized tensors as the one flat buffer a schedule names: chunk
+    [start, stop) is a view of the tensor it lies in. The P2P executor uses it instead of the
+    plan's staging copy (Plan.lists) when every chunk the schedule names lies within one
+    tensor (linear scatter and gather, ring all_gather, ring, pairwise, direct and pat
+    reduce_scatter: one block per message), so the list is sent from and received into
+    directly, as gloo's own collectives do."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces, size: int):
+        self.pieces, self.size = pieces, size
+
+    def __getitem__(self, span: slice) -> torch.Tensor:
+        if span.stop <= span.start:
+            return self.pieces[0][:0]
+        index = span.start // self.size
+        base = index * self.size
+        return self.pieces[index][span.start - base:span.stop - base]
+
+    @classmethod
+    def of(cls, name: str, tensors, writes: bool, steps, buffers) -> Optional["Blocks"]:
+        """The blocks of ``tensors`` for the staging buffer ``name``, or None (stage) unless:
+        each is contiguous with the staging buffer's share of elements; none overlaps another
+        or any other buffer of the plan (the executor orders steps by buffer names, and the
+        staging copy is what kept aliases apart); every chunk of ``name`` the steps name lies
+        within one block; and, for a list the caller gave as input (``not writes``), no step
+        writes it."""
+        staging = buffers[name]
+        size = staging.numel() // len(tensors) if tensors else 0
+        if size == 0 or any(not t.is_contiguous() or t.numel() != size or t.device != staging.device
+                            for t in tensors):
+            return None
+        pieces = tuple(t.detach().view(-1) for t in tensors)
+        nbytes = size * staging.element_size()
+        spans = sorted((piece.data_ptr(), piece.data_ptr() + nbytes) for piece in pieces)
+        if any(later[0] < first[1] for first, later in zip(spans, spans[1:])):
+            return None
+        others = [tensor for other, buffer in buffers.items() if other != name for tensor in _tensors_of(buffer)]
+        for tensor in others:
+            if tensor.numel() == 0 or tensor.device != staging.device:
+                continue
+            start = tensor.data_ptr()
+            stop = start + tensor.numel() * tensor.element_size()
+            if any(low < stop and start < high for low, high in spans):
+                return None
+        for st in steps:
+            sends, recvs, reads, written = _touches(st)
+            for buf in (*sends, *recvs, *reads, *written):
+                if buf.name == name and buf.stop > buf.start and buf.start // size != (buf.stop - 1) // size:
+                    return None
+            if not writes and any(buf.name == name for buf in (*recvs, *written)):
+                return None
+        return cls(pieces, size)
+
+
+def _tensors_of(buffer) -> tuple:
+    """The tensors a prepared plan's buffer is made of: a Blocks' pieces, else itself."""
+    return buffer.pieces if isinstance(buffer, Blocks) else (buffer,)
+
+
+def _overlap(a, b) -> bool:
+    return a.name == b.name and a.start < b.stop and b.start < a.stop
+
+
+def _touches(step) -> tuple:
+    """What a step's transfers read and write, and what its local operations read and write."""
+    sends = [c.buf for c in step.comms if isinstance(c, Send)]
+    recvs = [c.buf for c in step.comms if isinstance(c, Recv)]
+    local_reads, local_writes = [], []
+    for op in step.local:
+        if isinstance(op, Reduce):
+            local_reads += [op.dst, *op.srcs]
+            local_writes += [op.dst] + ([op.out] if op.out is not None else [])
+        else:
+            local_reads.append(op.src)
+            local_writes.append(op.dst)
+    return sends, recvs, local_reads, local_writes
+
+
+def _independent(steps, later: int, first: int) -> bool:
+    """Whether step ``later``'s transfers may start while steps ``first .. later-1`` are still
+    transferring or have local work to do: no overlap of what one writes with what the
+    other reads or writes."""
+    sends, recvs, _, _ = _touches(steps[later])
+    for index in range(first, later):
+        e_sends, e_recvs, e_reads, e_writes = _touches(steps[index])
+        for buf in sends:
+            if any(_overlap(buf, other) for other in e_recvs + e_writes):
+                return False
+        for buf in recvs:
+            if any(_overlap(buf, other) for other in e_sends + e_recvs + e_reads + e_writes):
+                return False
+    return True

@@ -1,0 +1,251 @@
+"""Which node each rank of a group runs on, for the node-aware (hierarchical) algorithms.
+
+The layout reaches a schedule as the Layout parameter ``"nodes"``: a tuple giving the node
+index of every group rank (nodes numbered in order of their lowest rank; a node's ranks need
+not be consecutive and nodes may differ in size). The builders (``collectives._common.new_plan``)
+add it, for schedules marked with :func:`needs_nodes` only.
+
+**A group's layout is agreed by all its ranks, never inferred by one.** At the group's first
+node-aware call (every rank of the group makes that call, with the same algorithm), each rank
+contributes its own facts in one fixed-size record: its global rank, its
+``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` and its hostname. The group all-gathers the
+records once, with ringcoll's own ring on a tag of its own, through the group's executor (so
+raw backend groups and ``"ringcoll"``-backend groups get the layout as registered groups do),
+and every rank derives the layout from the same gathered list, by the first of:
+
+1. ``RINGCOLL_LOCAL_SIZE=L`` (set on every rank, to the same value): nodes of L consecutive
+   global ranks (the last one may be smaller), which emulates nodes on one machine. Set on
+   some ranks only, or to different values: the same ValueError on every rank, naming the
+   values per rank;
+2. torchrun's ``GROUP_RANK`` (the node rank of the agent that started the rank), on every
+   rank: one node per GROUP_RANK. Set on some ranks only: the same ValueError on every rank;
+3. the hostnames: one node per hostname.
+
+torchrun's ``LOCAL_WORLD_SIZE`` is never used: it counts the ranks of one node only, and
+nodes may differ (``--nproc-per-node 3`` on one host, ``1`` on another) -- grouping every
+rank by its own count gave each rank a different layout. The layout is kept on the group's
+executor with its source (:func:`group_layout`), keyed by this rank's record: a setting
+changed on every rank between calls takes effect, with a new exchange, at the next
+node-aware call.
+
+Outside a process group (the simulator), the layout is ``simulate(..., local_size=L)``'s
+(the context's ``nodes``), else ``RINGCOLL_LOCAL_SIZE``'s, else one node.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import struct
+import threading
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+
+from .. import config
+from ..config import settings
+from ..schedules.vocabulary import Nodes, needs_nodes  # noqa: F401 - a layout is a Nodes
+
+log = logging.getLogger("ringcoll")
+
+
+def grouped(keys: Sequence) -> Nodes:
+    """Node index per rank from any per-rank key (a hostname, global rank // L ...), nodes
+    numbered in order of first appearance."""
+    index: dict = {}
+    return tuple(index.setdefault(key, len(index)) for key in keys)
+
+
+def even_nodes(world: int, local_size: int, global_ranks: Optional[Sequence[int]] = None) -> Nodes:
+    """Nodes of ``local_size`` consecutive global ranks."""
+    if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
+        raise ValueError(f"local_size must be a positive int, got {local_size!r}")
+    ranks = range(world) if global_ranks is None else global_ranks
+    return grouped([rank // local_size for rank in ranks])
+
+
+def model_local_size(nodes: Optional[Nodes]) -> Optional[int]:
+    """The L (ranks per node) the node-aware cost models take for ranks on ``nodes``: the
+    ranks every node holds, the node of the last rank allowed fewer (nodes of L consecutive
+    ranks, as :func:`even_nodes` and ``RINGCOLL_LOCAL_SIZE=L`` give them: the models count
+    ⌈p/L⌉ nodes); None without nodes or for other uneven ones (the models then read the
+    environment)."""
+    if nodes is None:
+        return None
+    counts = collections.Counter(nodes)
+    last = counts.pop(nodes[-1])
+    sizes = set(counts.values())
+    if not sizes:
+        return last
+    size = sizes.pop()
+    return size if not sizes and last <= size else None
+
+
+def describe_layout(nodes: Nodes) -> str:
+    """``nodes`` for a log line: how many nodes of how many ranks, and the tuple itself
+    while it is short."""
+    sizes = [count for _, count in sorted(collections.Counter(nodes).items())]
+    shape = (f"{len(sizes)} node{'s' if len(sizes) != 1 else ''} of "
+             f"{sizes[0] if len(set(sizes)) == 1 else '+'.join(map(str, sizes))} rank{'s' if sizes != [1] else ''}")
+    return f"{shape} {tuple(nodes)}" if len(nodes) <= 16 else shape
+
+
+# -- this rank's settings: the one place the layout reads the environment --------------------
+def _settings() -> Tuple[str, str]:
+    """This rank's ``RINGCOLL_LOCAL_SIZE`` and torchrun's ``GROUP_RANK`` as text ("" when
+    unset), checked by :mod:`ringcoll.config`."""
+    current = settings()
+    return ("" if current.local_size is None else str(current.local_size), current.group_rank)
+
+
+def parse_local_size(value: str) -> int:
+    """A gathered ``RINGCOLL_LOCAL_SIZE`` (checked on its own rank) as a positive int."""
+    return config.parse_local_size("RINGCOLL_LOCAL_SIZE", value)
+
+
+def local_size_from_env() -> Optional[int]:
+    """Ranks per node from this process's RINGCOLL_LOCAL_SIZE, else None (never torchrun's
+    LOCAL_WORLD_SIZE: a per-node count, not every node's). The simulator and the node-aware
+    cost models read it; a process group's layout is agreed by exchange (:func:`group_layout`)."""
+    return settings().local_size
+
+
+# -- the agreed layout of a process group ------------------------------------------------------
+class Facts(NamedTuple):
+    """What one rank contributes to its group's layout."""
+
+    global_rank: int
+    local_size: str         # RINGCOLL_LOCAL_SIZE, "" when unset
+    group_rank: str         # torchrun's GROUP_RANK (its node's rank), "" when unset
+    hostname: str
+
+
+#: a rank's facts on the wire: fixed size, so the group all-gathers equal blocks; text fields
+#: cut at their width (a longer setting is no positive integer anyway; POSIX hostnames fit)
+_RECORD = struct.Struct("<q32s32s255s")
+
+
+def pack_facts(facts: Facts) -> bytes:
+    return _RECORD.pack(facts.global_rank, *(text.encode()[:width] for text, width in
+                                             ((facts.local_size, 32), (facts.group_rank, 32), (facts.hostname, 255))))
+
+
+def unpack_facts(record: bytes) -> Facts:
+    global_rank, *texts = _RECORD.unpack(record)
+    return Facts(global_rank, *(text.rstrip(b"\0").decode(errors="replace") for text in texts))
+
+
+def _per_rank(values: Sequence[str]) -> str:
+    """``values`` (one per group rank) as "'2' on ranks [0, 1], unset on ranks [2]"."""
+    ranks: dict = {}
+    for rank, value in enumerate(values):
+        ranks.setdefault(value, []).append(rank)
+    return ", ".join(f"{repr(value) if value else 'unset'} on rank{'s' if len(members) > 1 else ''} {members}"
+                     for value, members in ranks.items())
+
+
+def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
+    """(nodes, source) from every group rank's facts, in group rank order (module docstring for
+    the order of the sources). A pure function of the gathered list, so every rank derives the
+    same layout, or raises the same ValueError."""
+    local_sizes = [f.local_size for f in facts]
+    if len(set(local_sizes)) > 1:
+        raise ValueError(f"RINGCOLL_LOCAL_SIZE must be the same on every rank of the group (the ranks "
+                         f"agree on one node layout), got {_per_rank(local_sizes)} (group ranks)")
+    if local_sizes and local_sizes[0]:
+        size = parse_local_size(local_sizes[0])
+        return even_nodes(len(facts), size, [f.global_rank for f in facts]), f"RINGCOLL_LOCAL_SIZE={size}"
+    group_ranks = [f.group_rank for f in facts]
+    if any(group_ranks):
+        if not all(group_ranks):
+            raise ValueError(f"GROUP_RANK (torchrun's node rank) must be set on every rank of the group or "
+                             f"on none, got {_per_rank(group_ranks)} (group ranks); start every rank with "
+                             f"torchrun, or set RINGCOLL_LOCAL_SIZE on every rank")
+        return grouped(group_ranks), "torchrun's GROUP_RANK"
+    return grouped([f.hostname for f in facts]), "hostnames"
+
+
+def own_facts(executor) -> Facts:
+    """This rank's facts: its global rank (the world's, when torch.distributed is initialised:
+    a raw or ringcoll-backend group's executor numbers its ranks from 0), its settings, its
+    hostname."""
+    import torch.distributed as dist
+
+    global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() \
+        else executor.global_ranks[executor.rank]
+    local_size, group_rank = _settings()
+    return Facts(global_rank, local_size, group_rank, socket.gethostname())
+
+
+def group_layout(executor, device=None) -> Tuple[Nodes, str]:
+    """The node of every rank of ``executor``'s group and where that came from (``"hostnames"``,
+    ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the first
+    call, then kept on the executor while this rank's facts stay the same. Every rank of the
+    group must call it at the same point (a collective call that needs the layout); a call
+    made by some ranks only waits for the others until the group's timeout. ``device``: where
+    the exchange runs (default: CPU where the group serves it, else the current CUDA device)."""
+    record = pack_facts(own_facts(executor))
+    known = getattr(executor, "node_layout", None)
+    if known is not None and known[0] == record:
+        return known[1], known[2]
+    gathered = _in_call_order(lambda: _all_gather_records(executor, record, device))
+    nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
+    executor.node_layout = (record, nodes, source)
+    log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
+             describe_layout(nodes), source)
+    return nodes, source
+
+
+def context_layout(ctx, device=None) -> Tuple[Nodes, str]:
+    """(nodes, source) for a call's context: the simulator's ``local_size``, else its group's
+    agreed layout (:func:`group_layout`), else (no group: the simulator) RINGCOLL_LOCAL_SIZE's
+    nodes, else one node."""
+    if getattr(ctx, "nodes", None) is not None:
+        return tuple(ctx.nodes), "simulate's local_size"
+    if ctx.executor is not None:
+        return group_layout(ctx.executor, device)
+    size = local_size_from_env()
+    if size is not None:
+        return even_nodes(ctx.world, size), f"RINGCOLL_LOCAL_SIZE={size}"
+    return (0,) * ctx.world, "one node (no group)"
+
+
+def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
+    """Run ``exchange`` after every call this process queued before it (an NCCL group matches
+    messages by order, not tag), on the caller's thread when nothing is queued; inline when
+    already on the queue's worker thread (a plan built inside a queued call)."""
+    from . import work
+
+    if getattr(work._queue, "_thread", None) is threading.current_thread():
+        return exchange()
+    gathered: list = []
+    work.submit(lambda: gathered.append(exchange()), False, describe="node layout exchange")
+    return gathered[0]
+
+
+def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
+    """Every group rank's ``record`` (equal sizes), in group rank order: a ring all-gather on
+    the executor's transport, on the layout's own tag (as check mode's fingerprint exchange,
+    ``P2PExecutor._check``). A failed transfer leaves the group failed, as any call's."""
+    import torch
+
+    from ..schedules import registry
+    from .executor import _tag
+    from .plan import Plan
+    from ..schedules.vocabulary import Layout
+
+    executor.raise_if_failed()
+    if device is None:
+        device = torch.device("cpu") if "cpu" in executor.device_backends \
+            else torch.device("cuda", torch.cuda.current_device())
+    size = len(record)
+    table = torch.zeros(executor.world * size, dtype=torch.uint8)
+    table[executor.rank * size:(executor.rank + 1) * size] = torch.frombuffer(bytearray(record), dtype=torch.uint8)
+    table = table.to(device)
+    plan = Plan("layout", registry.get("all_gather", "ring"), executor.rank, executor.world,
+                Layout(table.numel(), {"in_place": True}), {"output": table},
+                describe="node layout exchange")
+    # the fingerprint bits 0 are never a call's, the sequence bits 1 never check mode's tag
+    tag = _tag(1, 0)
+    with torch.no_grad():
+        executor._run_steps(executor.prepare(plan), tag, executor.timeout(plan), plan.describe)
+    data = table.cpu().numpy().tobytes()
+    return [data[r * size:(r + 1) * size] for r in range(executor.world)]

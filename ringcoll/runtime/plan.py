@@ -1,0 +1,68 @@
+"""A plan: one rank's collective call, ready for an executor.
+
+The public API turns a call into a :class:`Plan` (the caller's flat buffers, the schedule,
+the local operator, and what runs before and after the schedule); the P2P executor runs it
+on a process group and the simulator runs every rank's plan in one process. Both therefore
+run exactly the same code around the schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import functools
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..schedules.registry import Algorithm
+from ..schedules.vocabulary import Layout, Step
+
+
+@dataclass
+class Plan:
+    collective: str
+    algorithm: Algorithm
+    rank: int
+    world: int
+    layout: Layout
+    buffers: Dict[str, torch.Tensor]                 # the caller's buffers, flat and contiguous
+    op: Optional[str] = None                         # local operator of the Reduce steps
+    before: List[Callable[[], None]] = field(default_factory=list)
+    after: List[Callable[[], None]] = field(default_factory=list)
+    result: object = None                            # what Work.result() returns
+    describe: str = ""                               # for logs and errors
+    timeout: Optional[float] = None                  # seconds a step may wait; None: the group's
+    seq: Optional[int] = None                        # the call's number in its group (executor.begin_call)
+    why: str = ""                                    # what chose the algorithm (RINGCOLL_DEBUG=INFO)
+    #: buffers the plan made itself that hold none of the caller's data from when it was
+    #: built (its ``before`` steps fill them on every run, or a token whose bytes never
+    #: matter); with the buffers that are the caller's memory (or the executor's), they make
+    #: a plan safe to run again (collectives._common.run_call)
+    own: set = field(default_factory=set)
+    #: buffers that stage a list argument: name -> (the list's tensors, the ``before`` or
+    #: ``after`` hook that copies them in or out, whether the schedule may write the list);
+    #: the P2P executor names the tensors themselves instead when it can (executor.Blocks)
+    lists: Dict[str, tuple] = field(default_factory=dict)
+
+    def steps(self) -> Tuple[Step, ...]:
+        return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.buffers.values())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.buffers.values())).device
+
+
+@functools.lru_cache(maxsize=16384)
+def schedule_steps(schedule, rank: int, world: int, layout: Layout) -> Tuple[Step, ...]:
+    """A schedule's steps; schedules are pure functions, so repeated calls reuse them. The
+    cache holds every rank of a simulated world of up to thousands of ranks (a process
+    group's executor needs one entry per call shape); runs without data stream instead."""
+    return tuple(schedule(rank, world, layout))
+
+
+def view(buffers: Dict[str, torch.Tensor], buf) -> torch.Tensor:
+    """The tensor view of chunk ``buf``."""
+    return buffers[buf.name][buf.start:buf.stop]

@@ -1,0 +1,199 @@
+"""The algorithm registry: every schedule, by collective and name, with its cost model.
+
+An algorithm is registered with :func:`register` and looked up by the public API, the
+simulator and the benchmark alike, so a schedule written once runs everywhere.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, NamedTuple, Optional
+
+from .vocabulary import Layout, Step
+
+
+class Cost(NamedTuple):
+    """α-β-γ cost on the critical path: messages, bytes on the wire, bytes reduced."""
+
+    alpha: float
+    beta: float
+    gamma: float
+
+    def plus(self, other: "Cost") -> "Cost":
+        return Cost(self.alpha + other.alpha, self.beta + other.beta, self.gamma + other.gamma)
+
+    def time(self, alpha_s: float, beta_s_per_byte: float, gamma_s_per_byte: float = 0.0) -> float:
+        return self.alpha * alpha_s + self.beta * beta_s_per_byte + self.gamma * gamma_s_per_byte
+
+    def on(self, machine) -> float:
+        """Seconds on a :class:`ringcoll.Machine`, every message at its slowest link's α and β
+        (exact on a flat single-port machine)."""
+        alpha, beta = machine.worst_link()
+        return self.time(alpha, beta, machine.gamma)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    collective: str
+    name: str
+    schedule: Callable[[int, int, Layout], Iterable[Step]]
+    cost: Callable[[int, int], Cost]
+    #: ``symmetry(world, layout) -> "rotation" | int period | "xor" | None``: when every rank's
+    #: schedule is a representative's with its peers relabelled (see :func:`register`), so a
+    #: cost-only simulation may run the representatives for all (ringcoll.sim.engine)
+    symmetry: Optional[Callable[[int, Layout], object]] = None
+    #: the one world size the algorithm runs at (a loaded MSCCL program), None: any
+    world: Optional[int] = None
+    #: whether ``algorithm="auto"`` may pick it (False: only when asked for by name)
+    auto: bool = True
+
+    def check_world(self, world: int) -> None:
+        """ValueError unless the algorithm runs at ``world`` ranks."""
+        if self.world is not None and world != self.world:
+            raise ValueError(f"algorithm {self.collective}/{self.name} runs at world size {self.world} "
+                             f"only, got a group of {world} ranks")
+
+    @property
+    def doc(self) -> str:
+        return (self.schedule.__doc__ or "").strip()
+
+
+_REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
+#: bumped by every registration: what was chosen or prepared before may no longer hold
+version = 0
+
+
+def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
+             symmetry: Optional[Callable[[int, Layout], object]] = None, world: Optional[int] = None,
+             auto: bool = True):
+    """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
+
+    ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
+    messages on the critical path, β its bytes, γ its bytes reduced (the simulator's clock on
+    such a machine gives exactly ``cost.time(α, β, γ)`` for regular schedules). A cost that
+    depends on the pipelining segment takes it as a keyword, ``cost(world, nbytes,
+    segment=None)`` (bytes; None: the segment table's). ``replace=True`` re-defines an
+    existing name (a notebook cell run twice); otherwise a second registration is an error.
+    ``symmetry(world, layout)`` may say when the schedule is the same on every rank up to a
+    relabelling of the peers, with the same sizes and reductions: ``"rotation"`` (rank r's
+    is rank 0's with every peer q moved to ``(q + r) % world``), an int period L (rank r's is
+    rank r % L's with every peer moved by ``r - r % L``: nodes of L alike), or ``"xor"`` (rank
+    0's with every peer moved to ``q ^ r``); None where it is not. Cost-only simulations then
+    run ranks 0 .. L - 1 alone for every rank (checked on sampled ranks; tests/test_study.py
+    checks every rank). ``world`` fixes the one world size it runs at (other groups get a
+    ValueError when they ask for it); ``auto=False`` keeps ``algorithm="auto"`` from picking
+    it (ringcoll.msccl registers its loaded programs so).
+
+    >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
+    ... def all_reduce_mine(rank, world, layout): ...
+    """
+    if not isinstance(collective, str) or not isinstance(name, str) or not name:
+        raise TypeError(f"collective and name must be non-empty strs, got {collective!r} and {name!r}")
+    if not callable(cost):
+        raise TypeError(f"cost must be a callable cost(world, nbytes) -> Cost, got {type(cost).__name__}")
+
+    def decorate(schedule):
+        if not callable(schedule):
+            raise TypeError(f"register decorates a schedule function, got {type(schedule).__name__}")
+        _load()
+        table = _REGISTRY.setdefault(collective, {})
+        if name in table and not replace:
+            raise ValueError(f"algorithm {collective}/{name} is registered twice "
+                             f"(register(..., replace=True) re-defines it)")
+        if symmetry is not None and not callable(symmetry):
+            raise TypeError(f"symmetry must be a callable symmetry(world, layout) -> 'rotation' | "
+                            f"'xor' | None, got {type(symmetry).__name__}")
+        global version
+        if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
+            raise TypeError(f"world must be None or a positive int, got {world!r}")
+        table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, bool(auto))
+        version += 1
+        return schedule
+
+    return decorate
+
+
+def unregister(collective: str, name: str) -> None:
+    """Remove ``collective``/``name`` (ValueError if it is not registered)."""
+    get(collective, name)
+    global version
+    del _REGISTRY[collective][name]
+    version += 1
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(cost, keyword: str) -> bool:
+    try:
+        params = inspect.signature(cost).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def model(algorithm: Algorithm, world: int, nbytes: int, *, segment: int | None = None,
+          local_size: int | None = None) -> Cost:
+    """``algorithm``'s cost at ``world`` ranks and ``nbytes``, with the segment (bytes) its
+    plan pipelines over and the ranks per node, when its cost function takes them (a cost
+    of the node-aware algorithms takes ``local_size``; without it, the environment's)."""
+    extra = {}
+    if segment is not None and _takes(algorithm.cost, "segment"):
+        extra["segment"] = segment
+    if local_size is not None and _takes(algorithm.cost, "local_size"):
+        extra["local_size"] = local_size
+    return Cost(*algorithm.cost(world, nbytes, **extra))
+
+
+_loaded = False
+
+
+def _load() -> None:
+    """Import every module of ringcoll.schedules once (each registers its algorithms)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True          # first: the modules' own @register calls come back here
+    import ringcoll.schedules as package
+
+    try:
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    except BaseException:
+        _loaded = False
+        raise
+
+
+def algorithms(collective: str | None = None):
+    """Registered algorithm names: a list for one collective, else a dict of every collective."""
+    _load()
+    if collective is None:
+        return {coll: list(table) for coll, table in _REGISTRY.items()}
+    if collective not in _REGISTRY:
+        raise ValueError(f"collective must be one of {sorted(_REGISTRY)}, got {collective!r}")
+    return list(_REGISTRY[collective])
+
+
+def get(collective: str, name: str) -> Algorithm:
+    """The algorithm ``collective``/``name``; ValueError naming the choices if there is none."""
+    _load()
+    table = _REGISTRY.get(collective)
+    if table is None:
+        raise ValueError(f"collective must be one of {sorted(_REGISTRY)}, got {collective!r}")
+    if name not in table:
+        raise ValueError(f"algorithm for {collective} must be 'auto' or one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def rotation_when_even(world: int, layout: Layout) -> Optional[str]:
+    """``symmetry`` of a schedule whose rank r works on chunk (r - step) % world and talks to
+    peers at fixed distances: the same on every rank, up to rotation, when the chunks are
+    equal (``layout.numel`` a multiple of the world)."""
+    return "rotation" if layout.numel % world == 0 else None
+
+
+def xor_when_even(world: int, layout: Layout) -> Optional[str]:
+    """``symmetry`` of a butterfly over ``rank ^ 2^k`` partners: the same on every rank, up to
+    ``peer ^ rank``, when the world is a power of two and the chunks are equal."""
+    return "xor" if world & (world - 1) == 0 and layout.numel % world == 0 else None

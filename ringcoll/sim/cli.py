@@ -1,0 +1,121 @@
+"""``ringcoll-study``: algorithm sweeps on a simulated machine, and predictions against a run.
+
+    ringcoll-study sweep --collective all_reduce --worlds 4,8,16,32,64 -b 1K -e 64M
+    ringcoll-study sweep --hierarchical 8 --intra 2,100 --inter 10,10     # µs, GB/s
+    ringcoll-study sweep --machine bench/results/RUN.json                  # fitted to a run
+    ringcoll-study validate bench/results/RUN.json [--machine m.json]
+
+``sweep`` writes a table (CSV), the crossover sizes (text) and a best-algorithm map (PNG)
+per collective into ``--out``. ``validate`` prints predicted and measured times side by side
+(the machine fitted to the run itself unless one is given).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+from .machine import Machine
+
+
+def _sizes(lo: int, hi: int, factor: int) -> List[int]:
+    out, n = [], lo
+    while n <= hi:
+        out.append(n)
+        n *= factor
+    return out
+
+
+def _machine(args) -> Machine:
+    if args.hierarchical:
+        (ia, ib), (oa, ob) = ([float(x) for x in spec.split(",")] for spec in (args.intra, args.inter))
+        return Machine.hierarchical(args.hierarchical, intra=(ia * 1e-6, 1 / (ib * 1e9)),
+                                    inter=(oa * 1e-6, 1 / (ob * 1e9)), gamma=1 / (args.gamma_gbps * 1e9),
+                                    nic_ports=args.nic_ports)
+    if args.machine:
+        with open(args.machine) as f:
+            doc = json.load(f)
+        if "rows" in doc:                                   # a ringcoll-bench run: fit it
+            from .fit import fit
+            return fit([args.machine])
+        return Machine.from_dict(doc)
+    return Machine()
+
+
+def parser() -> argparse.ArgumentParser:
+    from ..config import parse_size
+
+    p = argparse.ArgumentParser(prog="ringcoll-study", description=__doc__.split("\n\n")[0].replace("``", ""))
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sweep", help="every algorithm over world sizes and message sizes")
+    s.add_argument("--collective", default="all_reduce", help="comma-separated registry collectives")
+    s.add_argument("--algorithms", help="comma-separated names (default: all)")
+    s.add_argument("--worlds", default="4,8,16,32,64", help="comma-separated world sizes")
+    s.add_argument("--msccl", action="append", default=[], metavar="FILE.xml",
+                   help="load an MSCCL-IR algorithm first (ringcoll.msccl.load); it joins the sweep at "
+                        "its own world size; repeatable")
+    s.add_argument("-b", "--minbytes", type=parse_size, default="1K")
+    s.add_argument("-e", "--maxbytes", type=parse_size, default="64M")
+    s.add_argument("-f", "--stepfactor", type=int, default=4)
+    s.add_argument("--simulate-up-to", type=int, default=256, help="closed forms above this many ranks")
+    s.add_argument("--out", default=None,
+                   help="directory of the tables and maps (default: a fresh study-<UTC time> under the "
+                        "current directory, so a run never overwrites committed results)")
+    for q in (s, sub.add_parser("validate", help="predicted vs measured times of a ringcoll-bench run")):
+        q.add_argument("--machine", help="Machine JSON, or a ringcoll-bench JSON to fit")
+        q.add_argument("--hierarchical", type=int, metavar="RANKS_PER_NODE")
+        q.add_argument("--intra", default="2,100", help="intra-node α (µs), bandwidth (GB/s)")
+        q.add_argument("--inter", default="10,10", help="inter-node α (µs), bandwidth (GB/s)")
+        q.add_argument("--gamma-gbps", type=float, default=50.0, help="reduction speed (GB/s)")
+        q.add_argument("--nic-ports", type=int, default=1)
+    sub.choices["validate"].add_argument("run", help="ringcoll-bench JSON")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "validate":
+        from .fit import fit_samples, samples_from_bench
+        samples = samples_from_bench([args.run])
+        fitted = fit_samples(samples)
+        machine = _machine(args) if (args.machine or args.hierarchical) else fitted.machine
+        result = fit_samples(samples) if machine == fitted.machine else fitted
+        result.machine = machine
+        print(f"{'collective':<16}{'algorithm':<20}{'p':>4}{'bytes':>11}{'measured us':>13}{'predicted us':>14}{'ratio':>7}")
+        for s in samples:
+            predicted = result.predict(s)
+            print(f"{s.collective:<16}{s.algorithm:<20}{s.world:>4}{s.nbytes:>11}{s.seconds * 1e6:>13.1f}"
+                  f"{predicted * 1e6:>14.1f}{predicted / s.seconds:>7.2f}")
+        print(result.report())
+        return 0
+    from .sweep import crossovers, plot_map, sweep, write_table
+    machine = _machine(args)
+    if args.out is None:
+        args.out = time.strftime("study-%Y%m%dT%H%M%SZ", time.gmtime())
+    os.makedirs(args.out, exist_ok=True)
+    worlds = [int(w) for w in args.worlds.split(",")]
+    sizes = _sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    algorithms = args.algorithms.split(",") if args.algorithms else None
+    if args.msccl:
+        from .. import msccl
+        loaded = [msccl.load(path) for path in args.msccl]
+        if algorithms is not None:
+            algorithms += loaded
+    for collective in args.collective.split(","):
+        cells = sweep([collective], worlds, sizes, machine, algorithms, args.simulate_up_to)
+        table = write_table(cells, os.path.join(args.out, f"study_{collective}.csv"))
+        picture = plot_map(cells, collective, os.path.join(args.out, f"study_map_{collective}.png"))
+        lines = [f"{c}: p={w}: from {n} B {a} -> {b}" for c, w, n, a, b in crossovers(cells)]
+        text = os.path.join(args.out, f"study_crossovers_{collective}.txt")
+        with open(text, "w") as f:
+            f.write(f"machine: {json.dumps(machine.to_dict())}\n" + "\n".join(lines) + "\n")
+        print("\n".join(lines))
+        print(f"wrote {table}, {picture}, {text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Calibration: fit a :class:`ringcoll.Machine` to ``ringcoll-bench`` measurements.
+
+Every measured row (collective, algorithm, world, bytes, time) gives one equation
+``time ≈ a·α + b·β + c·γ`` where (a, b, c) is the algorithm's closed-form cost, which equals
+the simulator's clock on a flat single-port machine. All rows of all collectives are fitted
+together, non-negatively, in relative error (each row divided by its time, so 1 KiB rows
+count as much as 64 MiB ones). β and γ are collinear in the reducing collectives' formulas
+(all_reduce alone has b = 2c for ring and Rabenseifner): the copy-only collectives (broadcast,
+all_gather, gather, scatter, all_to_all) pin β, and when the rows cannot tell β from γ apart
+(their columns nearly parallel) γ is tied to β by ``gamma_ratio`` and the report says so.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..schedules import registry
+from .machine import Machine
+from ..selection import segment_bytes
+
+_ITEMSIZE = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,
+             "bfloat16": 2, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
+_FAMILY = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+           "all_to_all_single": "all_to_all"}
+BANDS = ((0, 64 * 1024, "< 64 KiB"), (64 * 1024, 1024 * 1024, "64 KiB - 1 MiB"),
+         (1024 * 1024, float("inf"), ">= 1 MiB"))
+
+
+@dataclass
+class Sample:
+    collective: str             # the registry's collective
+    algorithm: str
+    world: int
+    nbytes: int
+    seconds: float
+    coefficients: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+@dataclass
+class Fit:
+    machine: Machine
+    samples: List[Sample]
+    tied: bool                              # γ tied to β (collinear)
+    bands: Dict[str, Dict[str, float]] = field(default_factory=dict)
+
+    def predict(self, sample: Sample) -> float:
+        a, b, c = sample.coefficients
+        return a * self.machine.alpha + b * self.machine.beta + c * self.machine.gamma
+
+    def report(self) -> str:
+        m = self.machine
+        lines = [f"fitted α = {m.alpha * 1e6:.3g} µs, β = {1 / m.beta / 1e9 if m.beta else float('inf'):.3g} GB/s, "
+                 f"γ = {1 / m.gamma / 1e9 if m.gamma else float('inf'):.3g} GB/s reduced"
+                 f"{' (γ tied to β: collinear in these rows)' if self.tied else ''}, from {len(self.samples)} rows"]
+        for band, row in self.bands.items():
+            lines.append(f"  {band:>15}: {row['rows']:4d} rows, median |error| {row['median'] * 100:5.1f} %, "
+                         f"90th percentile {row['p90'] * 100:5.1f} %")
+        return "\n".join(lines)
+
+
+def samples_from_bench(paths: Iterable[str]) -> List[Sample]:
+    """The rows of ``ringcoll-bench`` JSON files that a registered algorithm ran without error
+    (not ``built-in`` nor ``auto``), median times in seconds."""
+    out: List[Sample] = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        world = doc["meta"]["world_size"]
+        for row in doc.get("rows", []):
+            if row.get("error") or row.get("algorithm") in (None, "built-in", "auto"):
+                continue
+            family = _FAMILY.get(row["collective"], row["collective"])
+            if family not in registry.algorithms() or row["algorithm"] not in registry.algorithms(family):
+                continue
+            nbytes = int(row.get("count", 0)) * _ITEMSIZE.get(row.get("type", "float32"), 4)
+            out.append(Sample(family, row["algorithm"], world, nbytes, row["time_us"] * 1e-6))
+    return out
+
+
+def coefficients(sample: Sample, itemsize: int = 4) -> Tuple[float, float, float]:
+    algorithm = registry.get(sample.collective, sample.algorithm)
+    segment = segment_bytes(sample.collective, sample.algorithm)
+    segment -= segment % itemsize
+    return tuple(registry.model(algorithm, sample.world, sample.nbytes, segment=segment))
+
+
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a few columns: the best of every subset's solution."""
+    best, best_err = np.zeros(a.shape[1]), float(np.sum(y ** 2))
+    for size in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), size):
+            x, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            if np.all(x >= 0):
+                full = np.zeros(a.shape[1])
+                full[list(cols)] = x
+                err = float(np.sum((a @ full - y) ** 2))
+                if err < best_err - 1e-18:
+                    best, best_err = full, err
+    return best
+
+
+def fit_samples(samples: Sequence[Sample], gamma_ratio: float = 0.5, collinear: float = 0.999) -> Fit:
+    """The joint non-negative fit of α, β, γ to ``samples`` (see the module docstring)."""
+    samples = [s for s in samples if s.seconds > 0]
+    if not samples:
+        raise ValueError("fit needs at least one measured row of a registered algorithm")
+    for s in samples:
+        s.coefficients = coefficients(s)
+    a = np.array([s.coefficients for s in samples], dtype=float)
+    y = np.array([s.seconds for s in samples])
+    weighted = a / y[:, None]
+    ones = np.ones(len(samples))
+    b, c = weighted[:, 1], weighted[:, 2]
+    cosine = float(b @ c / (np.linalg.norm(b) * np.linalg.norm(c))) if np.any(c) and np.any(b) else 0.0
+    tied = cosine > collinear
+    if tied:
+        joint = np.stack([weighted[:, 0], b + gamma_ratio * c], axis=1)
+        alpha, beta = _nnls(joint, ones)
+        gamma = gamma_ratio * beta
+    else:
+        alpha, beta, gamma = _nnls(weighted, ones)
+    result = Fit(Machine(alpha=float(alpha), beta=float(beta), gamma=float(gamma)), samples, tied)
+    for lo, hi, name in BANDS:
+        errors = [abs(result.predict(s) / s.seconds - 1) for s in samples if lo <= s.nbytes < hi]
+        if errors:
+            result.bands[name] = {"rows": len(errors), "median": float(np.median(errors)),
+                                  "p90": float(np.percentile(errors, 90))}
+    return result
+
+
+def fit(paths: Sequence[str] | str, **kwargs) -> Machine:
+    """A flat :class:`ringcoll.Machine` fitted to ``ringcoll-bench`` JSON results (one path or
+    several, any world sizes): joint non-negative α, β, γ over all collectives and sizes.
+    ``fit_report(paths)`` gives the fit with its error per size band.
+
+    >>> machine = ringcoll.fit(["bench/results/20261202T144510Z_np4_gloo.json"])
+    """
+    return fit_report(paths, **kwargs).machine
+
+
+def fit_report(paths: Sequence[str] | str, **kwargs) -> Fit:
+    if isinstance(paths, str):
+        paths = [paths]
+    return fit_samples(samples_from_bench(paths), **kwargs)

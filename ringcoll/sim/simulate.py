@@ -1,0 +1,232 @@
+"""``ringcoll.simulate``: run a collective on every rank of a world in one process."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ..api import BUILDERS
+from ..api._common import Context
+from .machine import Machine
+from ..runtime.plan import Plan
+from ..schedules.registry import Algorithm, Cost, model
+from ..schedules.vocabulary import Step
+from .engine import SimStats, run_plans
+from ..runtime.nodes import even_nodes, model_local_size
+
+#: the registry's collective of each builder (the tensor-list forms share their algorithms)
+COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+                 "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
+                 "all_to_all_single": "all_to_all"}
+#: the builder a registry collective is simulated through by default
+BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+              "all_to_all": "all_to_all_single"}
+
+
+@dataclass
+class Simulation:
+    collective: str
+    algorithm: Algorithm
+    world: int
+    outputs: List[Any]            # each rank's result: what its Work.result() would give (data runs)
+    stats: SimStats
+    cost: Cost                    # the algorithm's α-β-γ model at this size
+    plans: List[Plan] = field(repr=False, default_factory=list)
+    machine: Machine = field(default_factory=Machine)
+    nbytes: int = 0               # the n of the cost model
+
+    @property
+    def schedules(self) -> List[Sequence[Step]]:
+        """Each rank's steps, for pictures and study (built on first use)."""
+        return [plan.steps() for plan in self.plans]
+
+    @property
+    def predicted(self) -> float:
+        """The cost model's time on this machine (its slowest link on a hierarchical one)."""
+        return self.cost.on(self.machine)
+
+    @property
+    def ratios(self):
+        """Ratios to the lower bounds of Chan et al. 2007 (ringcoll.sim.bounds): latency
+        (critical-path steps ÷ ⌈lg p⌉), bandwidth (most bytes through one rank ÷ the bound),
+        compute (most bytes one rank reduces ÷ (p-1)/p·n)."""
+        from .bounds import ratios
+        return ratios(self.collective, self.world, self.nbytes, self.stats)
+
+    def trace(self, path: str) -> str:
+        """Write the run's Chrome-trace / Perfetto JSON to ``path`` (see ringcoll.sim.pictures)."""
+        from .pictures import write_trace
+        return write_trace(self, path)
+
+    def plot(self, path: str) -> str:
+        """Write a PNG timeline of the run to ``path`` (see ringcoll.sim.pictures)."""
+        from .pictures import plot_timeline
+        return plot_timeline(self, path)
+
+
+def rank_data(rank: int, numel: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Exact, never-zero test data that differs across ranks and elements."""
+    values = torch.arange(numel, dtype=torch.int64) % 5 + 1 + rank
+    if dtype == torch.bool:
+        return (values % 3) != 0
+    return values.to(dtype)
+
+
+def _clone(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.dtype,
+               kwargs: Dict[str, Any], fill: bool = True):
+    """Rank ``rank``'s arguments for ``collective`` of ``numel`` elements: the n of its cost
+    model, i.e. the vector (all_reduce, broadcast, reduce) or the total over all ranks'
+    blocks (all_gather, reduce_scatter, gather, scatter, all_to_all: one block is
+    ⌈numel / world⌉). Inputs hold :func:`rank_data` (with ``fill=False`` they are left
+    uninitialised: torch.empty touches no memory)."""
+    block = -(-numel // world)
+
+    def data(n, salt=0):
+        return rank_data(rank + salt, n, dtype) if fill else torch.empty(n, dtype=dtype)
+
+    def empty(n):
+        return torch.empty(n, dtype=dtype)
+
+    if collective in ("all_reduce",):
+        return (data(numel),), kwargs
+    if collective == "broadcast":
+        return (data(numel),), {"src": 0, **kwargs} if "group_src" not in kwargs else kwargs
+    if collective == "reduce":
+        return (data(numel),), {"dst": 0, **kwargs} if "group_dst" not in kwargs else kwargs
+    if collective in ("all_gather_into_tensor", "all_gather_single"):
+        return (empty(world * block), data(block)), kwargs
+    if collective == "all_gather":
+        return ([empty(block) for _ in range(world)], data(block)), kwargs
+    if collective in ("reduce_scatter_tensor", "reduce_scatter_single"):
+        return (empty(block), data(world * block)), kwargs
+    if collective == "reduce_scatter":
+        return (empty(block), [data(block, salt=world * i) for i in range(world)]), kwargs
+    if collective == "all_to_all_single":
+        return (empty(world * block), data(world * block)), kwargs
+    if collective == "all_to_all":
+        return ([empty(block) for _ in range(world)], [data(block, salt=world * i) for i in range(world)]), kwargs
+    if collective in ("gather", "scatter"):
+        key, group_key = ("dst", "group_dst") if collective == "gather" else ("src", "group_src")
+        root = kwargs.get(group_key, kwargs.get(key, 0))
+        extra = kwargs if (key in kwargs or group_key in kwargs) else {key: 0, **kwargs}
+        if collective == "gather":
+            return (data(block), [empty(block) for _ in range(world)] if rank == root else None), extra
+        return (empty(block), [data(block, salt=world * i) for i in range(world)] if rank == root else None), extra
+    if collective == "barrier":
+        return (), kwargs
+    raise ValueError(f"simulate(numel=) knows no arguments for {collective!r}")
+
+
+def simulate(collective: str, algorithm: str = "auto", world: int = 4,
+             inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
+             dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
+             machine: Optional[Machine] = None, data: bool = True, check: Optional[bool] = None,
+             record: Optional[bool] = None, local_size=None, symmetry: bool = True,
+             **kwargs) -> Simulation:
+    """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
+
+    Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
+    or a tuple of positional arguments), or rank-valued data of ``numel`` elements of
+    ``dtype`` (the n of the cost model: see :func:`numel_call`), or ``call(rank) -> (args,
+    kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
+    modified. Returns every rank's result, the statistics (critical-path steps, messages,
+    bytes per rank and per link, time on ``machine``'s port-limited clock; None: the default
+    ``Machine()``), the algorithm's cost model and every rank's plan. ``algorithm="auto"``
+    chooses as on a group (ringcoll.selection): given ``machine=``, as on a group whose
+    ``Options(machine=)`` is that machine, the algorithm the simulator times fastest on it
+    with these nodes; without, as on a group without one (RINGCOLL_MACHINE, else the rules
+    measured on this host, else the default machine). ``sim.algorithm`` is the one chosen.
+
+    ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
+    builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
+    stream step by step, for thousands of ranks; statistics and times are those of the data
+    run. ``check`` (default: on for data runs) compares every
+    rank's result with the collective's definition computed from the inputs and raises
+    naming the rank and the first wrong element. ``record`` (default: on up to 256 ranks)
+    keeps the timeline that :meth:`Simulation.trace` and :meth:`Simulation.plot` draw.
+    ``local_size`` puts the ranks on nodes for the node-aware algorithms (ringcoll.runtime.nodes):
+    an int for nodes of that many consecutive ranks, or a tuple giving each rank's node.
+    ``symmetry`` (default on) lets a run without data and timeline run only the
+    representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
+    schedule a representative's with its peers relabelled (``ringcoll.register(...,
+    symmetry=)``; the rings, pairwise, Bruck, PAT, dissemination, direct, the butterflies on
+    powers of two, the node-aware ones on nodes of L), on a flat machine or one whose nodes
+    the relabelling maps onto nodes: same statistics and time, in O(L ranks' steps)
+    (``stats.mirrored`` says so); ``symmetry=False`` runs every rank.
+
+    >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)
+    >>> sim.outputs[0][0]           # rank 0's reduced tensor
+    >>> ringcoll.simulate("all_reduce", "ring", world=4096, numel=1 << 20, data=False).stats.time
+    """
+    if collective not in BUILDERS:
+        raise ValueError(f"collective must be one of {sorted(BUILDERS)}, got {collective!r}")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world must be a positive int, got {world!r}")
+    if machine is not None and not isinstance(machine, Machine):
+        raise TypeError(f"machine must be a ringcoll.Machine, got {type(machine).__name__}")
+    # auto weighs the algorithms on the machine the caller named, as a group's Options does;
+    # the clock runs on the default machine when none was named
+    chosen_on, machine = machine, machine if machine is not None else Machine()
+    if not isinstance(symmetry, bool):
+        raise TypeError(f"symmetry must be a bool, got {type(symmetry).__name__} {symmetry!r}")
+    if check is None:
+        check = data
+    if check and not data:
+        raise ValueError("check=True needs data=True (a run without data has no results to check)")
+    if record is None:
+        record = world <= 256
+    build = BUILDERS[collective]
+    nodes = local_size if local_size is None or isinstance(local_size, tuple) else even_nodes(world, local_size)
+    if nodes is not None and len(nodes) != world:
+        raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
+    plans, before, after = [], [], []
+    for rank in range(world):
+        if call is not None:
+            args, extra = call(rank)
+            extra = {**kwargs, **extra}
+        elif inputs is not None:
+            if len(inputs) != world:
+                raise ValueError(f"inputs must hold one entry per rank ({world}), got {len(inputs)}")
+            args = inputs[rank] if isinstance(inputs[rank], tuple) else (inputs[rank],)
+            extra = kwargs
+        elif numel is not None:
+            if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+                raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+            args, extra = numel_call(collective, rank, world, numel, dtype, kwargs, fill=data)
+        else:
+            raise ValueError("simulate needs inputs=, numel= or call=")
+        extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
+        if plans and not data and call is None and inputs is None:
+            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
+            # is a layout parameter), so one builder call serves, not world of them
+            plans.append(dataclasses.replace(plans[0], rank=rank))
+            continue
+        if check:
+            before.append((_clone(args), dict(extra)))
+        args = _clone(args) if data else args
+        after.append(args)
+        plans.append(build(Context(rank, world, nodes=nodes, machine=chosen_on), *args, **extra))
+    with torch.no_grad():
+        stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
+    first = plans[0]
+    itemsize = torch.empty((), dtype=first.dtype).element_size()
+    nbytes = first.layout.numel * itemsize
+    segment = first.layout.get("segment")
+    cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
+                 local_size=model_local_size(nodes))
+    sim = Simulation(collective, first.algorithm, world,
+                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes)
+    if check:
+        from .check import check_results
+        check_results(collective, before, after)
+    return sim
