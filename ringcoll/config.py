@@ -13,13 +13,17 @@ anything is touched, and not deep inside a later call.
 
 Why it is re-read on every call: tests and programs set variables between calls (a test sets
 ``RINGCOLL_SEGMENT`` in the ranks, runs, pops it), and every call must see the environment of
-its own moment. Parsing costs tens of microseconds (the machine file, the tuning table and
-``RINGCOLL_ALGO`` against the registry), so the parsed Settings are kept by the raw values:
-a call reads each variable's raw bytes from ``os.environ``'s own dict, the modification times
-of the files it names and the registry's version, and finds the Settings parsed for exactly
-those (about a microsecond). Equal raw values give the same Settings object, so a persistent
+its own moment. Parsing costs tens of microseconds (the machine file above all), so the
+parsed Settings are kept by the raw values: a call reads each variable's raw bytes from
+``os.environ``'s own dict and the modification times of the files it names, and finds the
+Settings parsed for exactly those (about a microsecond). Equal raw values give the same Settings object, so a persistent
 plan can hold it in its key (:func:`ringcoll.api._common.run_call`): a plan is reused
 only under the settings it was built with.
+
+The names in RINGCOLL_ALGO and in the RINGCOLL_TUNING table are checked against the registry
+one layer up, by :func:`ringcoll.selection.checked_settings`, which the group's creation and
+every drop-in call read instead of this module's :func:`settings` (settings sit below the
+algorithms: reading them never imports the registry).
 
 Importing ringcoll reads nothing that can fail: a bad value must not kill ``import ringcoll``
 (nor a launched rank before it can report), it is refused at the group or the call.
@@ -32,8 +36,6 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
-
-from .schedules import registry
 
 log = logging.getLogger("ringcoll")
 
@@ -53,7 +55,7 @@ class Settings:
     ``None`` means "unset": the reader's own default applies (named in VARIABLES). Compared
     by identity: :func:`settings` hands out one object per distinct raw environment."""
 
-    algo: Mapping[str, str]            # collective -> the algorithm RINGCOLL_ALGO forces on it
+    algo: Tuple[Tuple[Optional[str], str], ...]  # RINGCOLL_ALGO's (collective or None, algorithm) entries
     algo_text: str                     # RINGCOLL_ALGO as given ("" when unset)
     check: bool                        # RINGCOLL_CHECK, or TORCH_DISTRIBUTED_DEBUG=DETAIL
     cuda_transport: str                # "nccl" or "gloo"
@@ -174,36 +176,26 @@ def parse_ranks(name: str, text: str) -> Optional[FrozenSet[int]]:
     return frozenset(ranks)
 
 
-def parse_algo(name: str, text: str) -> Dict[str, str]:
+def parse_algo(name: str, text: str) -> Tuple[Tuple[Optional[str], str], ...]:
     """``RINGCOLL_ALGO``: ``ring`` (every collective that has it) or ``coll=name`` entries,
-    comma-separated; the first entry that applies to a collective wins. A name no collective
-    has (a typo such as ``rign``), an unknown collective or an algorithm the named collective
-    lacks is refused, naming the valid names: a silent fall-back to ``auto`` would hide that
-    the setting does nothing. The result: collective -> forced algorithm."""
-    setting = text.strip()
-    table = registry.algorithms()
-    known = sorted({algorithm for names in table.values() for algorithm in names})
-    chosen: Dict[str, str] = {}
-    for entry in setting.split(","):
+    comma-separated, as (collective or None, algorithm) pairs in order; the first entry that
+    applies to a collective wins. Only the form is checked here: the names are checked against
+    the registry where a call or a group first reads the settings
+    (:func:`ringcoll.selection.checked_settings`), so settings sit below the algorithms."""
+    entries = []
+    for entry in text.strip().split(","):
         entry = entry.strip()
         if not entry:
             continue
         if "=" in entry:
             coll, algorithm = (part.strip() for part in entry.split("=", 1))
-            if coll not in table:
-                raise ValueError(f"{name}={setting!r} names the collective {coll!r}; the collectives "
-                                 f"are {sorted(table)}")
-            if algorithm not in table[coll]:
-                raise ValueError(f"{name}={setting!r} names {coll}={algorithm!r}; {coll} has {table[coll]}")
-            chosen.setdefault(coll, algorithm)
-        elif entry not in known:
-            raise ValueError(f"{name}={setting!r} names {entry!r}, which no collective has; the "
-                             f"algorithms are {known} (or collective=name, comma-separated)")
+            if not coll or not algorithm:
+                raise ValueError(f"{name}={text.strip()!r} has the entry {entry!r}; each entry is an "
+                                 f"algorithm or collective=algorithm, comma-separated")
+            entries.append((coll, algorithm))
         else:
-            for coll, names in table.items():
-                if entry in names:
-                    chosen.setdefault(coll, entry)
-    return chosen
+            entries.append((None, entry))
+    return tuple(entries)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -265,21 +257,18 @@ def parse_machine(name: str, text: str) -> Optional[str]:
 
 
 def parse_tuning(name: str, text: str) -> Optional[str]:
-    """The path of a tuning table (``ringcoll-bench --tune`` writes one), read and checked now
-    (header, fields, every algorithm registered)."""
-    from .selection import load_tuning
-
+    """The path of a tuning table (``ringcoll-bench --tune`` writes one); it must be a
+    readable file. Its rows are read and checked against the registry where a call or a group
+    first reads the settings (:func:`ringcoll.selection.checked_settings`)."""
     path = text.strip()
     if not path:
         return None
     try:
-        load_tuning(path)
+        with open(path, "rb"):
+            pass
     except OSError as error:
         raise ValueError(f"{name} names {path!r}, which cannot be read: {error} ({name} accepts "
                          f"the path of a tuning table CSV)") from None
-    except ValueError as error:
-        message = str(error)
-        raise ValueError(message if message.startswith(name) else f"{name}={path}: {message}") from None
     return path
 
 
@@ -402,17 +391,16 @@ def settings() -> Settings:
     """The Settings of the environment now (see the module docstring); ValueError naming the
     variable, its value and what it accepts when one is bad. Cheap on a repeated call (about
     a microsecond): the raw values of every variable read (from os.environ's own dict), the
-    modification times of the files RINGCOLL_MACHINE and RINGCOLL_TUNING name and the
-    registry's version (RINGCOLL_ALGO and the tuning table are checked against it) find the
+    modification times of the files RINGCOLL_MACHINE and RINGCOLL_TUNING name find the
     Settings parsed for exactly those, without parsing."""
     if _ENV_GET is not None:
         values = tuple(map(_ENV_GET, _ENV_KEYS))
     else:
         values = tuple(map(os.environ.get, _READ))
     if values[_MACHINE] is None and values[_TUNING] is None:
-        raw = (values, registry.version)
+        raw = values
     else:
-        raw = (values, registry.version, _stamps(values))
+        raw = (values, _stamps(values))
     found = _cache.get(raw)
     if found is None:
         found = parse(os.environ)

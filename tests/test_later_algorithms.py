@@ -170,12 +170,12 @@ def test_hierarchical_nodes_of_scattered_ranks(collective):
 @pytest.mark.parametrize("collective", HIERARCHICAL)
 def test_hierarchical_cost_equals_the_port_clock(monkeypatch, collective):
     for local_size in (2, 4):
-        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", str(local_size))         # the closed form reads it
+        monkeypatch.setenv("RINGCOLL_LOCAL_SIZE", str(local_size))         # registry.model reads it
         for world in (4, 8, 12, 16, 32):
             numel = world * 96
             clock = cost_only(collective, "hierarchical", world, numel, local_size=local_size,
                               **params_for(collective, world)).stats.time
-            model = registry.get(collective, "hierarchical").cost(world, numel * 4).time(*MACHINE.values())
+            model = registry.model(registry.get(collective, "hierarchical"), world, numel * 4).time(*MACHINE.values())
             assert clock == pytest.approx(model, rel=1e-9), f"{collective} L={local_size} world {world}"
 
 

@@ -58,17 +58,10 @@ LAYERS = {
 
 #: what remains to be untangled: (importer, imported) -> why it is there today.
 DEBT = {
-    ("ringcoll.config", "ringcoll.schedules.registry"):
-        "RINGCOLL_ALGO is checked against the registered names, and the settings' cache key "
-        "includes the registry's version",
-    ("ringcoll.config", "ringcoll.selection"):
-        "RINGCOLL_TUNING is checked by loading the table with selection's loader",
     ("ringcoll.schedules.trees", "ringcoll.selection"):
         "a tree's default segment comes from selection's segment table, not from the plan builder",
     ("ringcoll.schedules.pat", "ringcoll.selection"):
         "PAT's message size comes from selection's segment table, not from the plan builder",
-    ("ringcoll.schedules.hierarchical", "ringcoll.runtime.nodes"):
-        "the two-level schedules read the group's node layout themselves",
     ("ringcoll.selection", "ringcoll.sim.simulate"):
         "auto prices algorithms with simulate's whole-call run instead of the engine below it",
 }

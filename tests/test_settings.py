@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll import config
+from ringcoll.selection import checked_settings, forced_algorithms
 
 #: (variable, bad value, words of what it accepts); each was accepted, or refused without
 #: the variable's name, or refused only when first used deep inside a call, before
@@ -74,7 +75,7 @@ def _message(error: BaseException) -> str:
 def test_bad_value_names_variable_value_and_what_is_accepted(clean_env, name, value, accepts):
     clean_env.setenv(name, value)
     with pytest.raises(ValueError) as caught:
-        config.settings()
+        checked_settings()          # what the group's creation and every call read
     text = str(caught.value)
     assert name in text and repr(value) in text or f"{name}={value}" in text, text
     assert accepts in text, text
@@ -91,9 +92,9 @@ def test_bad_files_are_read_when_set(clean_env, tmp_path):
     table.write_text("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,3,0,10,rign\n")
     clean_env.setenv("RINGCOLL_TUNING", str(table))
     with pytest.raises(ValueError, match="RINGCOLL_TUNING=.*table.csv:2: all_reduce has no algorithm 'rign'"):
-        config.settings()
+        checked_settings()
     table.write_text("collective,nranks,min_bytes,max_bytes,algorithm\nall_reduce,3,0,10,ring\n")
-    assert config.settings().tuning == str(table)           # the fixed file, seen by its new mtime
+    assert checked_settings().tuning == str(table)          # the fixed file, seen by its new mtime
     clean_env.setenv("RINGCOLL_KERNEL_CACHE", str(table))
     with pytest.raises(ValueError, match="RINGCOLL_KERNEL_CACHE=.* accepts the path of a directory"):
         config.settings()
@@ -136,8 +137,9 @@ def test_values_parsed_and_followed_between_calls(clean_env):
     first = config.settings()
     assert (first.segment, first.window, first.timeout) == (4096, 3, 2.5)
     assert first.debug_ranks == frozenset({0, 2, 3})
-    assert first.algo["all_reduce"] == "rabenseifner" and first.algo["all_gather"] == "ring"
-    assert "broadcast" not in first.algo            # broadcast has no ring
+    forced = forced_algorithms(first)
+    assert forced["all_reduce"] == "rabenseifner" and forced["all_gather"] == "ring"
+    assert "broadcast" not in forced                # broadcast has no ring
     assert config.settings() is first               # same raw values: the same object, no parse
     assert ringcoll.get_timeout() == 2.5
     ringcoll.set_timeout(7)

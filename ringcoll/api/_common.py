@@ -17,7 +17,7 @@ from ..sim.machine import Machine
 from ..ops import SUPPORTED_DTYPES, op_type
 from ..runtime.plan import Plan
 from ..schedules.vocabulary import Layout
-from ..selection import choose, group_nodes, segment_elements
+from ..selection import checked_settings, choose, group_nodes, segment_elements
 from ..runtime.nodes import context_layout, describe_layout
 from ..runtime.work import submit
 
@@ -119,7 +119,7 @@ def _call_settings(executor) -> Settings:
     takes the call's number, as an argument error does (see group_context): a setting bad on
     one host only must not shift this rank's later calls against its peers'."""
     try:
-        return settings()
+        return checked_settings()
     except ValueError:
         if executor is not None:
             executor_context(executor)
@@ -198,7 +198,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []
     try:
-        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current)
+        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current, registry.version)
         prepared = executor.persistent.get(key)
     except (_NotKeyed, TypeError, RuntimeError):
         # not hashable, or a tensor without an address (its call's checks say what is wrong)

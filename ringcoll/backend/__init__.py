@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ..schedules import registry
 from ..config import settings
+from ..selection import checked_settings
 from ..api._common import BUILDERS, Context, as_real
 from ..runtime.executor import P2PExecutor, get_timeout
 from ..sim.machine import Machine
@@ -470,7 +471,7 @@ def create(opts, pg_options=None) -> ProcessGroupRingcoll:
     """The creator torch calls (``extended_api=True``) for every ringcoll group. Every
     RINGCOLL_* setting is checked first, so a bad one fails ``init_process_group`` naming
     the variable, not a later call."""
-    settings()
+    checked_settings()
     # at the first group, not at import: torch.compiler.disable imports Dynamo (about a second),
     # which every `import ringcoll` (each launched rank, the drop-ins' users) would pay
     _run_eagerly(ProcessGroupRingcoll)

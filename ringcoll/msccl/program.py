@@ -86,7 +86,7 @@ def data_check(name: str, program: Program) -> bool:
         simulate(builder, name, world=n, numel=numel, dtype=torch.int64, check=True, record=False)
     if program.collective not in REPLICATED:
         return True
-    sim = simulate(builder, name, world=n, call=_float_call(program.collective, n, check_sizes(program)[0]),
+    sim = simulate(builder, name, world=n, call=float_call(program.collective, n, check_sizes(program)[0]),
                    check=True, record=False)
     first = result_of(sim.outputs[0])
     return all(torch.equal(first.view(torch.int32), result_of(out).view(torch.int32)) for out in sim.outputs[1:])

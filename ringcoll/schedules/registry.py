@@ -12,6 +12,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
+from ..config import settings
 from .vocabulary import Layout, Step
 
 
@@ -137,8 +138,11 @@ def model(algorithm: Algorithm, world: int, nbytes: int, *, segment: int | None 
           local_size: int | None = None) -> Cost:
     """``algorithm``'s cost at ``world`` ranks and ``nbytes``, with the segment (bytes) its
     plan pipelines over and the ranks per node, when its cost function takes them (a cost
-    of the node-aware algorithms takes ``local_size``; without it, the environment's)."""
+    of the node-aware algorithms takes ``local_size``; without it, RINGCOLL_LOCAL_SIZE's: the
+    schedules' cost functions never read settings themselves)."""
     extra = {}
+    if local_size is None and _takes(algorithm.cost, "local_size"):
+        local_size = settings().local_size
     if segment is not None and _takes(algorithm.cost, "segment"):
         extra["segment"] = segment
     if local_size is not None and _takes(algorithm.cost, "local_size"):

@@ -222,10 +222,72 @@ RULES = (
 )
 
 
+_checked: dict = {}
+
+
+def checked_settings():
+    """The settings of this moment (:func:`ringcoll.config.settings`) with the names they give
+    checked against the registry: every RINGCOLL_ALGO entry (an unknown collective, an
+    algorithm the named collective lacks, a bare name no collective has: a silent fall-back to
+    ``auto`` would hide that the setting does nothing) and every row of the RINGCOLL_TUNING
+    table; ValueError naming the variable, the value and the valid names. The group's creation
+    and every drop-in call read the settings through here. Cached per (settings, registry
+    version): about a microsecond on a repeated call."""
+    current = settings()
+    key = (current, registry.version)
+    if key in _checked:
+        return current
+    _check_algo("RINGCOLL_ALGO", current.algo_text, current.algo)
+    if current.tuning is not None:
+        try:
+            load_tuning(current.tuning)
+        except ValueError as error:
+            message = str(error)
+            raise ValueError(message if message.startswith("RINGCOLL_TUNING")
+                             else f"RINGCOLL_TUNING={current.tuning}: {message}") from None
+    if len(_checked) >= 64:
+        _checked.clear()
+    _checked[key] = True
+    return current
+
+
+def _check_algo(name: str, setting: str, entries) -> None:
+    table = registry.algorithms()
+    known = sorted({algorithm for names in table.values() for algorithm in names})
+    for coll, algorithm in entries:
+        if coll is None:
+            if algorithm not in known:
+                raise ValueError(f"{name}={setting!r} names {algorithm!r}, which no collective has; the "
+                                 f"algorithms are {known} (or collective=name, comma-separated)")
+        elif coll not in table:
+            raise ValueError(f"{name}={setting!r} names the collective {coll!r}; the collectives "
+                             f"are {sorted(table)}")
+        elif algorithm not in table[coll]:
+            raise ValueError(f"{name}={setting!r} names {coll}={algorithm!r}; {coll} has {table[coll]}")
+
+
+def forced_algorithms(current=None) -> dict:
+    """collective -> the algorithm RINGCOLL_ALGO forces on it: the first entry that applies
+    (``coll=name`` for that collective, or a bare name the collective has)."""
+    current = current if current is not None else checked_settings()
+    forced: dict = {}
+    for coll, algorithm in current.algo:
+        if coll is not None:
+            forced.setdefault(coll, algorithm)
+            continue
+        for collective, names in registry.algorithms().items():
+            if algorithm in names:
+                forced.setdefault(collective, algorithm)
+    return forced
+
+
 def _override(collective: str) -> Optional[str]:
     """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any (checked by
-    :func:`ringcoll.config.parse_algo`: a typo is a ValueError naming the valid names)."""
-    return settings().algo.get(collective)
+    :func:`checked_settings`: a typo is a ValueError naming the valid names)."""
+    current = settings()
+    if not current.algo:
+        return None
+    return forced_algorithms(checked_settings()).get(collective)
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
