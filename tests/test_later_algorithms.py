@@ -133,7 +133,7 @@ def test_pat_bounds_its_aggregation(monkeypatch, collective, segment_bytes):
         got, want = simulated(collective, "pat", world, 1)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"world {world}"
         sim = cost_only(collective, "pat", world, world * 2)        # float32 blocks of 2: 8 bytes
-        cost = registry.get(collective, "pat").cost(world, world * 8)
+        cost = registry.model(registry.get(collective, "pat"), world, world * 8, segment=segment_bytes)
         assert sim.stats.time == pytest.approx(cost.time(*MACHINE.values()), rel=1e-9)
         messages = sim.stats.ranks[0].messages
         assert messages == cost.alpha

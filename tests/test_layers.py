@@ -58,10 +58,6 @@ LAYERS = {
 
 #: what remains to be untangled: (importer, imported) -> why it is there today.
 DEBT = {
-    ("ringcoll.schedules.trees", "ringcoll.selection"):
-        "a tree's default segment comes from selection's segment table, not from the plan builder",
-    ("ringcoll.schedules.pat", "ringcoll.selection"):
-        "PAT's message size comes from selection's segment table, not from the plan builder",
     ("ringcoll.selection", "ringcoll.sim.simulate"):
         "auto prices algorithms with simulate's whole-call run instead of the engine below it",
 }

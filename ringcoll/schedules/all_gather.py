@@ -25,7 +25,7 @@ def _place_own(rank: int, world: int, layout: Layout, output: List[Buf]) -> Iter
 
 
 def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
-    k = segment_count(-(-nbytes // world), "all_gather", "ring", segment)
+    k = segment_count(-(-nbytes // world), segment)
     return Cost((world - 1) * k, (world - 1) / world * nbytes, 0)
 
 

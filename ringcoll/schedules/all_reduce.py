@@ -22,7 +22,7 @@ def _fold_cost(world: int, nbytes: int) -> Cost:
 
 def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     share = (world - 1) / world * nbytes
-    k = segment_count(-(-nbytes // world), "all_reduce", "ring", segment)
+    k = segment_count(-(-nbytes // world), segment)
     return Cost(2 * (world - 1) * k, 2 * share, share)
 
 

@@ -18,12 +18,11 @@ Short blocks go in ⌈lg p⌉ messages, blocks of a segment or more one block pe
 """
 from __future__ import annotations
 
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from . import all_gather, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register, rotation_when_even
-from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
-from ..selection import segment_bytes
+from .vocabulary import DEFAULT_SEGMENT_BYTES, Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
 
 
 def _distances(world: int) -> List[int]:
@@ -46,16 +45,16 @@ def _per_message(layout: Layout, block: int) -> int:
     return max(1, segment // block) if segment and block else 1 << 62
 
 
-def _cost(world: int, nbytes: int, collective: str) -> Cost:
+def _cost(world: int, nbytes: int, collective: str, segment: Optional[int] = None) -> Cost:
     block = nbytes / world if world else 0
-    per_message = max(1, int(segment_bytes(collective, "pat") // block)) if block else 1 << 62
+    per_message = max(1, int((segment or DEFAULT_SEGMENT_BYTES) // block)) if block else 1 << 62
     messages = sum(-(-len(_offsets(world, d)) // per_message) for d in _distances(world))
     share = (world - 1) * block
     return Cost(messages, share, share if collective == "reduce_scatter" else 0)
 
 
-def _all_gather_cost(world: int, nbytes: int) -> Cost:
-    return _cost(world, nbytes, "all_gather")
+def _all_gather_cost(world: int, nbytes: int, segment: Optional[int] = None) -> Cost:
+    return _cost(world, nbytes, "all_gather", segment)
 
 
 def _packed(name: str, block: int, count: int) -> List[Buf]:
@@ -102,8 +101,8 @@ def all_gather_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         yield step(comms, unpack + (pack(distances[i + 1]) if i + 1 < len(distances) else []))
 
 
-def _reduce_scatter_cost(world: int, nbytes: int) -> Cost:
-    return _cost(world, nbytes, "reduce_scatter")
+def _reduce_scatter_cost(world: int, nbytes: int, segment: Optional[int] = None) -> Cost:
+    return _cost(world, nbytes, "reduce_scatter", segment)
 
 
 @register("reduce_scatter", "pat", cost=_reduce_scatter_cost, symmetry=rotation_when_even)

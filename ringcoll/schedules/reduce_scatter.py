@@ -25,7 +25,7 @@ def _share_cost(world: int, nbytes: int) -> Cost:
 
 
 def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
-    k = segment_count(-(-nbytes // world), "reduce_scatter", "ring", segment)
+    k = segment_count(-(-nbytes // world), segment)
     share = (world - 1) / world * nbytes
     return Cost((world - 1) * k, share, share)
 

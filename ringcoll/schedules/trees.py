@@ -29,22 +29,21 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
-from ..selection import segment_bytes
+from .vocabulary import DEFAULT_SEGMENT_BYTES, Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
 
 def segment_numel(layout: Layout, itemsize: int = 4) -> int:
     """The segment size in elements: the layout's ``"segment"`` (the builders take it from
     the segment table, ringcoll.selection.SEGMENTS), else the default segment of
     ``itemsize``-byte elements (4 when the builder does not say)."""
     segment = layout.get("segment")
-    return segment if segment else max(1, segment_bytes() // itemsize)
+    return segment if segment else max(1, DEFAULT_SEGMENT_BYTES // itemsize)
 
 
-def segment_count(nbytes: float, collective: Optional[str] = None, algorithm: Optional[str] = None,
-                  segment: Optional[int] = None) -> int:
+def segment_count(nbytes: float, segment: Optional[int] = None) -> int:
     """How many segments ``nbytes`` makes (at least one), for the cost models: segments of
-    ``segment`` bytes, else of the segment table's for ``collective``/``algorithm``."""
-    return max(1, -(-int(nbytes) // (segment or segment_bytes(collective, algorithm))))
+    ``segment`` bytes (the plan's, which :func:`ringcoll.schedules.registry.model`'s caller
+    gives), else of :data:`DEFAULT_SEGMENT_BYTES`."""
+    return max(1, -(-int(nbytes) // (segment or DEFAULT_SEGMENT_BYTES)))
 
 
 def relabel(steps: Iterable[Step], rank_of: Callable[[int], int]) -> Iterator[Step]:

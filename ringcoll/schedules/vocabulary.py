@@ -282,6 +282,11 @@ def extents(steps: Sequence[Step]) -> dict[str, int]:
     return need
 
 
+#: the pipelined schedules' segment where their layout names none (gloo's ring segment). The
+#: builders always name one, from the segment table (:func:`ringcoll.selection.segment_bytes`,
+#: RINGCOLL_SEGMENT): this serves schedules and cost models called directly
+DEFAULT_SEGMENT_BYTES = 1 << 20
+
 #: the node of every rank, by rank (``layout["nodes"]``; :mod:`ringcoll.runtime.nodes` agrees it)
 Nodes = Tuple[int, ...]
 

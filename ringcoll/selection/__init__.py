@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..schedules import registry
+from ..schedules.vocabulary import DEFAULT_SEGMENT_BYTES
 from ..config import configure_logging, settings  # noqa: F401 - configure_logging: ringcoll's own
 from ..sim.machine import Machine
 from ..runtime.nodes import context_layout, even_nodes, local_size_from_env, model_local_size
@@ -567,6 +568,7 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
             seconds = _simulated_time(collective, name, world, band, on, layout)
         else:
             seconds = registry.model(registry.get(collective, name), world, band,
+                                     segment=segment_bytes(collective, name),
                                      local_size=model_local_size(layout)).on(on)
         ranked.append((float(f"{seconds:.12g}"), name in FRONTIER, index, name))
     ranked.sort()
@@ -615,8 +617,8 @@ SEGMENTS = (
 )
 
 #: the pipelined algorithms' segment where no rule names one (gloo's ring segment; the trees
-#: and chains that use it are not chosen by ``auto`` on this machine)
-DEFAULT_SEGMENT_BYTES = 1 * MiB
+#: and chains that use it are not chosen by ``auto`` on this machine): DEFAULT_SEGMENT_BYTES,
+#: in the schedule vocabulary, where a schedule called without a builder finds it too
 
 
 def segment_bytes(collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..schedules import registry
+from ..selection import segment_bytes
 from .machine import Machine
 from ..runtime.nodes import model_local_size
 from .bounds import lower_bounds
@@ -56,7 +57,7 @@ def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: 
         seconds, source = sim.stats.time, "simulated"
     else:
         cost = registry.model(registry.get(collective, algorithm), world, nbytes,
-                              local_size=model_local_size(nodes))
+                              segment=segment_bytes(collective, algorithm), local_size=model_local_size(nodes))
         seconds, source = cost.on(machine), "closed form"
     lb = bound_time(collective, world, nbytes, machine)
     return Cell(collective, algorithm, world, nbytes, seconds, seconds / lb if lb else float("nan"), source)
