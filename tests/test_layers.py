@@ -58,8 +58,6 @@ LAYERS = {
 
 #: what remains to be untangled: (importer, imported) -> why it is there today.
 DEBT = {
-    ("ringcoll.selection", "ringcoll.sim.simulate"):
-        "auto prices algorithms with simulate's whole-call run instead of the engine below it",
 }
 
 #: circles inside one layer that remain, each cut at one edge here: edge -> why.

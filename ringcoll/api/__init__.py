@@ -11,3 +11,5 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.na
     for _name in getattr(_mod, "__all__", ()):
         globals()[_name] = getattr(_mod, _name)
         __all__.append(_name)
+
+from . import _calls  # noqa: E402,F401 - gives auto's model its pricer (plans are built here)

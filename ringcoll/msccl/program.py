@@ -60,7 +60,7 @@ def check_sizes(program: Program) -> Tuple[int, int]:
 
 def float_call(collective: str, world: int, numel: int):
     """A call on random floats, whose sums differ by the order they are added in."""
-    from ..sim.simulate import numel_call
+    from ..api._calls import numel_call
 
     def call(rank: int):
         args, kwargs = numel_call(BUILDER[collective], rank, world, numel, torch.float32, {})

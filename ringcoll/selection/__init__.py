@@ -523,26 +523,32 @@ def model_nodes(world: int, on: Machine, nodes=None) -> Optional[tuple]:
     return even_nodes(world, size) if size is not None else None
 
 
+#: how the model prices one candidate: (collective, name, world, nbytes, machine, nodes) ->
+#: seconds. Plans are built one layer up, so the api sets it when it is imported
+#: (:func:`ringcoll.api._calls.simulated_time`: rank 0's plan on the simulator's clock).
+_pricer: Optional[Callable] = None
+
+
+def set_pricer(price: Callable) -> None:
+    """Give the model its way to price a candidate (see :data:`_pricer`)."""
+    global _pricer
+    _pricer = price
+
+
 def _simulated_time(collective: str, name: str, world: int, n: int, on: Machine,
                     nodes: Optional[tuple]) -> float:
-    """Seconds of ``collective``/``name`` on ``on``: the simulator's cost-only run of n
-    bytes from root 0, in 4-byte elements where n allows (float32, the study's unit; one
-    byte otherwise). ``auto`` sees bytes, not the dtype: below a few elements per rank,
-    where the element count shapes some schedules (empty chunks send nothing), the pick is
-    the one for 4-byte elements."""
-    import torch
-
-    from ..sim.simulate import BUILDER_OF, simulate
-
-    dtype = torch.float32 if n % 4 == 0 else torch.uint8
+    """Seconds of ``collective``/``name`` on ``on`` at n bytes, as the pricer says; the log
+    lines of the plans it builds are hidden (they are the model's, not the user's calls).
+    ``auto`` sees bytes, not the dtype: below a few elements per rank, where the element count
+    shapes some schedules (empty chunks send nothing), the pick is the one for 4-byte elements."""
+    if _pricer is None:
+        raise RuntimeError("auto's model prices algorithms with ringcoll.api's plans: import ringcoll")
     state = _model_runs.state
     outer, state.modelling = getattr(state, "modelling", False), True
     try:
-        sim = simulate(BUILDER_OF.get(collective, collective), name, world, numel=n // dtype.itemsize,
-                       dtype=dtype, data=False, record=False, machine=on, local_size=nodes)
+        return _pricer(collective, name, world, n, on, nodes)
     finally:
         state.modelling = outer
-    return sim.stats.time
 
 
 def modelled_times(collective: str, nbytes: int, world: int, names,

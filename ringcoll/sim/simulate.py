@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..api import BUILDERS
+from ..api._calls import BUILDER_OF, COLLECTIVE_OF, numel_call, rank_data  # noqa: F401 - the study's names
 from ..api._common import Context
 from .machine import Machine
 from ..runtime.plan import Plan
@@ -15,14 +16,6 @@ from ..schedules.registry import Algorithm, Cost, model
 from ..schedules.vocabulary import Step
 from .engine import SimStats, run_plans
 from ..runtime.nodes import even_nodes, model_local_size
-
-#: the registry's collective of each builder (the tensor-list forms share their algorithms)
-COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-                 "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
-                 "all_to_all_single": "all_to_all"}
-#: the builder a registry collective is simulated through by default
-BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-              "all_to_all": "all_to_all_single"}
 
 
 @dataclass
@@ -66,65 +59,12 @@ class Simulation:
         return plot_timeline(self, path)
 
 
-def rank_data(rank: int, numel: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """Exact, never-zero test data that differs across ranks and elements."""
-    values = torch.arange(numel, dtype=torch.int64) % 5 + 1 + rank
-    if dtype == torch.bool:
-        return (values % 3) != 0
-    return values.to(dtype)
-
-
 def _clone(value):
     if isinstance(value, torch.Tensor):
         return value.clone()
     if isinstance(value, (list, tuple)):
         return type(value)(_clone(v) for v in value)
     return value
-
-
-def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.dtype,
-               kwargs: Dict[str, Any], fill: bool = True):
-    """Rank ``rank``'s arguments for ``collective`` of ``numel`` elements: the n of its cost
-    model, i.e. the vector (all_reduce, broadcast, reduce) or the total over all ranks'
-    blocks (all_gather, reduce_scatter, gather, scatter, all_to_all: one block is
-    ⌈numel / world⌉). Inputs hold :func:`rank_data` (with ``fill=False`` they are left
-    uninitialised: torch.empty touches no memory)."""
-    block = -(-numel // world)
-
-    def data(n, salt=0):
-        return rank_data(rank + salt, n, dtype) if fill else torch.empty(n, dtype=dtype)
-
-    def empty(n):
-        return torch.empty(n, dtype=dtype)
-
-    if collective in ("all_reduce",):
-        return (data(numel),), kwargs
-    if collective == "broadcast":
-        return (data(numel),), {"src": 0, **kwargs} if "group_src" not in kwargs else kwargs
-    if collective == "reduce":
-        return (data(numel),), {"dst": 0, **kwargs} if "group_dst" not in kwargs else kwargs
-    if collective in ("all_gather_into_tensor", "all_gather_single"):
-        return (empty(world * block), data(block)), kwargs
-    if collective == "all_gather":
-        return ([empty(block) for _ in range(world)], data(block)), kwargs
-    if collective in ("reduce_scatter_tensor", "reduce_scatter_single"):
-        return (empty(block), data(world * block)), kwargs
-    if collective == "reduce_scatter":
-        return (empty(block), [data(block, salt=world * i) for i in range(world)]), kwargs
-    if collective == "all_to_all_single":
-        return (empty(world * block), data(world * block)), kwargs
-    if collective == "all_to_all":
-        return ([empty(block) for _ in range(world)], [data(block, salt=world * i) for i in range(world)]), kwargs
-    if collective in ("gather", "scatter"):
-        key, group_key = ("dst", "group_dst") if collective == "gather" else ("src", "group_src")
-        root = kwargs.get(group_key, kwargs.get(key, 0))
-        extra = kwargs if (key in kwargs or group_key in kwargs) else {key: 0, **kwargs}
-        if collective == "gather":
-            return (data(block), [empty(block) for _ in range(world)] if rank == root else None), extra
-        return (empty(block), [data(block, salt=world * i) for i in range(world)] if rank == root else None), extra
-    if collective == "barrier":
-        return (), kwargs
-    raise ValueError(f"simulate(numel=) knows no arguments for {collective!r}")
 
 
 def simulate(collective: str, algorithm: str = "auto", world: int = 4,

@@ -1,0 +1,95 @@
+"""A call of every collective with ``numel`` elements, built without a process group: the
+arguments each rank would pass (:func:`numel_call`), and the model's price of one algorithm on
+a machine (:func:`simulated_time`: rank 0's plan on the simulator's clock, the run
+``auto``'s model weighs its candidates by). :func:`ringcoll.simulate` builds its calls here too."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional
+
+import torch
+
+from ..sim.engine import run_plans
+from ..sim.machine import Machine
+from ..selection import set_pricer
+from ._common import BUILDERS, Context
+
+#: the registry's collective of each builder (the tensor-list forms share their algorithms)
+COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+                 "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
+                 "all_to_all_single": "all_to_all"}
+#: the builder a registry collective is simulated through by default
+BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+              "all_to_all": "all_to_all_single"}
+
+
+def rank_data(rank: int, numel: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Exact, never-zero test data that differs across ranks and elements."""
+    values = torch.arange(numel, dtype=torch.int64) % 5 + 1 + rank
+    if dtype == torch.bool:
+        return (values % 3) != 0
+    return values.to(dtype)
+
+
+def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.dtype,
+               kwargs: Dict[str, Any], fill: bool = True):
+    """Rank ``rank``'s arguments for ``collective`` of ``numel`` elements: the n of its cost
+    model, i.e. the vector (all_reduce, broadcast, reduce) or the total over all ranks'
+    blocks (all_gather, reduce_scatter, gather, scatter, all_to_all: one block is
+    ⌈numel / world⌉). Inputs hold :func:`rank_data` (with ``fill=False`` they are left
+    uninitialised: torch.empty touches no memory)."""
+    block = -(-numel // world)
+
+    def data(n, salt=0):
+        return rank_data(rank + salt, n, dtype) if fill else torch.empty(n, dtype=dtype)
+
+    def empty(n):
+        return torch.empty(n, dtype=dtype)
+
+    if collective in ("all_reduce",):
+        return (data(numel),), kwargs
+    if collective == "broadcast":
+        return (data(numel),), {"src": 0, **kwargs} if "group_src" not in kwargs else kwargs
+    if collective == "reduce":
+        return (data(numel),), {"dst": 0, **kwargs} if "group_dst" not in kwargs else kwargs
+    if collective in ("all_gather_into_tensor", "all_gather_single"):
+        return (empty(world * block), data(block)), kwargs
+    if collective == "all_gather":
+        return ([empty(block) for _ in range(world)], data(block)), kwargs
+    if collective in ("reduce_scatter_tensor", "reduce_scatter_single"):
+        return (empty(block), data(world * block)), kwargs
+    if collective == "reduce_scatter":
+        return (empty(block), [data(block, salt=world * i) for i in range(world)]), kwargs
+    if collective == "all_to_all_single":
+        return (empty(world * block), data(world * block)), kwargs
+    if collective == "all_to_all":
+        return ([empty(block) for _ in range(world)], [data(block, salt=world * i) for i in range(world)]), kwargs
+    if collective in ("gather", "scatter"):
+        key, group_key = ("dst", "group_dst") if collective == "gather" else ("src", "group_src")
+        root = kwargs.get(group_key, kwargs.get(key, 0))
+        extra = kwargs if (key in kwargs or group_key in kwargs) else {key: 0, **kwargs}
+        if collective == "gather":
+            return (data(block), [empty(block) for _ in range(world)] if rank == root else None), extra
+        return (empty(block), [data(block, salt=world * i) for i in range(world)] if rank == root else None), extra
+    if collective == "barrier":
+        return (), kwargs
+    raise ValueError(f"simulate(numel=) knows no arguments for {collective!r}")
+
+
+def simulated_time(collective: str, name: str, world: int, nbytes: int, on: Machine,
+                   nodes: Optional[tuple]) -> float:
+    """Seconds of ``collective``/``name`` on ``on``: the simulator's cost-only run of
+    ``nbytes`` from root 0, in 4-byte elements where ``nbytes`` allows (float32, the study's
+    unit; one byte otherwise), with ``nodes`` as the node-aware schedules' layout. Rank 0's plan
+    stands for every rank's (uniform arguments: a root is a layout parameter), as in
+    :func:`ringcoll.simulate` without data."""
+    dtype = torch.float32 if nbytes % 4 == 0 else torch.uint8
+    builder = BUILDER_OF.get(collective, collective)
+    args, kwargs = numel_call(builder, 0, world, nbytes // dtype.itemsize, dtype, {}, fill=False)
+    first = BUILDERS[builder](Context(0, world, nodes=nodes, machine=on), *args, algorithm=name, **kwargs)
+    plans = [first] + [dataclasses.replace(first, rank=rank) for rank in range(1, world)]
+    with torch.no_grad():
+        return run_plans(plans, on, data=False).time
+
+
+set_pricer(simulated_time)
