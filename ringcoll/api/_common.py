@@ -357,6 +357,12 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registr
     return registry.get(collective, name), why
 
 
+def pick_per_block(collective: str, algorithm, block: torch.Tensor, ctx: Context) -> Tuple[registry.Algorithm, str]:
+    """:func:`pick` for a call whose ``block`` is one rank's share: the collective moves the
+    world's blocks (n = world × the block's bytes, as the cost models count it)."""
+    return pick(collective, algorithm, block.numel() * block.element_size() * (ctx.world or 1), ctx)
+
+
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
              layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
              result=None, describe_as: str = "") -> Plan:

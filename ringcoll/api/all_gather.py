@@ -8,7 +8,7 @@ import torch
 from typing_extensions import deprecated
 
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
+from ._common import builder, check_device, Context, describe, flat, new_plan, pick_per_block, real_tensor, run_call
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, is_block,
                      separate_input, stage_list, stage_through)
 
@@ -31,8 +31,7 @@ def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algori
     real_output = real_tensor("output_tensor", output_tensor)
     real_input = real_tensor("input_tensor", input_tensor)
     check_same("output_tensor", output_tensor, input_tensor, "input_tensor")
-    nbytes = real_input.numel() * real_input.element_size() * (ctx.world or 1)
-    chosen, why = pick("all_gather", algorithm, nbytes, ctx)
+    chosen, why = pick_per_block("all_gather", algorithm, real_input, ctx)
     if ctx.rank is None:
         return None
     if output_tensor.numel() != ctx.world * input_tensor.numel():
@@ -113,8 +112,7 @@ def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
     real_list = check_tensor_list("tensor_list", tensor_list)
     real = real_tensor("tensor", tensor)
     check_all_same("tensor_list", tensor_list, tensor, "tensor")
-    nbytes = real.numel() * real.element_size() * (ctx.world or 1)
-    chosen, why = pick("all_gather", algorithm, nbytes, ctx)
+    chosen, why = pick_per_block("all_gather", algorithm, real, ctx)
     if ctx.rank is None:
         return None
     check_list_fits("tensor_list", real_list, real, "tensor", ctx)

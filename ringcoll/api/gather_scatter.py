@@ -9,7 +9,8 @@ from __future__ import annotations
 __all__ = ["gather", "scatter"]
 
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
+from ._common import (builder, check_device, Context, describe, flat, group_root, new_plan, pick_per_block,
+                      real_tensor, run_call)
 from ._lists import (check_all_same, check_list_fits, check_tensor_list, is_block, separate_input,
                      stage_list, stage_through)
 
@@ -32,18 +33,33 @@ def _check_root_list(param: str, tensors: list, tensor, ctx: Context, root: int,
                          f"got a list of {len(tensors)} on group rank {ctx.rank}")
 
 
+def _rooted_call(collective: str, ctx: Context, tensor, param: str, tensors, root_args: tuple, role: str,
+                 algorithm):
+    """The checks gather and scatter share, in order: ``tensor`` and the root's list ``param``
+    (same dtype and device), the root (``dst``/``group_dst`` or ``src``/``group_src``, as
+    ``root_args`` names them), the algorithm; then, on a member of the group, the list given
+    on the root only and fitting ``tensor``, and the device. None outside the group, else
+    (real tensor, the list as given, its real tensors, root, algorithm, why)."""
+    real = real_tensor("tensor", tensor)
+    given, real_list = _optional_list(param, tensors)
+    check_all_same(param, given, tensor, "tensor")
+    root = group_root(ctx, *root_args, default=0)
+    chosen, why = pick_per_block(collective, algorithm, real, ctx)
+    if ctx.rank is None:
+        return None
+    _check_root_list(param, real_list, real, ctx, root, role)
+    check_device("tensor", tensor, ctx)
+    return real, given, real_list, root, chosen, why
+
+
 # -- gather -------------------------------------------------------------------------------
 @builder("gather")
 def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
-    real = real_tensor("tensor", tensor)
-    outputs, real_outputs = _optional_list("gather_list", gather_list)
-    check_all_same("gather_list", outputs, tensor, "tensor")
-    root = group_root(ctx, "dst", dst, "group_dst", group_dst, default=0)
-    chosen, why = pick("gather", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
-    if ctx.rank is None:
+    checked = _rooted_call("gather", ctx, tensor, "gather_list", gather_list, ("dst", dst, "group_dst", group_dst),
+                           "destination", algorithm)
+    if checked is None:
         return None
-    _check_root_list("gather_list", real_outputs, real, ctx, root, "destination")
-    check_device("tensor", tensor, ctx)
+    real, outputs, real_outputs, root, chosen, why = checked
     input_flat, _ = flat(real)
     buffers = {"input": input_flat}
     staged = False
@@ -103,15 +119,11 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 # -- scatter ------------------------------------------------------------------------------
 @builder("scatter")
 def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
-    real = real_tensor("tensor", tensor)
-    inputs, real_inputs = _optional_list("scatter_list", scatter_list)
-    check_all_same("scatter_list", inputs, tensor, "tensor")
-    root = group_root(ctx, "src", src, "group_src", group_src, default=0)
-    chosen, why = pick("scatter", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
-    if ctx.rank is None:
+    checked = _rooted_call("scatter", ctx, tensor, "scatter_list", scatter_list, ("src", src, "group_src", group_src),
+                           "source", algorithm)
+    if checked is None:
         return None
-    _check_root_list("scatter_list", real_inputs, real, ctx, root, "source")
-    check_device("tensor", tensor, ctx)
+    real, inputs, real_inputs, root, chosen, why = checked
     output_flat, write_back = flat(real)
     buffers = {"output": output_flat}
     staged = False

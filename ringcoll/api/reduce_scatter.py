@@ -16,7 +16,7 @@ from typing_extensions import deprecated
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
+from ._common import builder, check_device, Context, describe, flat, new_plan, pick_per_block, real_tensor, run_call
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
                          overlaps, stage_list, stage_through)
 
@@ -135,8 +135,7 @@ def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, a
     real_inputs = check_tensor_list("input_list", input_list)
     check_all_same("input_list", input_list, output, "output")
     spec = resolve(op, real_output)
-    nbytes = real_output.numel() * real_output.element_size() * (ctx.world or 1)
-    chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx)
+    chosen, why = pick_per_block("reduce_scatter", algorithm, real_output, ctx)
     if ctx.rank is None:
         return None
     check_list_fits("input_list", real_inputs, real_output, "output", ctx)
