@@ -342,8 +342,8 @@ def moved_memory_is_never_reused():
     storage.resize_(nbytes)                  # new memory under the same tensor and plan
     t.fill_(2.0)
     moved = prepared.moved()
-    build, names, arguments, environment = key
-    new_key = (build, names, _common._signature((t,), []) + arguments[1:], environment)
+    build, names, arguments, *environment = key
+    new_key = (build, names, _common._signature((t,), []) + arguments[1:], *environment)
     executor.persistent[new_key] = prepared
     with _Counting() as counted:
         ringcoll.all_reduce(t)

@@ -306,6 +306,7 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
+    checked_settings()          # every call: an explicit algorithm does not hide a typo in RINGCOLL_ALGO
     if algorithm != "auto":
         registry.get(collective, algorithm)          # ValueError naming the choices
         return algorithm, "requested"
