@@ -271,7 +271,7 @@ def selection(monkeypatch):
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     kernels.set_backend(None)
     usable = {"cupy": "CuPy is absent in this test", "numba": "no GPU in this test"}
-    monkeypatch.setattr(kernels, "_cuda_unavailable", lambda name: usable[name])
+    monkeypatch.setattr(kernels, "_cuda_unavailable", lambda name, index=None: usable[name])
     monkeypatch.setattr(kernels, "_logged", set())
     yield usable
     kernels.set_backend(None)
@@ -348,7 +348,7 @@ def test_set_backend_checks_name_and_package(selection, monkeypatch):
 
 
 def test_cuda_unavailable_reports_a_reason():
-    kernels._cuda_unavailable.cache_clear()
+    kernels._probe_backend.cache_clear()
     for name in ("cupy", "numba"):
         assert kernels._cuda_unavailable(name) or torch.cuda.is_available()
 
@@ -360,7 +360,7 @@ def probe_env(monkeypatch, caplog):
     import types
     from numba import cuda
     from ringcoll.kernels import _cupy, _nvrtc
-    caches = (kernels._cuda_unavailable, _nvrtc.library, _cupy._arch, _cupy._module,
+    caches = (kernels._probe_backend, _nvrtc.library, _cupy._arch, _cupy._module,
               _cupy._kernel)
     for cache in caches:
         cache.cache_clear()
@@ -415,6 +415,73 @@ def test_probe_falls_back_on_a_wrong_result(probe_env, monkeypatch):
     monkeypatch.setattr(_numba, "probe", lambda device: None)
     assert kernels.backend_for("cuda") == "numba"
     assert "probe kernel computed" in kernels._cuda_unavailable("cupy")
+
+
+def test_prepare_probes_and_compiles_on_the_named_device(probe_env, monkeypatch, tmp_path):
+    """prepare("cuda:1") probes both backends on device 1 (not the calling thread's device 0),
+    compiles with the real NVRTC (cubins for the fake device's sm_90) and loads the modules of
+    the dtypes' kinds on device 1; a second call is answered from the cache, another device is
+    prepared on its own."""
+    from ringcoll.kernels import _cupy, _numba, _nvrtc
+    from ringcoll.kernels.testing import fake_cupy
+    try:
+        _nvrtc.library()
+    except _nvrtc.NVRTCError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("RINGCOLL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_prepared", {})
+    probed, compiled, loaded, devices = [], [], [], []
+    monkeypatch.setattr(_cupy, "probe", lambda device: probed.append(("cupy", device)))
+    monkeypatch.setattr(_numba, "probe", lambda device: probed.append(("numba", device)))
+
+    def compile_module(kind, nsrc, arch):
+        compiled.append((kind, nsrc, arch))
+        return _nvrtc.compile_source(_cupy.source(), _cupy.kernel_names(kind, nsrc), arch)
+
+    def load(binary):
+        loaded.append(binary[:4])
+
+    with fake_cupy(monkeypatch, lambda mangled: None, load=load, compile_module=compile_module,
+                   devices=devices):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        first = kernels.prepare("cuda:1", [torch.bfloat16, torch.float32])
+        assert first == {"device": "cuda:1", "backend": "cupy", "unavailable": {},
+                         "compiled": [("bf16", 1), ("f32", 1)], "error": None}
+        assert probed == [("cupy", 1), ("numba", 1)]
+        assert compiled == [("bf16", 1, "-arch=sm_90"), ("f32", 1, "-arch=sm_90")]
+        assert loaded == [b"\x7fELF"] * 2 and set(devices) == {1}
+        assert kernels.prepare(torch.device("cuda", 1), (torch.bfloat16, torch.float32)) is first
+        assert len(probed) == 2 and len(compiled) == 2          # nothing ran again
+        devices.clear()
+        second = kernels.prepare("cuda", [torch.int32], sources=(2,))   # "cuda": the current one
+        assert second["device"] == "cuda:0" and probed[2:] == [("cupy", 0), ("numba", 0)]
+        # int32 lowers to u32 (sum/product) and i32 (min/max); bitwise ops run on any word
+        assert [kind for kind, _ in second["compiled"]] == ["u32", "i32", "u64", "u16", "u8"]
+        assert {n for _, n in second["compiled"]} == {2} and set(devices) == {0}
+
+
+def test_prepare_reports_a_compile_error_and_serves_cpu(probe_env, monkeypatch):
+    from ringcoll.kernels import _cupy, _numba
+    from ringcoll.kernels.testing import fake_cupy
+    monkeypatch.setattr(kernels, "_prepared", {})
+    monkeypatch.setattr(_cupy, "probe", lambda device: None)
+    monkeypatch.setattr(_numba, "probe", lambda device: None)
+
+    def broken(kind, nsrc, arch):
+        raise RuntimeError(f"nvrtc refused {kind}")
+
+    with fake_cupy(monkeypatch, lambda mangled: None, compile_module=broken):
+        result = kernels.prepare("cuda:0", [torch.float16])
+    assert result["backend"] == "cupy" and result["compiled"] == []
+    assert result["error"] == "RuntimeError: nvrtc refused f16"
+    cpu = kernels.prepare("cpu", [torch.float64])
+    assert cpu == {"device": "cpu", "backend": "torch", "unavailable": {}, "compiled": [],
+                   "error": None}
+    assert kernels.prepare("cpu", [torch.float64]) is cpu
+    with pytest.raises(ValueError, match="sources must be source counts in 1..8"):
+        kernels.prepare("cpu", sources=(9,))
+    with pytest.raises(TypeError, match="torch.dtype"):
+        kernels.prepare("cpu", ["float32"])
 
 
 def test_import_is_cheap():

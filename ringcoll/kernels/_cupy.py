@@ -92,6 +92,12 @@ def _kernel(kind: str, op: str, vec: int, nsrc: int, device: int):
     return module.get_function(lowered[kernel_name(kind, op, vec, nsrc)])
 
 
+def load(kind: str, nsrc: int, device: int) -> None:
+    """Compile (or read from the disk cache) and load the module of (kind, nsrc) on ``device``
+    now, as its first reduction would (kernels.prepare)."""
+    _module(kind, nsrc, device)
+
+
 @functools.lru_cache(maxsize=None)
 def _max_blocks(device: int) -> int:
     import cupy
