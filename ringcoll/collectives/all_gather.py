@@ -32,7 +32,7 @@ def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algori
     real_input = real_tensor("input_tensor", input_tensor)
     check_same("output_tensor", output_tensor, input_tensor, "input_tensor")
     nbytes = real_input.numel() * real_input.element_size() * (ctx.world or 1)
-    chosen, why = pick("all_gather", algorithm, nbytes, ctx)
+    chosen, why = pick("all_gather", algorithm, nbytes, ctx, tensor=real_input)
     if ctx.rank is None:
         return None
     if output_tensor.numel() != ctx.world * input_tensor.numel():
@@ -114,7 +114,7 @@ def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
     real = real_tensor("tensor", tensor)
     check_all_same("tensor_list", tensor_list, tensor, "tensor")
     nbytes = real.numel() * real.element_size() * (ctx.world or 1)
-    chosen, why = pick("all_gather", algorithm, nbytes, ctx)
+    chosen, why = pick("all_gather", algorithm, nbytes, ctx, tensor=real)
     if ctx.rank is None:
         return None
     check_list_fits("tensor_list", real_list, real, "tensor", ctx)

@@ -39,7 +39,8 @@ def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=Non
     outputs, real_outputs = _optional_list("gather_list", gather_list)
     check_all_same("gather_list", outputs, tensor, "tensor")
     root = group_root(ctx, "dst", dst, "group_dst", group_dst, default=0)
-    chosen, why = pick("gather", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
+    chosen, why = pick("gather", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx,
+                       tensor=real)
     if ctx.rank is None:
         return None
     _check_root_list("gather_list", real_outputs, real, ctx, root, "destination")
@@ -107,7 +108,8 @@ def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=N
     inputs, real_inputs = _optional_list("scatter_list", scatter_list)
     check_all_same("scatter_list", inputs, tensor, "tensor")
     root = group_root(ctx, "src", src, "group_src", group_src, default=0)
-    chosen, why = pick("scatter", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx)
+    chosen, why = pick("scatter", algorithm, real.numel() * real.element_size() * (ctx.world or 1), ctx,
+                       tensor=real)
     if ctx.rank is None:
         return None
     _check_root_list("scatter_list", real_inputs, real, ctx, root, "source")
