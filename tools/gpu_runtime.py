@@ -48,6 +48,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -211,13 +212,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_ranks_child(rank: int, port: int) -> dict:
+def two_ranks_child(rank: int, port: int, timeout: float) -> dict:
     """One of two ranks on GPU 0: a ringcoll group, all_reduce of rank-valued CUDA tensors."""
+    import datetime
     torch, device = _cuda()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
     import ringcoll
-    dist.init_process_group("ringcoll", rank=rank, world_size=2)
+    dist.init_process_group("ringcoll", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=timeout))
     results = {}
     for algorithm in ("ring", "recursive_doubling"):
         t = torch.arange(1003, device=device, dtype=torch.float32) + rank
@@ -233,35 +236,46 @@ def two_ranks_child(rank: int, port: int) -> dict:
     return results
 
 
-_REFUSAL = ("duplicate gpu", "same cuda device", "both on cuda device", "invalid usage")
+#: how NCCL words its refusal of two ranks on one device (NCCL_DEBUG=WARN prints it)
+_REFUSAL = ("duplicate gpu", "both on cuda device", "same cuda device")
 
 
 def check_backend_two_ranks_one_gpu(timeout: float = DEFAULT_TIMEOUT) -> dict:
     _cuda()
-    port = _free_port()
+    port, limit = _free_port(), max(5.0, timeout - 5)
+    env = {**os.environ, "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")}
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(2)]
     procs = [subprocess.Popen([sys.executable, "-m", "tools.gpu_runtime", "_two_ranks_child",
-                               str(rank), str(port)], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    outputs = []
+                               str(rank), str(port), str(limit / 2)], cwd=REPO, env=env,
+                              stdout=out, stderr=err, text=True)
+             for rank, (out, err) in enumerate(files)]
+    deadline, timed_out = time.monotonic() + limit, False
+    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=max(5.0, timeout - 5))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            return _result("fail", f"two ranks on one GPU did not finish in {timeout - 5:.0f} s")
-        outputs.append((proc.returncode, out, err))
+        if proc.poll() is None:
+            timed_out = True
+            proc.kill()
+    outputs = []
+    for proc, (out, err) in zip(procs, files):
+        code = proc.wait()
+        out.seek(0)
+        err.seek(0)
+        outputs.append((code, out.read(), err.read()))
     text = "\n".join(out + err for _, out, err in outputs)
+    refusal = next((line.strip() for line in text.splitlines()
+                    if any(marker in line.lower() for marker in _REFUSAL)), None)
+    if refusal is not None:
+        return _result("skip", f"NCCL refuses two ranks on one GPU: {refusal[:500]}")
+    if timed_out:
+        return _result("fail", f"two ranks on one GPU did not finish in {limit:.0f} s: "
+                               f"{text[-1500:]}")
     if all(code == 0 for code, _, _ in outputs):
         results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs]
         if all(all(r.values()) for r in results):
             return _result("pass", "NCCL accepted two ranks on one GPU; all_reduce exact on both",
                            results=results)
         return _result("fail", f"wrong results: {results}", results=results)
-    lowered = text.lower()
-    if any(marker in lowered for marker in _REFUSAL):
-        line = next((l for l in text.splitlines() if any(m in l.lower() for m in _REFUSAL)), "")
-        return _result("skip", f"NCCL refuses two ranks on one GPU: {line.strip()[:500]}")
     return _result("fail", f"exit codes {[c for c, _, _ in outputs]}: {text[-2000:]}")
 
 
@@ -452,7 +466,8 @@ def run_all(cuda: bool, timeout: float, budget: float, say=print,
 def _main(argv) -> int:
     name = argv[0]
     if name == "_two_ranks_child":
-        print(json.dumps(two_ranks_child(int(argv[1]), int(argv[2]))), flush=True)
+        print(json.dumps(two_ranks_child(int(argv[1]), int(argv[2]), float(argv[3]))),
+              flush=True)
         return 0
     if name not in CHECKS:
         raise SystemExit(f"unknown check {name!r}; the checks are {', '.join(CHECKS)}")
