@@ -3,7 +3,7 @@
 
     python -m tools.gpu_check [--out bench/results] [--budget 240] [--worlds 2,4]
                               [--backends cupy,numba,torch] [--timeout-per-check 30]
-                              [--runtime-budget 200] [--dry-run]
+                              [--runtime-budget 180] [--dry-run]
 
 The first thing to run when a GPU is lent (one GPU is enough): it fits 8 minutes on one H200
 (``--runtime-budget`` seconds for the runtime checks, ``--budget`` for the other sections,
@@ -684,7 +684,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout-per-check", type=float, default=30.0,
                         help="seconds each runtime check may take in its own process (a hang "
                              "is killed and recorded as a failure)")
-    parser.add_argument("--runtime-budget", type=float, default=200.0,
+    parser.add_argument("--runtime-budget", type=float, default=180.0,
                         help="seconds for all runtime checks together")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU tensors and small sizes, to exercise the script without a GPU")
