@@ -374,8 +374,9 @@ def test_cli_smoke(clusters, tmp_path, capsys):
     (tuning,) = [f for f in files if f.endswith("_tuning.csv")]
     with open(out / tuning, newline="") as handle:
         bands = list(csv.reader(handle))
-    assert bands[0] == ["collective", "nranks", "min_bytes", "max_bytes", "algorithm"]
+    assert bands[0] == ["collective", "nranks", "min_bytes", "max_bytes", "algorithm", "device"]
     assert {b[0] for b in bands[1:]} == {SPECS[n].family for n in expected if SPECS[n].sized}
+    assert {b[5] for b in bands[1:]} == {"cpu"}         # gloo's rows: CUDA's table keeps its own
     assert (out / f"{json_name[:-5]}.txt").read_text().strip() in printed     # the tables, as printed
     table = summary.markdown([str(out / json_name)])
     assert "| all_reduce | ring |" in table and "| all_reduce | built-in |" in table

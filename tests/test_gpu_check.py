@@ -17,10 +17,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--dry-run",
+    proc = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--dry-run",
                            "--budget", "90", "--worlds", "2", "--backends", "torch",
-                           "--out", str(out)], capture_output=True, text=True, timeout=240,
-                          cwd=ROOT)
+                           "--timeout-per-check", "20", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
     return proc, out
 
 
@@ -29,19 +29,27 @@ def test_dry_run_states_its_plan_then_runs_every_section(dry_run):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     lines = proc.stdout.splitlines()
     plan = next(i for i, line in enumerate(lines) if line.startswith("plan ("))
-    assert plan < lines.index("== environment")
-    assert [line.split(" ", 3)[3].split(" (")[0] for line in lines[plan + 2:plan + 6]] == \
+    assert plan < lines.index("== environment") < lines.index("== runtime")
+    assert lines[plan + 2].startswith("  1b. runtime (at most 180 s, 20 s per check)")
+    assert [line.split(" ", 3)[3].split(" (")[0] for line in lines[plan + 3:plan + 7]] == \
         ["correctness", "streams", "bandwidth", "collectives"]
     (json_path,) = out.glob("gpu_check_*.json")
     assert json_path.with_suffix(".txt").read_text().splitlines()[0] == lines[0]
     data = json.loads(json_path.read_text())
     assert data["dry_run"] and data["plan"][0].startswith("plan (90 s")
     sections = data["sections"]
-    assert list(sections) == ["environment", "correctness", "streams", "bandwidth",
+    assert list(sections) == ["environment", "runtime", "correctness", "streams", "bandwidth",
                               "collectives"]
     assert {name: s["status"] for name, s in sections.items()} == {
-        "environment": "ok", "correctness": "ok", "streams": "skipped", "bandwidth": "ok",
-        "collectives": "ok"}
+        "environment": "ok", "runtime": "skipped", "correctness": "ok", "streams": "skipped",
+        "bandwidth": "ok", "collectives": "ok"}
+    # every runtime check is named, skipped, with the reason
+    from tools.gpu_runtime import CHECKS
+    runtime = sections["runtime"]
+    assert list(runtime["checks"]) == list(CHECKS) and len(CHECKS) == 8
+    for name, check in runtime["checks"].items():
+        assert check["status"] == "skip" and check["reason"] == "needs one GPU: --dry-run", name
+        assert f"  {name}: SKIP - needs one GPU: --dry-run" in lines
     assert sections["correctness"]["checks"] > 100
     assert sections["bandwidth"]["rows"] and sections["bandwidth"]["target"]["backends"] == ["cupy"]
     (run,) = sections["collectives"]["runs"]
@@ -95,6 +103,65 @@ def test_a_failing_backend_does_not_stop_the_others(gpu_check, monkeypatch):
     assert all("torch" in row and "numba" not in row for row in result["rows"])
     assert len(result["rows"]) == len(gpu_check.bandwidth_plan(True))
     assert [f.split(":")[0] for f in result["failures"]] == ["numba"]
+
+
+def test_runtime_checks_without_cuda_skip_without_starting_anything(gpu_check, monkeypatch):
+    from tools import gpu_runtime
+    monkeypatch.setattr(gpu_runtime, "run_one", lambda *a: pytest.fail("started a check"))
+    said = []
+    results = gpu_runtime.run_all(False, 30, 200, say=said.append, why_not="no CUDA device")
+    assert list(results) == list(gpu_runtime.CHECKS)
+    assert all(r == {"status": "skip", "reason": "needs one GPU: no CUDA device"}
+               for r in results.values())
+    assert len(said) == len(gpu_runtime.CHECKS)
+
+
+def test_a_hanging_check_is_a_failure_and_the_budget_holds(monkeypatch):
+    """A check whose process outlives --timeout-per-check is killed and recorded as failed;
+    once the runtime budget is spent the remaining checks are skipped, saying so; a check's
+    JSON line is its result."""
+    from tools import gpu_runtime
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append((args[3], kwargs["timeout"]))
+        if args[3] == "nccl_self_batch":
+            raise subprocess.TimeoutExpired(args, kwargs["timeout"], stderr=b"NCCL waiting")
+        return subprocess.CompletedProcess(args, 0, stdout='noise\n{"status": "pass", '
+                                                          '"reason": "fine"}\n', stderr="")
+
+    monkeypatch.setattr(gpu_runtime.subprocess, "run", fake_run)
+    clock = iter(range(0, 1000, 20))
+    monkeypatch.setattr(gpu_runtime.time, "monotonic", lambda: next(clock))
+    results = gpu_runtime.run_all(True, 30, 200, say=lambda line: None)
+    assert results["kernels_prepare"]["status"] == "pass"
+    hung = results["nccl_self_batch"]
+    assert hung["status"] == "fail" and hung["reason"].startswith("timed out after 30 s")
+    assert "NCCL waiting" in hung["reason"]
+    skipped = [name for name, r in results.items() if r["status"] == "skip"]
+    assert skipped and all("budget (200 s) was spent" in results[n]["reason"] for n in skipped)
+    assert all(timeout <= 30 for _, timeout in calls)
+
+
+_REHEARSAL = """
+import json, sys, torch
+from tools import gpu_runtime
+gpu_runtime._cuda = lambda: (torch, torch.device("cpu"))
+torch.cuda.synchronize = lambda *args, **kwargs: None
+print(json.dumps(gpu_runtime.check_backend_world1()))
+"""
+
+
+def test_the_world1_backend_check_rehearsed_on_cpu_tensors():
+    """backend_world1's calls (dist.* on a ringcoll group, ringcoll.all_reduce, an async
+    call's get_future()) on CPU tensors, the gloo inner group standing in for NCCL: the check
+    itself is right about the public API it drives, so a failure on a GPU is the GPU path's."""
+    proc = subprocess.run([sys.executable, "-c", _REHEARSAL], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "pass", result
+    assert len(result["outcomes"]) == 8 and set(result["outcomes"].values()) == {"ok"}
 
 
 def test_shares_of_the_budget_add_up(gpu_check):

@@ -103,8 +103,11 @@ def _report(proc: Background) -> dict:
 
 
 def nvcc_instances_source() -> str:
+    """Every kind and op at 1, 2 and 8 sources (NVRTC compiles every source count, in the
+    nvrtc check; nvcc's -O0 build of all 736 would take three times as long)."""
     from ringcoll.kernels import _cupy
-    names = [name for kind in _lowering.KIND_OPS for name in _cupy.kernel_names(kind)]
+    names = [name for kind in _lowering.KIND_OPS for nsrc in (1, 2, 8)
+             for name in _cupy.kernel_names(kind, nsrc)]
     body = "".join(f"    (void*)&{name},\n" for name in names)
     return (f'#include "{(ROOT / "ringcoll" / "kernels" / "reduce.cu").as_posix()}"\n'
             f"// Taking each address instantiates the kernel the dispatch can launch.\n"
@@ -268,7 +271,7 @@ def selection(monkeypatch):
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     kernels.set_backend(None)
     usable = {"cupy": "CuPy is absent in this test", "numba": "no GPU in this test"}
-    monkeypatch.setattr(kernels, "_cuda_unavailable", lambda name: usable[name])
+    monkeypatch.setattr(kernels, "_cuda_unavailable", lambda name, index=None: usable[name])
     monkeypatch.setattr(kernels, "_logged", set())
     yield usable
     kernels.set_backend(None)
@@ -345,7 +348,7 @@ def test_set_backend_checks_name_and_package(selection, monkeypatch):
 
 
 def test_cuda_unavailable_reports_a_reason():
-    kernels._cuda_unavailable.cache_clear()
+    kernels._probe_backend.cache_clear()
     for name in ("cupy", "numba"):
         assert kernels._cuda_unavailable(name) or torch.cuda.is_available()
 
@@ -357,7 +360,7 @@ def probe_env(monkeypatch, caplog):
     import types
     from numba import cuda
     from ringcoll.kernels import _cupy, _nvrtc
-    caches = (kernels._cuda_unavailable, _nvrtc.library, _cupy._arch, _cupy._module,
+    caches = (kernels._probe_backend, _nvrtc.library, _cupy._arch, _cupy._module,
               _cupy._kernel)
     for cache in caches:
         cache.cache_clear()
@@ -414,6 +417,73 @@ def test_probe_falls_back_on_a_wrong_result(probe_env, monkeypatch):
     assert "probe kernel computed" in kernels._cuda_unavailable("cupy")
 
 
+def test_prepare_probes_and_compiles_on_the_named_device(probe_env, monkeypatch, tmp_path):
+    """prepare("cuda:1") probes both backends on device 1 (not the calling thread's device 0),
+    compiles with the real NVRTC (cubins for the fake device's sm_90) and loads the modules of
+    the dtypes' kinds on device 1; a second call is answered from the cache, another device is
+    prepared on its own."""
+    from ringcoll.kernels import _cupy, _numba, _nvrtc
+    from ringcoll.kernels.testing import fake_cupy
+    try:
+        _nvrtc.library()
+    except _nvrtc.NVRTCError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("RINGCOLL_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_prepared", {})
+    probed, compiled, loaded, devices = [], [], [], []
+    monkeypatch.setattr(_cupy, "probe", lambda device: probed.append(("cupy", device)))
+    monkeypatch.setattr(_numba, "probe", lambda device: probed.append(("numba", device)))
+
+    def compile_module(kind, nsrc, arch):
+        compiled.append((kind, nsrc, arch))
+        return _nvrtc.compile_source(_cupy.source(), _cupy.kernel_names(kind, nsrc), arch)
+
+    def load(binary):
+        loaded.append(binary[:4])
+
+    with fake_cupy(monkeypatch, lambda mangled: None, load=load, compile_module=compile_module,
+                   devices=devices):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        first = kernels.prepare("cuda:1", [torch.bfloat16, torch.float32])
+        assert first == {"device": "cuda:1", "backend": "cupy", "unavailable": {},
+                         "compiled": [("bf16", 1), ("f32", 1)], "error": None}
+        assert probed == [("cupy", 1), ("numba", 1)]
+        assert compiled == [("bf16", 1, "-arch=sm_90"), ("f32", 1, "-arch=sm_90")]
+        assert loaded == [b"\x7fELF"] * 2 and set(devices) == {1}
+        assert kernels.prepare(torch.device("cuda", 1), (torch.bfloat16, torch.float32)) is first
+        assert len(probed) == 2 and len(compiled) == 2          # nothing ran again
+        devices.clear()
+        second = kernels.prepare("cuda", [torch.int32], sources=(2,))   # "cuda": the current one
+        assert second["device"] == "cuda:0" and probed[2:] == [("cupy", 0), ("numba", 0)]
+        # int32 lowers to u32 (sum/product) and i32 (min/max); bitwise ops run on any word
+        assert [kind for kind, _ in second["compiled"]] == ["u32", "i32", "u64", "u16", "u8"]
+        assert {n for _, n in second["compiled"]} == {2} and set(devices) == {0}
+
+
+def test_prepare_reports_a_compile_error_and_serves_cpu(probe_env, monkeypatch):
+    from ringcoll.kernels import _cupy, _numba
+    from ringcoll.kernels.testing import fake_cupy
+    monkeypatch.setattr(kernels, "_prepared", {})
+    monkeypatch.setattr(_cupy, "probe", lambda device: None)
+    monkeypatch.setattr(_numba, "probe", lambda device: None)
+
+    def broken(kind, nsrc, arch):
+        raise RuntimeError(f"nvrtc refused {kind}")
+
+    with fake_cupy(monkeypatch, lambda mangled: None, compile_module=broken):
+        result = kernels.prepare("cuda:0", [torch.float16])
+    assert result["backend"] == "cupy" and result["compiled"] == []
+    assert result["error"] == "RuntimeError: nvrtc refused f16"
+    cpu = kernels.prepare("cpu", [torch.float64])
+    assert cpu == {"device": "cpu", "backend": "torch", "unavailable": {}, "compiled": [],
+                   "error": None}
+    assert kernels.prepare("cpu", [torch.float64]) is cpu
+    with pytest.raises(ValueError, match="sources must be source counts in 1..8"):
+        kernels.prepare("cpu", sources=(9,))
+    with pytest.raises(TypeError, match="torch.dtype"):
+        kernels.prepare("cpu", ["float32"])
+
+
 def test_import_is_cheap():
     code, stdout, stderr = _spawn("import-check").finish()
     assert code == 0, stderr
@@ -431,15 +501,16 @@ def fake_cupy(monkeypatch):
     from ringcoll.kernels.testing import fake_cupy
     launches, modules = [], []
 
-    def compile_kind(kind, arch):
+    def compile_module(kind, nsrc, arch):
         assert arch == "-arch=sm_90"
-        names = _cupy.kernel_names(kind)
-        return _nvrtc.Compiled(f"binary {kind}".encode(), "", {n: n for n in names}, ())
+        names = _cupy.kernel_names(kind, nsrc)
+        return _nvrtc.Compiled(f"binary {kind} {nsrc}".encode(), "", {n: n for n in names}, ())
 
     def get_function(mangled):
         return lambda grid, block, args: launches.append((mangled, grid, block, args))
 
-    with fake_cupy(monkeypatch, get_function, load=modules.append, stream=7, compile_kind=compile_kind):
+    with fake_cupy(monkeypatch, get_function, load=modules.append, stream=7,
+                   compile_module=compile_module):
         yield types.SimpleNamespace(launches=launches, modules=modules)
 
 
@@ -455,30 +526,33 @@ class _FakeDevice:
 
 def _launch_args(args) -> dict:
     ints = [int(a) for a in args]
-    return {"dst": ints[0], "out": ints[1], "sources": ints[2:10], "nsrc": ints[10],
-            "n": ints[11], "head": ints[12]}
+    assert len(ints) == 12, ints
+    return {"dst": ints[0], "out": ints[1], "sources": ints[2:10], "n": ints[10],
+            "head": ints[11]}
 
 
 def test_cupy_dispatch_launches_the_right_kernels(fake_cupy):
-    """Kernel names, pack width from alignment, pointer order, passes of at most 8 sources, out
-    on the last pass only, the grid; the module of each kind is loaded from our own binary."""
+    """Kernel names (each pass's kernel specialised on its own source count), pack width from
+    alignment, pointer order, passes of at most 8 sources, out on the last pass only, the grid;
+    the module of each (kind, source count) is loaded from our own binary, once."""
     from ringcoll.kernels import _cupy
     launches = fake_cupy.launches
     buffers = torch.zeros(12, 4100)  # rows start 16-byte aligned
     dst, out, sources = buffers[0, :4096], buffers[1, :4096], list(buffers[2:, :4096])
     _cupy.reduce_into(dst, sources, "sum", out)
     (name1, grid1, block1, args1), (name2, _, _, args2) = launches
-    assert name1 == name2 == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4>"
+    assert name1 == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4, 8>"
+    assert name2 == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4, 2>"
     assert block1 == (256,) and grid1 == (4,)  # 1024 packs of 4 floats, 256 threads
     first, second = _launch_args(args1), _launch_args(args2)
     assert (first["dst"], first["out"]) == (dst.data_ptr(), 0)
     assert first["sources"] == [t.data_ptr() for t in sources[:8]]
-    assert (first["nsrc"], first["n"], first["head"]) == (8, 4096, 0)
-    assert (second["out"], second["nsrc"]) == (out.data_ptr(), 2)
-    assert second["sources"][:3] == [sources[8].data_ptr(), sources[9].data_ptr(), 0]
+    assert (first["n"], first["head"]) == (4096, 0)
+    assert second["out"] == out.data_ptr()
+    assert second["sources"] == [sources[8].data_ptr(), sources[9].data_ptr()] + [0] * 6
     launches.clear()
     _cupy.reduce_into(buffers[0, 1:4097], [buffers[2, :4096]], "max", None)  # offsets differ
-    assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::f32, 3, 1>"
+    assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::f32, 3, 1, 1>"
     assert launches[0][1] == (16,) and _launch_args(launches[0][3])["head"] == 0
     big = torch.zeros(2, 100000)  # 25000 packs: 98 blocks wanted
     _cupy.reduce_into(big[0], [big[1]], "max", None)
@@ -486,9 +560,10 @@ def test_cupy_dispatch_launches_the_right_kernels(fake_cupy):
     launches.clear()
     flags = torch.zeros(2, 24, dtype=torch.bool)  # row 1 is 8-byte aligned, not 16
     _cupy.reduce_into(flags[0], [flags[1]], "min", None)  # bool min = and on 8-byte words
-    assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::u64, 4, 1>"
+    assert launches[0][0] == "ringcoll::reduce_kernel<ringcoll::u64, 4, 1, 1>"
     assert launches[0][1] == (1,) and _launch_args(launches[0][3])["n"] == 3
-    assert fake_cupy.modules == [b"binary f32", b"binary u64"]
+    assert fake_cupy.modules == [b"binary f32 8", b"binary f32 2", b"binary f32 1",
+                                 b"binary u64 1"]
 
 
 def test_cupy_dispatch_keeps_packs_for_a_shared_misalignment(fake_cupy):
@@ -502,11 +577,11 @@ def test_cupy_dispatch_keeps_packs_for_a_shared_misalignment(fake_cupy):
     dst, src = a[335:669], b[335:669]
     _cupy.reduce_into(dst, [src], "sum", None)
     name, grid, _, args = launches[-1]
-    assert name == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4>"
+    assert name == "ringcoll::reduce_kernel<ringcoll::f32, 0, 4, 1>"
     assert _launch_args(args)["head"] == 1 and _launch_args(args)["n"] == 334
     assert grid == (1,)  # 83 packs, a head of 1 and a tail of 1: one block
     _cupy.reduce_into(dst, [src], "sum", c[:334])
-    assert launches[-1][0] == "ringcoll::reduce_kernel<ringcoll::f32, 0, 1>"
+    assert launches[-1][0] == "ringcoll::reduce_kernel<ringcoll::f32, 0, 1, 1>"
     assert _launch_args(launches[-1][3])["head"] == 0
 
 
@@ -541,21 +616,43 @@ def test_numba_cuda_kernels_under_simulator(background):
 
 def test_cupy_kernels_compile_under_nvrtc_without_ftz(background):
     """reduce.cu through the NVRTC of the nvidia-cuda-nvrtc wheel with _cupy's own options:
-    no float instruction of the f16, bf16 or f32 kernels flushes subnormals. The same source
-    with CuPy's RawModule ordering (its -ftz=true after ours) does: the check can fail."""
+    every (kind, op, source count) kernel compiles to PTX for sm_90, and no float instruction of
+    any kernel flushes subnormals. The same source with CuPy's RawModule ordering (its -ftz=true
+    after ours) does: the check can fail. The modules _cupy loads are cubins, cached on disk."""
     from ringcoll.kernels import _cupy, _nvrtc
     report = _report(background["nvrtc"])
     if report.get("skip"):  # only when the wheel's library cannot be loaded at all
         pytest.skip(report["skip"])
     assert report["arch"] == "-arch=sm_90"
-    for kind, got in report["kinds"].items():
+    every = report["every"]
+    assert every["options"] == list(_nvrtc.OPTIONS) + ["-arch=compute_90"]
+    assert "-ftz=false" in every["options"] and "-ftz=true" not in every["options"]
+    expected = sum(len(_cupy.all_kernel_names(kind)) for kind in _lowering.KIND_OPS)
+    assert every["entries"] == every["lowered"] == expected == 92 * 8
+    assert every["ftz"] == [], every["ftz"]
+    assert all(count > 0 for count in every["float_ops"].values()), every["float_ops"]
+    for kind, got in report["modules"].items():
         assert got["options"] == list(_nvrtc.OPTIONS) + ["-arch=sm_90"], kind
-        assert "-ftz=false" in got["options"] and "-ftz=true" not in got["options"]
-        assert got["entries"] == got["lowered"] == len(_cupy.kernel_names(kind)), kind
-        assert got["ftz"] == [], f"{kind}: {got['ftz']}"
-        assert all(count > 0 for count in got["float_ops"].values()), (kind, got["float_ops"])
         assert got["cubin"] and got["cached"], kind
     assert {"add.rn.ftz", "mul.rn.ftz", "setp.lt.ftz"} <= set(report["cupy_order_ftz"])
+
+
+def test_cupy_kernels_are_specialised_on_their_source_count(background):
+    """Each kernel reads exactly its own sources: in the PTX of every (kind, op, vec, nsrc)
+    instantiation the source parameters loaded are s0 .. s(nsrc-1), none past them (a runtime
+    switch over eight bodies loads all eight in every kernel). And a kernel is sized for its own
+    body: ptxas's register count of each packed kernel grows with its sources, and the one-source
+    f32 kernel (a ring step) needs at most 32 registers per thread (the switch made it 44)."""
+    report = _report(background["nvrtc"])
+    if report.get("skip"):
+        pytest.skip(report["skip"])
+    wrong = report["every"]["sources_read"]
+    assert wrong == [], "\n".join(wrong[:20])
+    registers = report["registers"]
+    for key, by_count in registers.items():
+        counts = [by_count[str(n)] for n in (1, 2, 8)]
+        assert counts[0] < counts[2] and counts[0] <= counts[1], (key, by_count)
+    assert registers["f32 sum packed"]["1"] <= 32, registers["f32 sum packed"]
 
 
 def test_numba_cuda_kernels_compile_to_ptx(background):
@@ -674,9 +771,26 @@ def _numba_ptx_main() -> dict:
 _FTZ = r"\b(?:add|sub|mul|fma|div|min|max|setp|set|cvt|abs|neg|rcp|sqrt)(?:\.[a-z0-9]+)*\.ftz\b"
 
 
+def _sources_read(ptx: str, lowered: dict) -> list:
+    """For every kernel of ``lowered`` (name -> mangled) whose source parameters (s0..s7: the
+    PTX parameters 2..9) loaded in its body are not exactly s0 .. s(nsrc-1): a line saying so."""
+    import re
+    bodies = dict(re.findall(r"\.entry\s+(\w+)\((.*?)(?=\.entry\s|\Z)", ptx, re.S))
+    wrong = []
+    for name, mangled in lowered.items():
+        nsrc = int(name.rstrip(">").split(",")[-1])
+        loaded = {int(j) for j in re.findall(rf"\[{mangled}_param_(\d+)\]", bodies[mangled])}
+        sources = sorted(j - 2 for j in loaded if 2 <= j <= 9)
+        if sources != list(range(nsrc)):
+            wrong.append(f"{name}: reads sources {sources}")
+    return wrong
+
+
 def _nvrtc_main() -> dict:
-    """reduce.cu through NVRTC for sm_90 with exactly the options _cupy uses (the float kinds'
-    every kernel), and once more with CuPy's RawModule ordering (its -ftz=true last)."""
+    """reduce.cu through NVRTC with exactly the options _cupy uses: every instantiation to PTX
+    for compute_90 in one program; the cubin modules _cupy loads (sm_90) for a sample; ptxas's
+    register counts of the packed kernels at 1, 2 and 8 sources; and f32 once more with
+    CuPy's RawModule ordering (its -ftz=true last)."""
     import re
     import time
     from ringcoll.kernels import _cupy, _nvrtc
@@ -685,21 +799,32 @@ def _nvrtc_main() -> dict:
     except _nvrtc.NVRTCError as exc:
         return {"skip": str(exc)}
     arch = _nvrtc.arch_option(90)
-    report = {"version": _nvrtc.version(), "arch": arch, "kinds": {}}
-    for kind in ("f16", "bf16", "f32"):  # f64 has no flush-to-zero mode
-        start = time.monotonic()
-        compiled = _cupy.compile_kind(kind, arch)
-        ptx = compiled.ptx
-        report["kinds"][kind] = {
-            "seconds": round(time.monotonic() - start, 1), "options": list(compiled.options),
-            "entries": ptx.count(".entry"), "lowered": len(compiled.lowered),
-            "ftz": sorted(set(re.findall(_FTZ, ptx))),
-            "float_ops": {op: len(re.findall(rf"\b{op}(?:\.[a-z]+)*\.f(?:32|64)\b", ptx))
-                          for op in ("add", "mul", "setp")},
-            "cubin": compiled.binary[:4] == b"\x7fELF"}
-        again = _cupy.compile_kind(kind, arch)  # the disk cache gives the same binary
-        report["kinds"][kind]["cached"] = again == compiled
-    cupy_order = _nvrtc._compile(_cupy.source(), _cupy.kernel_names("f32"),
+    report = {"version": _nvrtc.version(), "arch": arch, "modules": {}, "registers": {}}
+    source = _cupy.source()
+    names = [name for kind in _lowering.KIND_OPS for name in _cupy.all_kernel_names(kind)]
+    start = time.monotonic()
+    every = _nvrtc._compile(source, names, _nvrtc.OPTIONS + ("-arch=compute_90",), "reduce.cu")
+    report["every"] = {
+        "seconds": round(time.monotonic() - start, 1), "options": list(every.options),
+        "entries": every.ptx.count(".entry"), "lowered": len(every.lowered),
+        "ftz": sorted(set(re.findall(_FTZ, every.ptx))),
+        "float_ops": {op: len(re.findall(rf"\b{op}(?:\.[a-z]+)*\.f(?:32|64)\b", every.ptx))
+                      for op in ("add", "mul", "setp")},
+        "sources_read": _sources_read(every.ptx, every.lowered)}
+    for kind, nsrc in (("f32", 1), ("bf16", 3)):  # what _cupy loads: a cubin, then the cache
+        compiled = _cupy.compile_module(kind, nsrc, arch)
+        report["modules"][f"{kind} {nsrc}"] = {
+            "options": list(compiled.options), "cubin": compiled.binary[:4] == b"\x7fELF",
+            "cached": _cupy.compile_module(kind, nsrc, arch) == compiled}
+    for kind, op in (("f32", "sum"), ("f16", "max"), ("u8", "bxor"), ("f64", "product")):
+        vec = _cupy.pack_width(kind)
+        by_count = {n: _cupy.kernel_name(kind, op, vec, n) for n in (1, 2, 8)}
+        verbose = _nvrtc._compile(source, list(by_count.values()),
+                                  _nvrtc.OPTIONS + (arch, "-Xptxas=-v"), "reduce.cu")
+        used = _nvrtc.registers(verbose.log)
+        report["registers"][f"{kind} {op} packed"] = {
+            n: used[verbose.lowered[name]] for n, name in by_count.items()}
+    cupy_order = _nvrtc._compile(source, _cupy.kernel_names("f32", 1),
                                  _nvrtc.OPTIONS + (arch, "-ftz=true"), "reduce.cu")
     report["cupy_order_ftz"] = sorted(set(re.findall(_FTZ, cupy_order.ptx)))
     return report

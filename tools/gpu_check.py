@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """GPU check: ringcoll's local-reduction kernels and collectives on CUDA tensors, in one run.
 
-    python tools/gpu_check.py [--out bench/results] [--budget 240] [--worlds 2,4]
-                              [--backends cupy,numba,torch] [--dry-run]
+    python -m tools.gpu_check [--out bench/results] [--budget 240] [--worlds 2,4]
+                              [--backends cupy,numba,torch] [--timeout-per-check 30]
+                              [--runtime-budget 180] [--dry-run]
 
-The first thing to run when a GPU is lent: it fits a 5-minute window (``--budget`` seconds for
-the sections, about 20 s of start-up on top), prints its plan before it starts, and writes JSON
-and text to ``--out`` after every section (a killed run still leaves what it had).
+The first thing to run when a GPU is lent (one GPU is enough): it fits 8 minutes on one H200
+(``--runtime-budget`` seconds for the runtime checks, ``--budget`` for the other sections,
+about 20 s of start-up on top), prints its plan before it starts, and writes one timestamped JSON
+(and its text) to ``--out`` after every section (a killed run still leaves what it had).
 
 Works from a plain checkout (no install needed: ``kernels/`` is loaded as ``ringcoll.kernels``
 when the package mapping of pyproject.toml is not installed) or after ``pip install -e .``.
@@ -16,6 +18,11 @@ says so). Every section and every backend in it is independent: an error in one 
 recorded, that backend stops for the section, the others go on; an error in one section does not
 stop the next.
 1. environment: versions, GPU, NVRTC, which kernel backends pass the availability probe;
+1b. runtime: the checks of ``tools/gpu_runtime.py`` (kernels.prepare, an NCCL self send/recv
+   batch through NcclComm, the "ringcoll" backend at world 1 and with two ranks on one GPU, a
+   call under a side stream, event/poll/future latencies, CUDA graph capture, host time per
+   synchronous call), each in its own process within ``--timeout-per-check``, each recorded as
+   pass, fail or skip with its reason (every one skipped, with the reason, without CUDA);
 2. correctness: every backend (cupy, numba, torch) on CUDA tensors, every op x dtype, one/several/
    more-than-eight sources, fused out, pointers misaligned alike (scalar head, then packs) and
    differently (scalar path), numel 0; exact data (integers, halves, subnormals) against closed
@@ -84,6 +91,7 @@ kernels = import_ringcoll_kernels()
 import torch  # noqa: E402
 from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,  # noqa: E402
                                       random_float_case, subnormal_case)
+from tools import gpu_runtime  # noqa: E402
 
 MiB = 1 << 20
 TARGET = 0.90
@@ -211,6 +219,22 @@ def section_environment(report: Report, ctx: dict) -> dict:
     for key, value in info.items():
         report.say(f"  {key}: {value}")
     return info
+
+
+# ---- 1b. runtime checks (one GPU) ----
+
+def section_runtime(report: Report, ctx: dict) -> dict:
+    """tools/gpu_runtime.py's checks; "failures" lists the failed ones, "checks" every one."""
+    why_not = ctx.get("why_no_cuda", "no CUDA device")
+    checks = gpu_runtime.run_all(ctx["device"] == "cuda", ctx["timeout_per_check"],
+                                 ctx["runtime_budget"], say=report.say, why_not=why_not)
+    failures = [f"{name}: {r['reason']}"[:2000] for name, r in checks.items()
+                if r["status"] == "fail"]
+    result = {"checks": checks, "failures": failures,
+              "timeout_per_check": ctx["timeout_per_check"]}
+    if all(r["status"] == "skip" for r in checks.values()):
+        result["skipped"] = why_not
+    return result
 
 
 # ---- 2. correctness ----
@@ -619,7 +643,10 @@ def plan_lines(ctx: dict, budget_s: float) -> list:
     bandwidth = bandwidth_plan(ctx["small"])
     lines = [f"plan ({budget_s:.0f} s for the sections; device {ctx['device']}; kernel backends "
              f"{', '.join(ctx['backends'])}):",
-             "  1. environment: versions, GPU, NVRTC, the availability probe of each backend"]
+             "  1. environment: versions, GPU, NVRTC, the availability probe of each backend",
+             f"  1b. runtime (at most {ctx['runtime_budget']:.0f} s, {ctx['timeout_per_check']:.0f} s "
+             f"per check): {', '.join(gpu_runtime.CHECKS)}"
+             + ("" if ctx["device"] == "cuda" else " - all skipped (needs one GPU)")]
     total = 0.0
     for index, (name, _, share) in enumerate(SHARES, start=2):
         total += share
@@ -654,6 +681,11 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default=None,
                         help="comma-separated kernel backends to check (default: every installed "
                              "one for the device)")
+    parser.add_argument("--timeout-per-check", type=float, default=30.0,
+                        help="seconds each runtime check may take in its own process (a hang "
+                             "is killed and recorded as a failure)")
+    parser.add_argument("--runtime-budget", type=float, default=180.0,
+                        help="seconds for all runtime checks together")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU tensors and small sizes, to exercise the script without a GPU")
     args = parser.parse_args(argv)
@@ -672,13 +704,18 @@ def main(argv=None) -> int:
     for backend in backends:
         kernels._check_name(backend, "--backends")
     ctx = {"device": device, "small": not cuda, "worlds": [int(w) for w in args.worlds.split(",")],
-           "backends": backends}
+           "backends": backends, "timeout_per_check": args.timeout_per_check,
+           "runtime_budget": args.runtime_budget,
+           "why_no_cuda": "--dry-run" if args.dry_run else "no CUDA device (torch.cuda."
+                                                          "is_available() is False)"}
     plan = plan_lines(ctx, args.budget)
     for line in plan:
         report.say(line)
     report.data["plan"] = plan
 
     run_section(report, "environment", section_environment, ctx)
+    run_section(report, "runtime", section_runtime, ctx)
+    budget = Budget(args.budget)             # the runtime checks have a budget of their own
     start, total = time.monotonic(), 0.0
     for section, fn, share in SHARES:
         total += share

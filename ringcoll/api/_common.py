@@ -346,21 +346,32 @@ def describe(collective: str, name: str, tensor: torch.Tensor, extra: str = "") 
     return f"{collective}/{name} {tensor.numel()}x{dtype}{' ' + extra if extra else ''}"
 
 
-def pick(collective: str, algorithm, nbytes: int, ctx: Context) -> Tuple[registry.Algorithm, str]:
-    """Check ``algorithm`` and choose it; valid outside the group too (world unknown there)."""
+def table_device(ctx: Context, tensor: Optional[torch.Tensor]) -> Optional[str]:
+    """The device whose table (ringcoll.selection.TABLES) decides a call on ``tensor``: its
+    device type on a process group; None in the simulator, whose CPU tensors stand for any
+    device (the table of the model being priced, else gloo's), and without a tensor."""
+    if tensor is None or ctx.executor is None:
+        return None
+    return tensor.device.type
+
+
+def pick(collective: str, algorithm, nbytes: int, ctx: Context,
+         tensor: Optional[torch.Tensor] = None) -> Tuple[registry.Algorithm, str]:
+    """Check ``algorithm`` and choose it (by the table of ``tensor``'s device); valid outside
+    the group too (world unknown there)."""
     if ctx.world is None:
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
     name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
-                       nodes=lambda: group_nodes(ctx))
+                       nodes=lambda: group_nodes(ctx), device=table_device(ctx, tensor))
     return registry.get(collective, name), why
 
 
 def pick_per_block(collective: str, algorithm, block: torch.Tensor, ctx: Context) -> Tuple[registry.Algorithm, str]:
     """:func:`pick` for a call whose ``block`` is one rank's share: the collective moves the
     world's blocks (n = world × the block's bytes, as the cost models count it)."""
-    return pick(collective, algorithm, block.numel() * block.element_size() * (ctx.world or 1), ctx)
+    return pick(collective, algorithm, block.numel() * block.element_size() * (ctx.world or 1), ctx, tensor=block)
 
 
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
@@ -368,9 +379,9 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
              result=None, describe_as: str = "") -> Plan:
     algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
     if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
-        element_size = next(iter(buffers.values())).element_size()
-        layout = Layout(layout.numel, {**layout.params,
-                                       "segment": segment_elements(collective, algorithm.name, element_size)})
+        first = next(iter(buffers.values()))
+        layout = Layout(layout.numel, {**layout.params, "segment": segment_elements(
+            collective, algorithm.name, first.element_size(), table_device(ctx, first))})
     if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
         # the group's agreed layout (exchanged at its first node-aware call), named in the log
         nodes, source = context_layout(ctx, next(iter(buffers.values())).device)

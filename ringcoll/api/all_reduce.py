@@ -13,7 +13,8 @@ from ._common import builder, check_device, Context, describe, flat, new_plan, p
 def build_all_reduce(ctx: Context, tensor, op=ReduceOp.SUM, *, algorithm="auto"):
     real = real_tensor("tensor", tensor, op, "all_reduce")
     spec = resolve(op, real)
-    chosen, why = pick("all_reduce", algorithm, real.numel() * real.element_size(), ctx)
+    chosen, why = pick("all_reduce", algorithm, real.numel() * real.element_size(), ctx,
+                       tensor=real)
     if ctx.rank is None:
         return None
     check_device("tensor", tensor, ctx)

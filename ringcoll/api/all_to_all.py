@@ -20,7 +20,8 @@ import torch
 from ..schedules.vocabulary import Buf, Layout
 from ..schedules import registry
 from ..selection import choose
-from ._common import builder, check_device, Context, flat, new_plan, pick, real_tensor, run_call
+from ._common import builder, check_device, Context, flat, new_plan, pick, real_tensor, run_call, \
+    table_device
 
 
 
@@ -108,7 +109,8 @@ def _unalias(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) ->
 
 # -- choosing -----------------------------------------------------------------------------
 def _choose(ctx: Context, algorithm: str, send_counts: List[int], recv_counts: List[int],
-            element_size: int, declared_equal: bool) -> tuple[registry.Algorithm, str]:
+            element_size: int, declared_equal: bool,
+            device: Optional[str] = None) -> tuple[registry.Algorithm, str]:
     """The table's choice, by the bytes of the largest block.
 
     Every rank of a call must run bruck or none must, and a rank sees only its own blocks:
@@ -125,7 +127,8 @@ def _choose(ctx: Context, algorithm: str, send_counts: List[int], recv_counts: L
                          f"{recv_counts} elements: use 'pairwise' or 'linear'")
     block_bytes = max([*send_counts, *recv_counts], default=0) * element_size
     exclude = () if declared_equal and equal else ("bruck",)
-    name, why = choose("all_to_all", algorithm, block_bytes, ctx.world, exclude, machine=ctx.machine)
+    name, why = choose("all_to_all", algorithm, block_bytes, ctx.world, exclude, machine=ctx.machine,
+                       device=device)
     return registry.get("all_to_all", name), why
 
 
@@ -141,8 +144,9 @@ def _plan(collective: str, ctx: Context, algorithm: str, inputs: dict, outputs: 
           send_blocks: tuple, recv_blocks: tuple, write_backs: List[Callable[[], None]], result,
           dtype: torch.dtype, declared_equal: bool):
     send_counts, recv_counts = [b.numel for b in send_blocks], [b.numel for b in recv_blocks]
+    device = table_device(ctx, next(iter({**inputs, **outputs}.values()), None))
     chosen, why = _choose(ctx, algorithm, send_counts, recv_counts,
-                          torch.empty((), dtype=dtype).element_size(), declared_equal)
+                          torch.empty((), dtype=dtype).element_size(), declared_equal, device)
     layout = Layout(sum(send_counts), {"send_blocks": send_blocks, "recv_blocks": recv_blocks})
     label = (f"{collective}/{chosen.name} {sum(send_counts)}x{str(dtype).replace('torch.', '')} "
              f"sent, {sum(recv_counts)} received")

@@ -12,7 +12,7 @@ from ._common import builder, check_device, Context, describe, flat, group_root,
 def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm="auto"):
     real = real_tensor("tensor", tensor)
     root = group_root(ctx, "src", src, "group_src", group_src)
-    chosen, why = pick("broadcast", algorithm, real.numel() * real.element_size(), ctx)
+    chosen, why = pick("broadcast", algorithm, real.numel() * real.element_size(), ctx, tensor=real)
     if ctx.rank is None:
         return None
     check_device("tensor", tensor, ctx)

@@ -14,7 +14,7 @@ def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=N
     real = real_tensor("tensor", tensor, op, "reduce")
     spec = resolve(op, real)
     root = group_root(ctx, "dst", dst, "group_dst", group_dst)
-    chosen, why = pick("reduce", algorithm, real.numel() * real.element_size(), ctx)
+    chosen, why = pick("reduce", algorithm, real.numel() * real.element_size(), ctx, tensor=real)
     if ctx.rank is None:
         return None
     check_device("tensor", tensor, ctx)

@@ -61,7 +61,7 @@ def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *,
     check_same("input", input, output, "output")
     spec = resolve(op, real_output)
     nbytes = real_input.numel() * real_input.element_size()
-    chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx)
+    chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx, tensor=real_input)
     if ctx.rank is None:
         return None
     if input.numel() != ctx.world * output.numel():

@@ -400,7 +400,8 @@ def run(options, cluster=None):
         files = _write(options, meta, rows, world, date, printed) if main_rank else []
         if options.tune and main_rank:
             files.append(write_tuning(options.tune if options.tune is not True else
-                                      files[0][:-len(".json")] + "_tuning.csv", tuning_rows(rows, world)))
+                                      files[0][:-len(".json")] + "_tuning.csv", tuning_rows(rows, world),
+                                      meta["device"]))
         for path in files:
             say(f"# wrote {path}")
         return meta, rows, files

@@ -3,9 +3,12 @@
 The table is a CSV in the spirit of NCCL's tuner-plugin config, one row per collective, world
 size and size band (bytes inclusive)::
 
-    collective,nranks,min_bytes,max_bytes,algorithm
-    all_reduce,4,0,65535,recursive_doubling
-    all_reduce,4,65536,67108864,ring
+    collective,nranks,min_bytes,max_bytes,algorithm,device
+    all_reduce,4,0,65535,recursive_doubling,cuda
+    all_reduce,4,65536,67108864,ring,cuda
+
+The device column is the run's tensors' device: a table measured on CUDA tensors overrides only
+the CUDA decisions, one measured on CPU tensors only gloo's.
 
 ``RINGCOLL_TUNING=table.csv`` makes ``auto`` follow it (ringcoll/selection/__init__.py reads it). At each
 measured size the algorithm is the argmin of the median times of ringcoll's algorithms (``auto``
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import astuple, dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .harness import BUILTIN, OURS, Row
 from .specs import P2P_FLOOR, SPECS
@@ -118,10 +121,13 @@ def tuning_rows(rows: Sequence[Row], world: int) -> List[Band]:
     return bands
 
 
-def write_tuning(path: str, bands: Sequence[Band]) -> str:
+def write_tuning(path: str, bands: Sequence[Band], device: Optional[str] = None) -> str:
+    """Write ``bands`` as a tuning table; with ``device`` (``"cpu"`` or ``"cuda"``, the
+    tensors' device of the run), a sixth column marks every row with it, so that ``auto``
+    follows the rows only on that device (ringcoll.selection: CUDA's table and gloo's)."""
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(HEADER)
+        writer.writerow(HEADER + (("device",) if device else ()))
         for band in bands:
-            writer.writerow(astuple(band))
+            writer.writerow(astuple(band) + ((device,) if device else ()))
     return path

@@ -14,7 +14,7 @@ Choosing the backend, first match wins:
 A global choice (2, 3) of ``cupy`` names the backend for CUDA tensors only; CPU tensors then use
 auto's choice. A CUDA backend is available when its package imports, sees a device, and its
 real f32 sum kernel compiles and computes the right result on five elements (the probe, once per
-process). When auto finds no CuPy or no GPU it falls back (cupy, then numba, then torch) and says
+process and device: on the device of the tensors reduced, or the one :func:`prepare` names). When auto finds no CuPy or no GPU it falls back (cupy, then numba, then torch) and says
 so once at debug level on the ``ringcoll.kernels`` logger (at warning level when a probe kernel
 failed to compile or run, with the reason); an explicit backend that is
 missing raises RuntimeError. auto on CPU tensors is torch: measured on a 2-core machine, torch is
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 from functools import lru_cache
 from typing import Sequence, Union
 
@@ -88,9 +89,11 @@ def get_backend() -> str:
 
 def available_backends(device: Union[str, torch.device] = "cuda") -> tuple[str, ...]:
     """Backends that can reduce tensors on ``device`` here, in auto's order of preference."""
-    kind = torch.device(device).type
+    device = torch.device(device)
+    kind = device.type
     if kind == "cuda":
-        return tuple(b for b in ("cupy", "numba") if not _cuda_unavailable(b)) + ("torch",)
+        return tuple(b for b in ("cupy", "numba") if not _cuda_unavailable(b, device.index)) \
+            + ("torch",)
     if kind == "cpu":
         return ("torch",) + (("numba",) if _installed("numba") else ())
     return ("torch",)
@@ -99,6 +102,92 @@ def available_backends(device: Union[str, torch.device] = "cuda") -> tuple[str, 
 def backend_for(device: Union[str, torch.device], backend: str | None = None) -> str:
     """The backend reduce_into would use for tensors on ``device`` (same rules, same errors)."""
     return _select(backend, torch.device(device))
+
+
+def _kinds(dtypes) -> list:
+    """The kernel kinds reductions of ``dtypes`` lower to (every op each accepts; bytes-level
+    ops may run on any word kind, which depends on the tensors' alignment)."""
+    kinds = []
+    for dtype in dtypes:
+        for op in LOCAL_OPS:
+            if dtype in _COMPLEX or dtype not in DTYPES or (op in _BITWISE and
+                                                            dtype not in _INTEGRAL):
+                continue
+            from ._lowering import lower
+            kind, _ = lower(dtype, op)
+            for one in (("u64", "u32", "u16", "u8") if kind == "bytes" else (kind,)):
+                if one not in kinds:
+                    kinds.append(one)
+    return kinds
+
+
+_prepared: dict = {}
+_prepare_lock = threading.Lock()
+
+
+def prepare(device: Union[str, torch.device], dtypes: Sequence[torch.dtype] | None = None,
+            sources: Sequence[int] = (1,)) -> dict:
+    """Probe the kernel backends on ``device`` and compile the kernels reductions there will
+    use, now: the runtime calls it when a group is created, on the group's device, so that
+    neither the probe nor a compile runs inside the first collective (or on the wrong GPU).
+
+    Idempotent and cached per device (and per dtypes and source counts asked for): a second
+    call returns the first one's answer at once. Thread-safe. On a CUDA device the probe of
+    each backend runs on that device (not the calling thread's current one); with CuPy chosen,
+    the modules of the kinds of ``dtypes`` (default: float32, which the probe compiles anyway)
+    for ``sources`` sources per kernel (1: a ring step) are compiled and loaded too; a compile
+    error is returned (and logged), not raised: the first reduction would raise it. On any other
+    device there is nothing to compile.
+
+    Args:
+        device (str or torch.device): e.g. ``"cuda:1"``; ``"cuda"`` means the current device.
+        dtypes (sequence of torch.dtype, optional): element types to compile kernels for.
+        sources (sequence of int): source counts per kernel to compile (1..8).
+
+    Returns:
+        dict: ``device``; ``backend`` (what auto picks there); ``unavailable`` (backend ->
+        reason, for the CUDA backends that cannot run there); ``compiled`` (the (kind, sources)
+        modules compiled and loaded); ``error`` (a compile error, or None).
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available()
+                              else 0)
+    dtypes = tuple(dtypes) if dtypes is not None else (torch.float32,)
+    for dtype in dtypes:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtypes must hold torch.dtype values, got {type(dtype).__name__}")
+    sources = tuple(sources)
+    if not sources or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 8
+                          for n in sources):
+        raise ValueError(f"sources must be source counts in 1..8, got {sources!r}")
+    key = (str(device), dtypes, sources)
+    with _prepare_lock:
+        done = _prepared.get(key)
+        if done is not None:
+            return done
+        result = {"device": str(device), "backend": "torch", "unavailable": {},
+                  "compiled": [], "error": None}
+        if device.type == "cuda":
+            for candidate in ("cupy", "numba"):
+                reason = _cuda_unavailable(candidate, device.index)
+                if reason is not None:
+                    result["unavailable"][candidate] = reason
+            result["backend"] = _select(None, device)
+            if result["backend"] == "cupy":
+                from . import _cupy
+                try:
+                    for kind in _kinds(dtypes):
+                        for nsrc in sources:
+                            _cupy.load(kind, nsrc, device.index)
+                            result["compiled"].append((kind, nsrc))
+                except Exception as exc:  # noqa: BLE001 - the first reduction raises it
+                    result["error"] = f"{type(exc).__name__}: {exc}"
+                    logger.warning("ringcoll.kernels: prepare(%s): %s", device, result["error"])
+        else:
+            result["backend"] = _select(None, device)
+        _prepared[key] = result
+        return result
 
 
 def _installed(package: str) -> bool:
@@ -111,13 +200,21 @@ def _check_name(name, where: str) -> str:
     return name
 
 
+def _cuda_unavailable(backend: str, index: int | None = None) -> str | None:
+    """Why ``backend`` cannot run CUDA kernels on device ``index`` (None: the current device),
+    or None when it can (:func:`_probe_backend`, once per backend and device)."""
+    if index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return _probe_backend(backend, index)
+
+
 @lru_cache(maxsize=None)
-def _cuda_unavailable(backend: str) -> str | None:
-    """Why ``backend`` cannot run CUDA kernels here, or None when it can.
+def _probe_backend(backend: str, device: int) -> str | None:
+    """Why ``backend`` cannot run CUDA kernels on cuda:``device``, or None when it can.
 
     Importing the package and seeing a device is not enough: NVRTC (CuPy) or NVVM/libdevice
     (Numba) may be missing or too old for the driver. So the probe compiles the backend's real
-    f32 sum kernels and runs one on five elements of the current device, once per process
+    f32 sum kernels and runs one on five elements of that device, once per process and device
     (CuPy's binary is then in the disk cache); a failure is logged once as a warning and auto
     falls back to the next backend.
     """
@@ -134,7 +231,6 @@ def _cuda_unavailable(backend: str) -> str | None:
                 return "numba.cuda.is_available() is False"
     except Exception as exc:  # a driver/runtime mismatch raises from deep inside either package
         return f"{backend} cannot use the GPU: {type(exc).__name__}: {exc}"
-    device = torch.cuda.current_device() if torch.cuda.is_available() else 0
     try:
         if backend == "cupy":
             from . import _cupy
@@ -166,13 +262,13 @@ def _select(backend: str | None, device: torch.device) -> str:
     if device.type == "cuda":
         if name == "auto":
             for candidate in ("cupy", "numba"):
-                reason = _cuda_unavailable(candidate)
+                reason = _cuda_unavailable(candidate, device.index)
                 if reason is None:
                     return candidate
                 _log_once(f"auto: no {candidate} kernels for CUDA tensors ({reason}); falling back")
             return "torch"
         if name in ("cupy", "numba"):
-            reason = _cuda_unavailable(name)
+            reason = _cuda_unavailable(name, device.index)
             if reason is not None:
                 raise RuntimeError(f"{name} kernels were requested ({where}{name}) but {reason}")
         return name

@@ -45,6 +45,7 @@ class Compiled:
     ptx: str                # the PTX, also for a cubin (what the tests inspect)
     lowered: dict           # name expression -> mangled name, for Module.get_function
     options: tuple          # exactly what NVRTC was given
+    log: str = ""           # NVRTC's log (ptxas's report with -Xptxas=-v)
 
 
 # ---- the library ----
@@ -153,9 +154,23 @@ def _compile(source, name_expressions, options, filename) -> Compiled:
         ptx = _get(lib, prog, "PTX")
         binary = _get(lib, prog, "CUBIN") if any(o.startswith("-arch=sm_") for o in options) \
             else ptx
-        return Compiled(binary, ptx.rstrip(b"\0").decode(), lowered, tuple(options))
+        return Compiled(binary, ptx.rstrip(b"\0").decode(), lowered, tuple(options),
+                        _log(lib, prog))
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def registers(log: str) -> dict:
+    """Mangled kernel name -> registers per thread, from a log of a compile with
+    ``-Xptxas=-v`` (ptxas's "Compiling entry function ... Used N registers")."""
+    found, entry = {}, None
+    for line in log.splitlines():
+        if "Compiling entry function" in line:
+            entry = line.split("'")[1]
+        elif entry is not None and "Used " in line and " registers" in line:
+            found[entry] = int(line.split("Used ")[1].split()[0])
+            entry = None
+    return found
 
 
 def _log(lib, prog) -> str:

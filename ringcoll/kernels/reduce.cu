@@ -176,26 +176,24 @@ __device__ __forceinline__ void reduce_packs(typename K::S* dst, typename K::S* 
   }
 }
 
-// nsrc (1..8) selects a body compiled for exactly that many sources; the unused pointers are null.
-template <class K, int OP, int VEC>
+// NSRC (1..8) is a compile-time parameter: one instantiation per source count, compiled only
+// for the counts a process uses (kernels/_cupy.py compiles one module per kind and count, on
+// first use). Each instantiation holds one body, sized for exactly its sources: a runtime
+// switch over eight bodies made every instantiation pay the registers of the 8-source body (f32
+// packs: 44 registers per thread for a 1-source reduction). The pointers past NSRC are never read
+// (the dispatch passes null).
+template <class K, int OP, int VEC, int NSRC>
 __global__ void __launch_bounds__(256)
 reduce_kernel(typename K::S* dst, typename K::S* out,
               const typename K::S* s0, const typename K::S* s1, const typename K::S* s2,
               const typename K::S* s3, const typename K::S* s4, const typename K::S* s5,
-              const typename K::S* s6, const typename K::S* s7, int nsrc, u64_t n,
-              u64_t head) {
-  const typename K::S* const src[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
-  switch (nsrc) {
-    case 1: reduce_packs<K, OP, VEC, 1>(dst, out, src, n, head); break;
-    case 2: reduce_packs<K, OP, VEC, 2>(dst, out, src, n, head); break;
-    case 3: reduce_packs<K, OP, VEC, 3>(dst, out, src, n, head); break;
-    case 4: reduce_packs<K, OP, VEC, 4>(dst, out, src, n, head); break;
-    case 5: reduce_packs<K, OP, VEC, 5>(dst, out, src, n, head); break;
-    case 6: reduce_packs<K, OP, VEC, 6>(dst, out, src, n, head); break;
-    case 7: reduce_packs<K, OP, VEC, 7>(dst, out, src, n, head); break;
-    case 8: reduce_packs<K, OP, VEC, 8>(dst, out, src, n, head); break;
-    default: break;
-  }
+              const typename K::S* s6, const typename K::S* s7, u64_t n, u64_t head) {
+  static_assert(NSRC >= 1 && NSRC <= 8, "one kernel pass reduces 1 to 8 sources");
+  const typename K::S* const all[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+  const typename K::S* src[NSRC];
+#pragma unroll
+  for (int j = 0; j < NSRC; ++j) src[j] = all[j];
+  reduce_packs<K, OP, VEC, NSRC>(dst, out, src, n, head);
 }
 
 }  // namespace ringcoll

@@ -144,11 +144,14 @@ def first_difference(got: torch.Tensor, expected: torch.Tensor, *, bits: bool = 
 
 
 @contextlib.contextmanager
-def fake_cupy(monkeypatch, get_function, *, load=None, stream: int = 0, compile_kind=None):
+def fake_cupy(monkeypatch, get_function, *, load=None, stream: int = 0, compile_module=None,
+              devices=None):
     """``ringcoll.kernels._cupy`` against a fake CuPy, for dispatch tests without a GPU: a
     compute-capability 9.0 device with 2 SMs, ``get_function(mangled) -> launch(grid, block,
     args)``, ``load(binary)`` on each module load, ``stream`` as torch's current stream handle,
-    and a compile step that by default returns each name expression as its own mangled name.
+    and a compile step (``compile_module(kind, nsrc, arch)``) that by default returns each name
+    expression as its own mangled name; ``devices`` (a list) receives the index of every
+    ``cupy.cuda.Device(index)`` made.
     ``monkeypatch`` is pytest's; _cupy's caches are cleared on entry and on exit."""
     from . import _cupy, _nvrtc
 
@@ -164,7 +167,8 @@ def fake_cupy(monkeypatch, get_function, *, load=None, stream: int = 0, compile_
         compute_capability = "90"
 
         def __init__(self, index=0):
-            pass
+            if devices is not None:
+                devices.append(index)
 
         def __enter__(self):
             return self
@@ -175,10 +179,12 @@ def fake_cupy(monkeypatch, get_function, *, load=None, stream: int = 0, compile_
     cuda = types.SimpleNamespace(
         Device=Device, function=types.SimpleNamespace(Module=Module),
         ExternalStream=lambda handle, device: contextlib.nullcontext(),
-        runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2}))
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda d: {"multiProcessorCount": 2},
+                                      getDeviceCount=lambda: 2))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_cupy, "compile_kind", compile_kind or (lambda kind, arch: _nvrtc.Compiled(
-        b"", "", {n: n for n in _cupy.kernel_names(kind)}, ())))
+    monkeypatch.setattr(_cupy, "compile_module", compile_module or (
+        lambda kind, nsrc, arch: _nvrtc.Compiled(
+            b"", "", {n: n for n in _cupy.kernel_names(kind, nsrc)}, ())))
     monkeypatch.setattr(_nvrtc, "arch_option", lambda capability: f"-arch=sm_{capability}")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=stream))
     cached = (_cupy._arch, _cupy._module, _cupy._kernel, _cupy._max_blocks, _cupy._stream)

@@ -28,6 +28,15 @@ cached per (collective, world, band, machine, layout, candidates); beyond
 :data:`SIMULATE_UP_TO` ranks the closed forms at the machine's slowest link. ``direct`` is
 considered only at p <= 8; on a tie the classic algorithm wins over a newer one.
 
+Per device: a call on CUDA tensors goes by the CUDA table, :data:`TABLES` ``["cuda"]``, and
+every other call by gloo's, ``TABLES["cpu"]`` (:func:`table`): each holds the measured rules
+(gloo's are :data:`RULES`; none were measured on a GPU yet), the model's default machine
+(:data:`DEFAULT_MACHINE`; :data:`CUDA_MACHINE`, NVLink and InfiniBand) and the segment sizes
+(:data:`SEGMENTS`; :data:`CUDA_SEGMENTS`). A tuning table's rows may name the device they were
+measured on (a sixth column ``device``, ``cpu`` or ``cuda``: ``ringcoll-bench --tune`` writes
+it); a row that names one decides only that device's calls, a row without one every call.
+``RINGCOLL_MACHINE`` and ``Options(machine=)`` name the machine for every device.
+
 ``RINGCOLL_DEBUG=INFO`` logs each call's choice with the source that decided: ``requested``,
 ``RINGCOLL_ALGO``, ``auto: tuning table file:line``, ``auto: rule measured up to p=4: ...``
 or ``auto: model (given machine | machine.json | default machine): simulated on <machine> at
@@ -293,7 +302,7 @@ def _override(collective: str) -> Optional[str]:
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
            exclude: tuple = (), machine: Optional[Machine] = None,
-           nodes=None) -> tuple[str, str]:
+           nodes=None, device=None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
     else ``auto``: the tuning table (RINGCOLL_TUNING); then, on a group that has a machine
     (``machine``: its ``Options(machine=...)`` or simulate's; else RINGCOLL_MACHINE), the
@@ -302,7 +311,9 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     :data:`DEFAULT_MACHINE`. ``auto`` never picks a name in ``exclude`` (algorithms this call
     cannot run). ``nodes``: each rank's node, as the node-aware schedules will see it, or a
     function giving it (read only when the model decides; None: the machine's nodes, else
-    the environment's). The reason names the source that decided, for
+    the environment's). ``device`` (``"cuda"``, ``"cpu"``, a torch.device, or None for the
+    table being priced, else gloo's) picks the table (:func:`table`): its tuning rows, rules
+    and default machine. The reason names the source that decided, for
     ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
@@ -313,7 +324,7 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     forced = _override(collective)
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
-    name, why = _auto(collective, nbytes, world, exclude, machine, nodes)
+    name, why = _auto(collective, nbytes, world, exclude, machine, nodes, table(device))
     return name, _unforced(collective, forced) + why
 
 
@@ -330,24 +341,25 @@ def _unforced(collective: str, forced: Optional[str]) -> str:
 
 
 def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optional[Machine],
-          nodes) -> tuple[str, str]:
-    """``auto``'s choice after the override: the sources of the module docstring, in order."""
+          nodes, of: "Table") -> tuple[str, str]:
+    """``auto``'s choice after the override: the sources of the module docstring, in order,
+    from the table ``of`` the call's device."""
     names = [name for name in registry.algorithms(collective)
              if name not in exclude and registry.get(collective, name).auto]
-    tuned = tuning_choice(collective, nbytes, world, names)
+    tuned = tuning_choice(collective, nbytes, world, names, of.device)
     if tuned is not None:
         return tuned
-    on, source = machine(given)
-    if source == "default machine":
-        # no machine given: the rules measured on this host decide where they were measured
-        for rule in RULES:
+    on, source = machine(given, of.device)
+    if source == of.source:
+        # no machine given: the rules measured for this device decide where they were measured
+        for rule in of.rules:
             if rule.collective == collective and rule.world(world) and (
                     rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
                 if rule.measured_upto is not None and world <= rule.measured_upto:
                     return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
                                            f"{rule.evidence.split(';')[0]}"
                 break       # the rule that would decide was not measured here: the model does
-    return model_choice(collective, nbytes, world, names, given, nodes)
+    return model_choice(collective, nbytes, world, names, given, nodes, of.device)
 
 
 def group_nodes(ctx) -> tuple:
@@ -360,6 +372,8 @@ def group_nodes(ctx) -> tuple:
 # -- the tuning table (RINGCOLL_TUNING) ------------------------------------------------------
 
 TUNING_HEADER = ("collective", "nranks", "min_bytes", "max_bytes", "algorithm")
+#: the optional sixth column: the device the row was measured on (empty: any device)
+TUNING_DEVICES = ("cpu", "cuda")
 _TUNING_NAMES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
                  "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
                  "all_to_all_single": "all_to_all"}
@@ -373,6 +387,7 @@ class TuningRow:
     max_bytes: int          # inclusive
     algorithm: str
     where: str              # path:line, for the reason
+    device: str = ""        # "cpu" or "cuda": decides only that device's calls; "": any
 
 
 _tuning_cache: dict = {}
@@ -380,9 +395,10 @@ _tuning_cache: dict = {}
 
 def load_tuning(path: str) -> tuple:
     """The rows of a tuning table: a CSV with the header
-    ``collective,nranks,min_bytes,max_bytes,algorithm`` (``ringcoll-bench --tune`` writes it;
-    bytes inclusive, counted as ``auto`` counts them). ValueError naming the file, line and
-    field of anything wrong, an unregistered algorithm included."""
+    ``collective,nranks,min_bytes,max_bytes,algorithm`` and optionally ``device``
+    (``ringcoll-bench --tune`` writes it; bytes inclusive, counted as ``auto`` counts them; the
+    device ``cpu`` or ``cuda``, or empty for any). ValueError naming the file, line and field
+    of anything wrong, an unregistered algorithm included."""
     import csv
 
     try:
@@ -414,20 +430,27 @@ def load_tuning(path: str) -> tuple:
             if algorithm not in registry.algorithms(collective):       # ValueError for a bad collective
                 raise ValueError(f"{path}:{line}: {collective} has no algorithm {algorithm!r}; "
                                  f"it has {registry.algorithms(collective)}")
-            rows.append(TuningRow(collective, *numbers, algorithm, f"{path}:{line}"))
+            device = fields[5].strip() if len(fields) > 5 else ""
+            if device and device not in TUNING_DEVICES:
+                raise ValueError(f"{path}:{line}: device must be one of {TUNING_DEVICES} or "
+                                 f"empty, got {device!r}")
+            rows.append(TuningRow(collective, *numbers, algorithm, f"{path}:{line}", device))
     _tuning_cache[path] = (stamp, tuple(rows))
     return tuple(rows)
 
 
-def tuning_choice(collective: str, nbytes: int, world: int, names) -> Optional[tuple[str, str]]:
-    """The first row of the RINGCOLL_TUNING table for this collective, world and size whose
-    algorithm the call can run, or None (no table, or no row covers the call)."""
+def tuning_choice(collective: str, nbytes: int, world: int, names,
+                  device=None) -> Optional[tuple[str, str]]:
+    """The first row of the RINGCOLL_TUNING table for this collective, world, size and device
+    (a row naming another device is skipped) whose algorithm the call can run, or None (no
+    table, or no row covers the call)."""
     path = settings().tuning
     if not path:
         return None
+    device = table(device).device
     for row in load_tuning(path):
-        if row.collective == collective and row.nranks == world and \
-                row.min_bytes <= nbytes <= row.max_bytes and row.algorithm in names:
+        if row.collective == collective and row.nranks == world and row.device in ("", device) \
+                and row.min_bytes <= nbytes <= row.max_bytes and row.algorithm in names:
             return row.algorithm, f"auto: tuning table {row.where}"
     return None
 
@@ -449,12 +472,13 @@ FRONTIER = ("direct", "swing_latency", "swing_bandwidth", "bine", "pat", "torus2
 _machine_cache: dict = {}
 
 
-def machine(given: Optional[Machine] = None) -> tuple[Machine, str]:
+def machine(given: Optional[Machine] = None, device=None) -> tuple[Machine, str]:
     """The model's :class:`ringcoll.Machine` and where it came from, first that answers: the
     one the call was given (its group's ``ringcoll.Options(machine=...)``, or the machine
     ``ringcoll.simulate`` runs on: "given machine"); the JSON file
     ``RINGCOLL_MACHINE`` names, read by :meth:`Machine.load` (``Machine.save`` and
-    ``ringcoll.fit(...).save(path)`` write one); else :data:`DEFAULT_MACHINE`. A file that
+    ``ringcoll.fit(...).save(path)`` write one); else the machine of ``device``'s table
+    (:func:`table`: :data:`DEFAULT_MACHINE`, or :data:`CUDA_MACHINE`). A file that
     cannot be read or is no Machine is a ValueError naming RINGCOLL_MACHINE and the path."""
     if given is not None:
         if not isinstance(given, Machine):
@@ -462,7 +486,8 @@ def machine(given: Optional[Machine] = None) -> tuple[Machine, str]:
         return given, "given machine"
     path = settings().machine
     if not path:
-        return DEFAULT_MACHINE, "default machine"
+        of = table(device)
+        return of.machine, of.source
     try:
         stamp = os.stat(path).st_mtime_ns
     except OSError as error:
@@ -553,20 +578,37 @@ def _simulated_time(collective: str, name: str, world: int, n: int, on: Machine,
 
 
 def modelled_times(collective: str, nbytes: int, world: int, names,
-                   given: Optional[Machine] = None, nodes=None) -> list[tuple[float, str]]:
+                   given: Optional[Machine] = None, nodes=None,
+                   device=None) -> list[tuple[float, str]]:
     """(time on the model's machine, name) of every candidate, fastest first (ties, to 12
     significant digits: the classic algorithm, then registration order). The time is the
     simulator's cost-only run on the machine of :func:`machine` with the node layout of
     :func:`model_nodes` at the size of :func:`size_band` (ports, NICs and both link classes
     priced as the study prices them), or beyond :data:`SIMULATE_UP_TO` ranks the closed form.
-    Cached per (collective, world, size band, machine, layout, candidates)."""
-    on, _ = machine(given)
+    The segments are those of ``device``'s table (:func:`table`). Cached per (collective,
+    world, size band, machine, layout, candidates, table)."""
+    of = table(device)
+    on, _ = machine(given, of.device)
     layout = model_nodes(world, on, nodes)
     band = size_band(_model_bytes(collective, nbytes, world))
-    key = (collective, world, band, on, layout, tuple(names), registry.version)
+    key = (collective, world, band, on, layout, tuple(names), registry.version, of.device)
     ranked = _simulated.get(key)
     if ranked is not None:
         return list(ranked)
+    state = _model_runs.state
+    outer, state.device = getattr(state, "device", None), of.device   # the segments priced
+    try:
+        ranked = _rank(collective, world, band, on, layout, names)
+    finally:
+        state.device = outer
+    if len(_simulated) >= 4096:         # a long-lived process sweeping sizes: keep it bounded
+        _simulated.clear()
+    _simulated[key] = tuple(ranked)
+    return ranked
+
+
+def _rank(collective: str, world: int, band: int, on: Machine, layout, names) -> list:
+    """(time, name) of every candidate the model may take, fastest first."""
     ranked = []
     for index, name in enumerate(names):
         if world > SMALL_WORLD_ONLY.get(name, world):
@@ -579,24 +621,20 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
                                      local_size=model_local_size(layout)).on(on)
         ranked.append((float(f"{seconds:.12g}"), name in FRONTIER, index, name))
     ranked.sort()
-    ranked = [(seconds, name) for seconds, _, _, name in ranked]
-    if len(_simulated) >= 4096:         # a long-lived process sweeping sizes: keep it bounded
-        _simulated.clear()
-    _simulated[key] = tuple(ranked)
-    return ranked
+    return [(seconds, name) for seconds, _, _, name in ranked]
 
 
 def model_choice(collective: str, nbytes: int, world: int, names,
-                 given: Optional[Machine] = None, nodes=None) -> tuple[str, str]:
+                 given: Optional[Machine] = None, nodes=None, device=None) -> tuple[str, str]:
     """The candidate with the least modelled time (:func:`modelled_times`), and a reason
     naming the machine, how it was priced, and the runner-up with its time."""
     if len(names) == 1:
         return names[0], "auto: the only candidate"
-    ranked = modelled_times(collective, nbytes, world, names, given, nodes)
+    ranked = modelled_times(collective, nbytes, world, names, given, nodes, device)
     if not ranked:
         return names[0], "auto: no candidate the model may take, first registered"
     (best_time, best), rest = ranked[0], ranked[1:]
-    on, source = machine(given)
+    on, source = machine(given, device)
     how = "simulated" if world <= SIMULATE_UP_TO else "closed form"
     band = size_band(_model_bytes(collective, nbytes, world))
     runner_up = f", next {rest[0][1]} {rest[0][0] * 1e6:.4g} us" if rest else ""
@@ -628,17 +666,93 @@ SEGMENTS = (
 #: in the schedule vocabulary, where a schedule called without a builder finds it too
 
 
-def segment_bytes(collective: Optional[str] = None, algorithm: Optional[str] = None) -> int:
+def segment_bytes(collective: Optional[str] = None, algorithm: Optional[str] = None,
+                  device=None) -> int:
     """The segment, in bytes, that ``collective``/``algorithm`` pipelines over: the
-    ``RINGCOLL_SEGMENT`` environment variable (bytes), else the table, else the default."""
+    ``RINGCOLL_SEGMENT`` environment variable (bytes), else the segment table of ``device``'s
+    table (:func:`table`: :data:`SEGMENTS` or :data:`CUDA_SEGMENTS`), else its default."""
     forced = settings().segment
     if forced:
         return forced
-    return next((rule.segment_bytes for rule in SEGMENTS
+    of = table(device)
+    return next((rule.segment_bytes for rule in of.segments
                  if rule.collective == collective and rule.algorithm == algorithm),
-                DEFAULT_SEGMENT_BYTES)
+                of.default_segment)
 
 
-def segment_elements(collective: str, algorithm: str, element_size: int) -> int:
+def segment_elements(collective: str, algorithm: str, element_size: int, device=None) -> int:
     """:func:`segment_bytes` in elements of ``element_size`` bytes (at least one)."""
-    return max(1, segment_bytes(collective, algorithm) // max(1, element_size))
+    return max(1, segment_bytes(collective, algorithm, device) // max(1, element_size))
+
+
+# -- the CUDA table ------------------------------------------------------------------------
+# Nothing has run on a GPU yet: no rule was measured there, and the model decides on a machine
+# built from published constants (an H200 node and its fabric, as NCCL's own tuning model
+# prices a launch). ``ringcoll-bench --tune`` run on CUDA writes rows marked ``cuda`` that
+# override it (RINGCOLL_TUNING), as RINGCOLL_MACHINE does with a fitted machine.
+
+#: One step's fixed cost on CUDA: an NCCL P2P launch plus a hop. NCCL's tuning model
+#: (src/graph/tuning.cc) prices a Simple-protocol launch at 8.4 us base latency plus 3.4 us per
+#: NVLink hop; across nodes the network hop adds a few us more (InfiniBand NDR's wire latency
+#: is ~1-2 us; NCCL's Simple net latency is ~5-15 us depending on version).
+CUDA_NVLINK_ALPHA = 10e-6
+CUDA_IB_ALPHA = 15e-6
+#: NVLink 4 on H200 SXM: 18 links, 900 GB/s both directions = 450 GB/s per direction (NVIDIA
+#: H200 datasheet); one P2P stream between two GPUs through NVSwitch can use it all.
+CUDA_NVLINK_BETA = 1 / 450e9
+#: InfiniBand NDR: 400 Gb/s = 50 GB/s per direction per port; a DGX H200 has 8 ConnectX-7
+#: ports for the compute fabric, one per GPU (the NIC ports of a node: 8).
+CUDA_IB_BETA = 1 / 50e9
+#: Reduction at HBM speed: H200's HBM3e moves 4.8 TB/s, a reduce moves 3 bytes (2 reads, 1
+#: write) per byte reduced: 1.6 TB/s of bytes reduced.
+CUDA_GAMMA = 1 / 1.6e12
+
+#: the CUDA table's machine: nodes of 8 GPUs on NVLink, 8 NIC ports per node between them
+CUDA_MACHINE = Machine.hierarchical(8, intra=(CUDA_NVLINK_ALPHA, CUDA_NVLINK_BETA),
+                                    inter=(CUDA_IB_ALPHA, CUDA_IB_BETA), gamma=CUDA_GAMMA,
+                                    nic_ports=8)
+
+CUDA_SEGMENTS = (
+    SegmentRule("all_reduce", "ring", 64 * MiB,
+                "α-β-γ on CUDA_MACHINE (experiments/cuda_segments.py, bench/results/"
+                "cuda_segments.txt): the ring's simulated time only falls as segments grow (p = 8 "
+                "and 16, 64 MiB to 1 GiB: best at the whole chunk, e.g. p=8 256 MiB 1331 us at 32 "
+                "MiB and up, 1751 at 8 MiB, 5671 at 1 MiB): at 1.6 TB/s a reduction hides little "
+                "and every segment costs an α (10 us: 4.5 MB of NVLink time). 64 MiB is the best "
+                "up to 512 MiB per chunk and bounds the two scratch slots."),
+)
+
+#: the pipelined trees' and chains' segment on CUDA (same script): best 2-4 MiB at 16 MiB
+#: (p = 8: chain 193 us, both double binary trees at or within 12 % of their best), 8-16
+#: MiB at 256 MiB (there 4 MiB costs up to 38 % more; those sizes go to the bandwidth-optimal
+#: algorithms anyway).
+CUDA_DEFAULT_SEGMENT_BYTES = 4 * MiB
+
+
+@dataclass(frozen=True)
+class Table:
+    """What ``auto`` and the pipelines' segments go by on one kind of device."""
+    device: str                 # "cpu" (gloo) or "cuda"
+    rules: tuple                # measured rules, each speaking up to its measured world
+    machine: Machine            # the model's machine when the call names none
+    source: str                 # how the reason names that machine
+    segments: tuple
+    default_segment: int
+
+
+TABLES = {
+    "cpu": Table("cpu", RULES, DEFAULT_MACHINE, "default machine", SEGMENTS,
+                 DEFAULT_SEGMENT_BYTES),
+    "cuda": Table("cuda", (), CUDA_MACHINE, "CUDA machine", CUDA_SEGMENTS,
+                  CUDA_DEFAULT_SEGMENT_BYTES),
+}
+
+
+def table(device=None) -> Table:
+    """The table of ``device``: CUDA's for ``"cuda"`` (or a CUDA torch.device), gloo's for any
+    other; None: the one whose model is being priced in this thread (the simulations the
+    model runs take its segments), else gloo's."""
+    if device is None:
+        device = getattr(_model_runs.state, "device", None) or "cpu"
+    kind = getattr(device, "type", None) or str(device).split(":")[0]
+    return TABLES["cuda" if kind == "cuda" else "cpu"]
