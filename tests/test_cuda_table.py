@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ringcoll import selection
-from ringcoll.collectives import _common
+from ringcoll.api import _common
 
 MiB = 1 << 20
 

@@ -9,7 +9,7 @@ The checks, in order:
 
 - ``kernels_prepare``: ``ringcoll.kernels.prepare("cuda:0", ...)`` probes the kernel backends on
   the device and compiles the float kinds' one-source modules; a second call is cached.
-- ``nccl_self_batch``: a self send/recv batch through ``ringcoll.transport.NcclComm`` on a real
+- ``nccl_self_batch``: a self send/recv batch through ``ringcoll.runtime.transport.NcclComm`` on a real
   ProcessGroupNCCL of world 1, both as a raw Backend (what the ``"ringcoll"`` backend's inner
   group is: ``_start_coalescing()`` without a device) and as a registered ProcessGroup
   (``_start_coalescing(device)``): the binding mismatch that once made every CUDA step raise.
@@ -37,7 +37,7 @@ The checks, in order:
   blocks the host until the GPU is done takes the whole 50 ms (fail, with the numbers).
 
 Entry points used: ``dist.*`` on a ringcoll group, ``ringcoll.all_reduce``,
-``Work.get_future()``, ``ringcoll.kernels.prepare``, ``ringcoll.transport.NcclComm``.
+``Work.get_future()``, ``ringcoll.kernels.prepare``, ``ringcoll.runtime.transport.NcclComm``.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def check_kernels_prepare() -> dict:
 def check_nccl_self_batch() -> dict:
     torch, device = _cuda()
     import torch.distributed as dist
-    from ringcoll.transport import NcclComm
+    from ringcoll.runtime.transport import NcclComm
     options = dist.ProcessGroupNCCL.Options()
     raw = dist.ProcessGroupNCCL(dist.HashStore(), 0, 1, options)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
