@@ -1,4 +1,4 @@
-"""Data with known reductions, and exact comparison: what tests/test_kernels.py and
+"""Data with known reductions, and exact comparison: what tests/kernels/test_kernels.py and
 bench/gpu_check.py check every backend with.
 
 ``exact_case`` builds operands whose reduction is known in closed form, computed here in Python

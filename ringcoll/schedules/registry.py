@@ -83,7 +83,7 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     is rank 0's with every peer q moved to ``(q + r) % world``), an int period L (rank r's is
     rank r % L's with every peer moved by ``r - r % L``: nodes of L alike), or ``"xor"`` (rank
     0's with every peer moved to ``q ^ r``); None where it is not. Cost-only simulations then
-    run ranks 0 .. L - 1 alone for every rank (checked on sampled ranks; tests/test_study.py
+    run ranks 0 .. L - 1 alone for every rank (checked on sampled ranks; tests/sim/test_study.py
     checks every rank). ``world`` fixes the one world size it runs at (other groups get a
     ValueError when they ask for it); ``auto=False`` keeps ``algorithm="auto"`` from picking
     it (ringcoll.msccl registers its loaded programs so).

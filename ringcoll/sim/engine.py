@@ -24,7 +24,7 @@ representative does at the same times, on a flat machine or one whose nodes the 
 maps onto nodes. A cost-only run without a timeline then runs the L representatives alone,
 each send matched with the representative receive it stands for (:func:`run_schedules`,
 ``mirror``): O(L ranks' steps) instead of O(world's), with the same statistics and time
-(tests/test_study.py compares both at every rank). The declaration is checked against
+(tests/sim/test_study.py compares both at every rank). The declaration is checked against
 sampled ranks on every such run.
 """
 from __future__ import annotations

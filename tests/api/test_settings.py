@@ -173,7 +173,7 @@ def test_import_never_fails_on_a_bad_value(clean_env):
 
 
 def test_every_variable_is_in_the_readme_table():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     for variable in config.VARIABLES:
         assert f"| `{variable.name}` |" in readme, variable.name
 

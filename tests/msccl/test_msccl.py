@@ -17,7 +17,7 @@ from ringcoll.msccl import MscclError
 from ringcoll.msccl.ir import load_program
 from ringcoll.selection import choose
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "msccl")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "msccl")
 BUILDER = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
            "all_to_all": "all_to_all_single", "reduce_scatter": "reduce_scatter_tensor"}
 #: public XMLs: file -> (collective, ranks, bitwise identical across ranks)

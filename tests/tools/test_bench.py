@@ -661,7 +661,7 @@ def registry_restored():
 
 
 def test_import_benchmarks_a_user_modules_algorithm(registry_restored, tmp_path, capsys):
-    """``--import tests/custom_algo.py``: the parent lists its all_reduce algorithm and the
+    """``--import tests/tools/custom_algo.py``: the parent lists its all_reduce algorithm and the
     ranks the bench spawns import it too, so its row is measured and checked like ring's."""
     out = tmp_path / "results"
     status = cli.main(["--import", CUSTOM, "--np", "2", "--algorithms", "ring_reversed,ring", "-b", "1K",

@@ -14,7 +14,7 @@ import pytest
 
 import ringcoll
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 #: the pages whose relative links are checked: the landing page, docs/, and the two READMEs of bench/
 PAGES = ["README.md", "bench/README.md", "bench/results/README.md"] + sorted(

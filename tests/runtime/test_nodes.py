@@ -211,7 +211,7 @@ def _free_port() -> int:
 def test_uneven_nodes_under_torchrun(tmp_path, per_node, rendezvous, layouts):
     """One torchrun launch per emulated node, each with its own ``--nproc-per-node`` (a
     static rendezvous, where ``--node-rank`` is the node's GROUP_RANK, or c10d's); every rank
-    checks every node-aware algorithm and auto against the built-ins (tests/nodes_rank.py)
+    checks every node-aware algorithm and auto against the built-ins (tests/runtime/nodes_rank.py)
     and reports its layout, the same on every rank."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RINGCOLL_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "RINGCOLL_ALGO")}

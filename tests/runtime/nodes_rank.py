@@ -1,4 +1,4 @@
-"""One rank of tests/test_nodes.py's real torchrun launches on uneven nodes.
+"""One rank of tests/runtime/test_nodes.py's real torchrun launches on uneven nodes.
 
 Run by ``python -m torch.distributed.run`` (every launch on localhost with its own
 ``--nproc-per-node``): joins the gloo group from torchrun's env:// variables, runs every
@@ -7,7 +7,7 @@ below the world, not divisible by it and about 1000, compares each result with
 torch.distributed's built-in on integer data, and writes what it found (the layout the group
 agreed on, its source, the problems) as JSON to ``<out>/rank<RANK>.json``.
 
-    python -m torch.distributed.run ... tests/nodes_rank.py OUT_DIR
+    python -m torch.distributed.run ... tests/runtime/nodes_rank.py OUT_DIR
 """
 from __future__ import annotations
 

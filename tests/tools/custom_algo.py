@@ -1,5 +1,5 @@
 """A user's module for ``ringcoll-bench --import``: it registers one all_reduce algorithm,
-as code outside ringcoll would (tests/test_bench.py benchmarks it)."""
+as code outside ringcoll would (tests/tools/test_bench.py benchmarks it)."""
 import ringcoll
 from ringcoll.schedules.registry import get
 from ringcoll.schedules.trees import relabel

@@ -574,7 +574,7 @@ def test_ddp_comm_hook_on_gloo(clusters):
 def test_shutdown_joins_the_inner_groups_and_later_calls_say_so():
     """destroy_process_group calls shutdown(): queued calls finish first, the inner gloo group is
     shut down then (not left to interpreter exit, where a live gloo group aborted 1 run in ~10
-    of tests/test_backend_entry.py with `terminate called without an active exception`), and a
+    of tests/backend/test_backend_entry.py with `terminate called without an active exception`), and a
     call on the closed group raises naming what happened."""
     from ringcoll.backend import ProcessGroupRingcoll
     pg = ProcessGroupRingcoll(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))

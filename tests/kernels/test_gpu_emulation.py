@@ -30,7 +30,7 @@ from ringcoll.kernels import _cupy, _lowering, _nvrtc
 from ringcoll.kernels.testing import (fake_cupy, FLOATS, PAIRS, exact_case, first_difference,
                                       random_float_case, subnormal_case)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Stand-ins for what reduce.cu takes from CUDA; after the standard headers, so that redefining
 # the keyword ``asm`` (f16's PTX conversions become no-ops: f16 is not emulated) touches nothing

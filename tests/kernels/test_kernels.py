@@ -6,7 +6,7 @@ Data come from ringcoll.kernels.testing (shared with tools/gpu_check.py): exact 
 result is known in closed form (integers wrap, float intermediates are exactly representable), and
 random floats compared bit for bit with torch's sequence of in-place ops. The slow checks run in
 subprocesses started with the module, so they overlap with the in-process tests:
-``python tests/test_kernels.py MODE`` is their entry point.
+``python tests/kernels/test_kernels.py MODE`` is their entry point.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ringcoll.kernels import _lowering
 from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,
                                       random_float_case, subnormal_case)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # (number of sources, numel, fused): one source, several, more than one kernel pass (9 > 8);
 # numel not a multiple of any pack width; numel 0 (reduce_into returns before any kernel, the
 # simulator launches one anyway).

@@ -2,9 +2,9 @@
 shipped in the wheel) against ``BACKEND=ringcoll``.
 
     # one batch, as torch's runner would (each test spawns WORLD_SIZE fresh processes, ~8 s)
-    IMPERSONATE=gloo WORLD_SIZE=3 python tests/torch_suite/run_torch_dist_suite.py -v -k test_all_reduce_sum
+    IMPERSONATE=gloo WORLD_SIZE=3 python tests/backend/torch_suite/run_torch_dist_suite.py -v -k test_all_reduce_sum
     # the representative slice below, in batches, with a summary file
-    python tests/torch_suite/run_torch_dist_suite.py --slice --summary bench/results/torch_suite.txt
+    python tests/backend/torch_suite/run_torch_dist_suite.py --slice --summary bench/results/torch_suite.txt
 
 The suite's decorators are evaluated when distributed_test is imported and spawned children
 re-import ``__main__``, so everything that makes torch accept the backend happens at module
@@ -113,7 +113,7 @@ def main_slice(summary_path, batch=6):
     lines = [f"# torch's distributed_test.py against BACKEND=ringcoll ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              f"# torch {torch.__version__}, WORLD_SIZE={env['WORLD_SIZE']}, INIT_METHOD={env['INIT_METHOD']}, "
              f"IMPERSONATE={env.get('IMPERSONATE')}, load average {os.getloadavg()[0]:.1f}",
-             f"# command: python tests/torch_suite/run_torch_dist_suite.py --slice (batches of {batch})", ""]
+             f"# command: python tests/backend/torch_suite/run_torch_dist_suite.py --slice (batches of {batch})", ""]
     counts = {}
     for family, tests in SLICE.items():
         for start in range(0, len(tests), batch):
