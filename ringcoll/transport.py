@@ -275,6 +275,23 @@ class NcclComm:
             work = self.pg._end_coalescing(*self._coalescing_args)
         return work
 
+    # the stream-ordered path (ringcoll.transport_stream): both called with ringcoll's
+    # stream current
+    def start(self, ops: Sequence) -> object:
+        """Post a step's batch: NCCL enqueues it on its own stream, after the current one."""
+        return self.batch(ops)
+
+    def join(self, work) -> None:
+        """Order the current stream after the batch (NCCL's ``wait()``: the host goes on)."""
+        work.wait()
+
+    def failed(self, work) -> Optional[BaseException]:
+        """The batch's error, once NCCL has reported one (never blocks)."""
+        try:
+            return work.exception() if work.is_completed() else None
+        except Exception as error:  # noqa: BLE001 - is_completed raises a failed work's error
+            return error
+
     def abort(self) -> None:
         try:
             self.pg.abort()

@@ -47,6 +47,7 @@ LAYERS = {
     "ringcoll.msccl.to_schedule": 2, "ringcoll.msccl.mapping": 2, "ringcoll.msccl.export": 2,
     "ringcoll.kernels": 3, "ringcoll.kernels._cupy": 3, "ringcoll.local": 3, "ringcoll.transport": 3,
     "ringcoll.work": 3, "ringcoll.executor": 3, "ringcoll.simulator": 3,
+    "ringcoll.streams": 3, "ringcoll.transport_stream": 3, "ringcoll.watchdog": 3,
     "ringcoll.topology": 4, "ringcoll.selection": 4, "ringcoll.study.fit": 4,
     "ringcoll.collectives": 5, "ringcoll.hooks": 5, "ringcoll.backend": 5,
     "ringcoll.simulate": 6, "ringcoll.study.sweep": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6,
