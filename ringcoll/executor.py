@@ -309,7 +309,7 @@ class P2PExecutor:
             comm = NcclComm(pg, device)
             # the reduction kernels' availability probe compiles and runs once per process: here,
             # on this group's device at its first CUDA call, not inside a collective's schedule
-            with torch.cuda.device(device):
+            with runtime.on_device(device):
                 kernels.backend_for(device)
         else:
             if self._store is None:

@@ -41,6 +41,10 @@ class StreamRuntime:
         """The calling thread's current stream on ``device``."""
         raise NotImplementedError
 
+    def on_device(self, device: torch.device):
+        """A context in which ``device`` is the current device."""
+        return contextlib.nullcontext()
+
     def new_stream(self, device: torch.device):
         """A stream of ringcoll's own on ``device``."""
         raise NotImplementedError
@@ -94,6 +98,9 @@ class CudaRuntime(StreamRuntime):
 
     def current(self, device):
         return torch.cuda.current_stream(device)
+
+    def on_device(self, device):
+        return torch.cuda.device(device)
 
     def new_stream(self, device):
         return torch.cuda.Stream(device=device)

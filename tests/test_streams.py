@@ -359,3 +359,87 @@ def test_graph_capture_is_refused_with_a_clear_error(monkeypatch):
     with pytest.raises(CaptureError, match="capturing a graph.*outside the captured region"):
         work_module.submit_stream(lambda caller: ran.append(caller), False, [], runtime, CPU, "all_reduce/ring")
     assert ran == []
+
+
+# -- the private communicator, in process (a fake ProcessGroupNCCL: this build has none) ----------
+class FakeProcessGroupNccl:
+    """``dist.ProcessGroupNCCL(store, rank, size, options)`` as ringcoll builds its private one:
+    records its prefix, timeout and the environment its constructor read; a raw Backend's
+    coalescing (no device) and abort."""
+
+    made: list = []
+
+    class Options:
+        def __init__(self):
+            self._timeout = None
+
+    def __init__(self, store, rank, size, options):
+        import os
+        self.store, self.rank, self.size, self.timeout = store, rank, size, options._timeout
+        self.env = {name: os.environ.get(name) for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                            "TORCH_NCCL_BLOCKING_WAIT")}
+        self.aborted = False
+        FakeProcessGroupNccl.made.append(self)
+
+    def eager_connect_single_device(self, device):
+        pass
+
+    def abort(self):
+        self.aborted = True
+
+
+class UserNccl(FakeProcessGroupNccl):
+    def __init__(self):
+        self.aborted = False
+
+
+@pytest.fixture
+def fake_nccl(monkeypatch):
+    FakeProcessGroupNccl.made = []
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeProcessGroupNccl, raising=False)
+    monkeypatch.setattr(streams, "cuda", streams.emulated)        # no CUDA streams in this build
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)
+    return FakeProcessGroupNccl.made
+
+
+def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_nccl):
+    """Items 5 and 6 of issue #26: ringcoll's CUDA transport on a user's NCCL group talks over
+    an NCCL group of its own (nothing else can be matched with its messages), built with a
+    timeout beyond ringcoll's deadline and without NCCL's process teardown; a timeout aborts
+    only it. Old code: the user's group itself, aborted on ringcoll's timeout."""
+    from ringcoll.executor import P2PExecutor, PeerError
+    from ringcoll.transport_stream import StreamTransport, private_timeout
+
+    ringcoll.set_timeout(7.0)
+    try:
+        user = UserNccl()
+        executor = P2PExecutor(user, rank=0, world=2, backend="nccl", store=dist.HashStore())
+        transport = executor.transport(torch.device("cuda", 0))
+    finally:
+        ringcoll.set_timeout(None)
+    assert isinstance(transport, StreamTransport)
+    assert fake_nccl and transport.comm.pg is fake_nccl[0] and transport.comm.pg is not user
+    private = fake_nccl[0]
+    assert private.timeout.total_seconds() == private_timeout(7.0) > 7.0
+    assert private.env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+    import os
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"          # restored for the user's
+    executor._failed(PeerError("timed out", rank=0, peer=1, step=0), [])
+    assert private.aborted and not user.aborted
+
+
+def test_the_backends_collectives_and_user_p2p_use_different_nccl_groups(fake_nccl, monkeypatch):
+    """Item 5: on a "ringcoll" group, user send/recv go to the inner NCCL group and ringcoll's
+    collectives to a private one. Old code: both on the inner group, matched by order."""
+    from ringcoll.backend import ProcessGroupRingcoll
+    from datetime import timedelta
+
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    group = ProcessGroupRingcoll(dist.HashStore(), 0, 1, timedelta(seconds=30))
+    try:
+        executor = group.executor(torch.device("cuda", 0))
+        collectives = executor.transport(torch.device("cuda", 0)).comm.pg
+        assert group._nccl in fake_nccl and collectives in fake_nccl and collectives is not group._nccl
+    finally:
+        group._gloo.shutdown()
