@@ -97,6 +97,8 @@ class InFlight:
         self.on_failure: Optional[Callable] = None   # (call, step index, TransferError) -> error
         self.enqueued = time.monotonic()
         self.finished = False
+        self.index = 0                    # the watchdog's: the first step not seen to end
+        self.clock: Optional[float] = None   # when that step's deadline started counting
         self._settled: list = []          # functions of the call, run once it completed or failed
         self._lock = threading.Lock()
 

@@ -67,8 +67,7 @@ class Watchdog:
             call = queue[0]
             runtime = call.transport.runtime
             now = time.monotonic()
-            index = getattr(call, "index", 0)
-            clock = getattr(call, "clock", None)
+            index, clock = call.index, call.clock
             if clock is None:
                 clock = call.clock = now
             while index < len(call.steps):
@@ -80,7 +79,7 @@ class Watchdog:
                     return
                 if not runtime.query(step.event):
                     break
-                if step.error is not None:
+                if step.error is not None:    # set before the step's end event: seen above next
                     continue
                 index += 1
                 clock = now

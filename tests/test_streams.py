@@ -269,6 +269,7 @@ def stalled():
     within the timeout; the user's group stays usable, ringcoll's stays failed."""
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(world)))
+    others = dist.new_group(list(range(world - 1)))       # the survivors
     previous = ringcoll.get_timeout()
     ringcoll.set_timeout(1.0)
     out = {}
@@ -281,6 +282,11 @@ def stalled():
         else:
             start = time.monotonic()
             work = ringcoll.all_reduce(x, group=group, algorithm="ring", async_op=True)
+            # another group goes on meanwhile: no worker thread serialises the groups
+            z = torch.full((5,), rank + 1, dtype=torch.int64)
+            ringcoll.all_reduce(z, group=others)
+            sync()
+            out["others"] = (time.monotonic() - start < 0.9, z.tolist())
             while not work.is_completed() and time.monotonic() - start < 10:
                 time.sleep(0.01)
             try:
@@ -304,8 +310,9 @@ def stalled():
 def test_a_stalled_peer_fails_every_survivor_within_the_timeout(streamed):
     """Items 4 and 6 of issue #26: one watchdog thread, not per-step host polls, fails the call
     within ringcoll's timeout on every surviving rank, naming the call and the step; only
-    ringcoll's private communicator is aborted. Old code: the batched transport aborted the
-    user's own NCCL group."""
+    ringcoll's private communicator is aborted; a call on another group completes meanwhile.
+    Old code: the batched transport aborted the user's own NCCL group, and the async call held
+    the one worker thread, so the other group's call waited behind it."""
     results = streamed.run(stalled)
     world = len(results)
     for out in results[:-1]:
@@ -314,6 +321,7 @@ def test_a_stalled_peer_fails_every_survivor_within_the_timeout(streamed):
         assert "all_reduce/ring" in message and "call #" in message and f"/{2 * (world - 1)}" in message, message
         assert step is not None
         assert "call #" in out["next"] and "all_reduce" in out["next"]
+        assert out["others"] == (True, [world * (world - 1) // 2] * 5), out
     for out in results:
         assert out["user"] == [float(world)] * 3
 
@@ -443,3 +451,25 @@ def test_the_backends_collectives_and_user_p2p_use_different_nccl_groups(fake_nc
         assert group._nccl in fake_nccl and collectives in fake_nccl and collectives is not group._nccl
     finally:
         group._gloo.shutdown()
+
+
+def ddp_with_the_hook():
+    """DDP with ringcoll's comm hook on the stream path: the hook's future (the Work's) carries
+    the reduced bucket back to DDP's reducer; gradients equal the built-in's."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    grads = []
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(6, 3))
+        if hooked:
+            model.register_comm_hook(None, ringcoll.ddp_comm_hook("ring"))
+        inputs = torch.arange(24, dtype=torch.float32).view(4, 6) / 8 + rank
+        model(inputs).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return all(torch.allclose(a, b) for a, b in zip(*grads))
+
+
+def test_ddp_comm_hook_on_the_stream_path(streamed):
+    """Item 7: the hook's future comes from the stream path's Work (CUDA: stream-aware)."""
+    assert all(streamed.run(ddp_with_the_hook))
