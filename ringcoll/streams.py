@@ -24,6 +24,7 @@ and exchanges whose results the host reads take one each, by contract).
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 from typing import Callable, Optional
@@ -253,20 +254,13 @@ class EmulatedRuntime(StreamRuntime):
         return self.capture
 
 
-_cuda: Optional[CudaRuntime] = None
-_emulated: Optional[EmulatedRuntime] = None
-
-
+@functools.lru_cache(maxsize=None)
 def cuda() -> CudaRuntime:
-    global _cuda
-    if _cuda is None:
-        _cuda = CudaRuntime()
-    return _cuda
+    """The process's CUDA runtime."""
+    return CudaRuntime()
 
 
+@functools.lru_cache(maxsize=None)
 def emulated() -> EmulatedRuntime:
     """The process's emulator (one, so that a test's streams and ringcoll's share it)."""
-    global _emulated
-    if _emulated is None:
-        _emulated = EmulatedRuntime()
-    return _emulated
+    return EmulatedRuntime()

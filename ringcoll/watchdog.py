@@ -14,6 +14,7 @@ Completed calls release the tensors they held (the stream used them until their 
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -113,12 +114,7 @@ class Watchdog:
             queue.popleft().settle(verdict)
 
 
-_watchdog: Optional[Watchdog] = None
-
-
+@functools.lru_cache(maxsize=None)
 def watchdog() -> Watchdog:
     """The process's watchdog."""
-    global _watchdog
-    if _watchdog is None:
-        _watchdog = Watchdog()
-    return _watchdog
+    return Watchdog()

@@ -411,14 +411,19 @@ def fake_nccl(monkeypatch):
     return FakeProcessGroupNccl.made
 
 
-def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_nccl):
+def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_nccl, monkeypatch):
     """Items 5 and 6 of issue #26: ringcoll's CUDA transport on a user's NCCL group talks over
     an NCCL group of its own (nothing else can be matched with its messages), built with a
     timeout beyond ringcoll's deadline and without NCCL's process teardown; a timeout aborts
-    only it. Old code: the user's group itself, aborted on ringcoll's timeout."""
+    only it. The kernels' probe runs then, on the group's device. Old code: the user's group
+    itself, aborted on ringcoll's timeout; the probe inside the first collective, on GPU 0."""
     from ringcoll.executor import P2PExecutor, PeerError
     from ringcoll.transport_stream import StreamTransport, private_timeout
 
+    from ringcoll import kernels
+
+    probed = []
+    monkeypatch.setattr(kernels, "backend_for", lambda device, backend=None: probed.append(device))
     ringcoll.set_timeout(7.0)
     try:
         user = UserNccl()
@@ -427,6 +432,7 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
     finally:
         ringcoll.set_timeout(None)
     assert isinstance(transport, StreamTransport)
+    assert probed == [torch.device("cuda", 0)]      # item 7: the kernel probe, at the transport's making
     assert fake_nccl and transport.comm.pg is fake_nccl[0] and transport.comm.pg is not user
     private = fake_nccl[0]
     assert private.timeout.total_seconds() == private_timeout(7.0) > 7.0
@@ -473,3 +479,120 @@ def ddp_with_the_hook():
 def test_ddp_comm_hook_on_the_stream_path(streamed):
     """Item 7: the hook's future comes from the stream path's Work (CUDA: stream-aware)."""
     assert all(streamed.run(ddp_with_the_hook))
+
+
+# -- the CUDA runtime's calls, on fakes of torch.cuda checked against the real signatures ----------
+class _FakeCuda:
+    """torch.cuda's streams, events and contexts as CudaRuntime uses them, recording what it did;
+    the fakes' methods take what the real ones take (test_the_cuda_fakes_take_the_real_signatures)."""
+
+    def __init__(self):
+        self.log, self.local = [], threading.local()
+
+    def current(self):
+        return getattr(self.local, "stream", "default")
+
+
+def _cuda_fakes(monkeypatch):
+    import contextlib
+
+    cuda = _FakeCuda()
+
+    class Stream:
+        def __new__(cls, device=None, priority=0, **kwargs):
+            stream = object.__new__(cls)
+            stream.device = device
+            return stream
+
+        def wait_event(self, event):
+            cuda.log.append(("wait_event", self, event))
+
+    class Event:
+        def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+            return object.__new__(cls)
+
+        def record(self, stream=None):
+            cuda.log.append(("record", self, stream))
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            cuda.log.append(("synchronize", self))
+
+    class Future(torch.futures.Future):
+        __class_getitem__ = classmethod(lambda cls, item: cls)     # Future[Tensor], as the real
+
+        def __init__(self, *, devices=None):
+            super().__init__()
+            for device in devices or []:            # torch's: devices with an index (CUDA here)
+                if torch.device(device).type != "cuda" or torch.device(device).index is None:
+                    raise ValueError(f"Expected devices to have indices, got {device}")
+            self.devices = devices
+
+        def set_result(self, result):
+            cuda.log.append(("set_result", self.devices, cuda.current()))
+            super().set_result(result)
+
+    @contextlib.contextmanager
+    def stream_context(stream):
+        saved, cuda.local.stream = cuda.current(), stream
+        try:
+            yield
+        finally:
+            cuda.local.stream = saved
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", stream_context)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cuda.current())
+    monkeypatch.setattr(torch.futures, "Future", Future)
+    cuda.Stream, cuda.Event, cuda.Future = Stream, Event, Future
+    return cuda
+
+
+def test_the_cuda_fakes_take_the_real_signatures(monkeypatch):
+    import inspect
+
+    real = {"Stream.wait_event": torch.cuda.Stream.wait_event, "Event.record": torch.cuda.Event.record,
+            "Event.__new__": torch.cuda.Event.__new__, "Stream.__new__": torch.cuda.Stream.__new__,
+            "Future.__init__": torch.futures.Future.__init__}
+    cuda = _cuda_fakes(monkeypatch)
+    fake = {"Stream.wait_event": cuda.Stream.wait_event, "Event.record": cuda.Event.record,
+            "Event.__new__": cuda.Event.__new__, "Stream.__new__": cuda.Stream.__new__,
+            "Future.__init__": cuda.Future.__init__}
+    for name, function in real.items():
+        assert list(inspect.signature(fake[name]).parameters) == list(inspect.signature(function).parameters), name
+    with pytest.raises(ValueError, match="indices"):
+        torch.futures.Future(devices=["cpu"])          # as the real one
+
+
+def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
+    """Items 2 and 7: on CUDA a Work's future is ``Future(devices=[device])`` completed under
+    ringcoll's stream (DDP's reducer and the comm hook then chain on the stream), and wait()
+    orders the waiting stream after the call's end event without blocking the host. Old code:
+    a CPU-only future completed on the host, and a backend call's Work had no event at all."""
+    from ringcoll.streams import CudaRuntime
+    from ringcoll.transport_stream import InFlight
+    from ringcoll.work import StreamWork
+
+    cuda = _cuda_fakes(monkeypatch)
+    runtime = CudaRuntime()
+    device = torch.device("cuda", 1)
+
+    class Transport:
+        stream = runtime.new_stream(device)
+
+    call = InFlight("call #1 all_reduce/ring", 1.0, 2, Transport())
+    call.done = runtime.record(Transport.stream)
+    result = [torch.ones(3)]
+    work = StreamWork(result, "all_reduce/ring", runtime, device)
+    work._enqueued(call)
+    assert ("set_result", [device], Transport.stream) in cuda.log
+    chained = work.get_future().then(lambda future: future.value()[0])
+    assert torch.equal(chained.wait(), torch.ones(3))
+    cuda.log.clear()
+    side = cuda.local.stream = runtime.new_stream(device)          # the caller's side stream
+    assert work.wait() is True
+    assert cuda.log == [("wait_event", side, call.done)]             # no host wait
