@@ -474,12 +474,7 @@ class P2PExecutor:
     def _await(self, call: InFlight) -> None:
         """Block the host until ``call`` completed and the watchdog gave its verdict; raise
         its error."""
-        call.transport.runtime.synchronize(call.done)
-        deadline = time.monotonic() + 5.0
-        while not call.finished and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        if call.failure is not None:
-            raise call.failure
+        call.host_wait()
         self.raise_if_failed()
 
     def exchange(self, prepared: "Prepared", tag: int, timeout: float, name: str) -> None:

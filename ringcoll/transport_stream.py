@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from .schedule import Send
 from .streams import StreamRuntime
-from .transport import NCCL_DTYPES, NcclShim, TransferError, _c10_name, wire
+from .transport import NcclShim, TransferError, wire
 
 #: ringcoll's deadline is at most this share of the private communicator's own timeout
 PRIVATE_MARGIN = 4.0
@@ -101,6 +101,7 @@ class InFlight:
         self.clock: Optional[float] = None   # when that step's deadline started counting
         self._settled: list = []          # functions of the call, run once it completed or failed
         self._lock = threading.Lock()
+        self._verdict = threading.Event()
 
     def when_settled(self, fn: Callable[["InFlight"], None]) -> None:
         """Run ``fn(call)`` once the watchdog has seen the call complete or fail (now if it
@@ -120,8 +121,19 @@ class InFlight:
             if failure is None:
                 self.keep = []
             settled, self._settled = self._settled, []
+        self._verdict.set()
         for fn in settled:
             fn(self)
+
+    def host_wait(self) -> None:
+        """Block the host until the watchdog has seen the call end (its end event reached) or
+        fail (then raise its error): what a barrier, check mode and exchanges the host reads
+        need. Counted in ``StreamRuntime.host_waits``. Never longer than the watchdog's
+        deadline, even where an aborted transfer would keep the stream from its end event."""
+        StreamRuntime.host_waits += 1
+        self._verdict.wait()
+        if self.failure is not None:
+            raise self.failure
 
     def __repr__(self) -> str:
         return f"InFlight({self.name}, steps={len(self.steps)}/{self.total})"
@@ -217,43 +229,37 @@ class StreamTransport:
 
 # -- the emulated NCCL communicator ---------------------------------------------------------
 class EmulatedNccl:
-    """NCCL on an emulated device (see the module docstring): a private gloo group, every
-    message on one tag (NCCL matches by order alone), NCCL's dtype list. ``start`` posts a
-    batch's sends and receives when the stream reaches it; ``join`` blocks the stream's thread
-    (not the host) until they complete, as the stream waits on NCCL's kernel. ``abort`` aborts
-    the private group, which fails the transfers a stalled stream is blocked in."""
-
-    TAG = NcclShim.SHIM_TAG
+    """NCCL on an emulated device (see the module docstring): :class:`NcclShim` (one tag, NCCL's
+    dtype list, one Work per batch settled by its waiter thread) on a private gloo group.
+    ``start`` posts a batch's sends and receives when the stream reaches it; ``join`` blocks
+    the stream's thread (not the host) until the batch completes, or until the communicator is
+    aborted: gloo's abort does not fail the waits already blocked, so the stream must not sit
+    in one (a stalled stream would keep a barrier's host from the watchdog's verdict)."""
 
     def __init__(self, pg, timeout: float):
-        self.pg, self.timeout = pg, timeout
-        self.aborted = False
+        self.shim, self.timeout = NcclShim(pg), timeout
 
     def connect(self, deadline: float) -> None:
-        """The private group connected every pair when it was created; nothing more."""
+        """Set the communicator up now, every rank together, within ``deadline``."""
+        self.shim.connect(deadline)
 
-    def start(self, ops) -> list:
-        if self.aborted:
-            raise RuntimeError("NCCL communicator was aborted")
-        for _, tensor, _ in ops:
-            if tensor.dtype not in NCCL_DTYPES:
-                raise RuntimeError(f"Input tensor data type is not supported for NCCL process group: "
-                                   f"{_c10_name(tensor.dtype)}")
-        return [(self.pg.send if is_send else self.pg.recv)([tensor], peer, self.TAG)
-                for is_send, tensor, peer in ops]
+    def start(self, ops):
+        return self.shim.batch(ops)
 
-    def join(self, works) -> None:
-        for work in works:
-            work.wait(timedelta(seconds=self.timeout))
+    def join(self, work) -> None:
+        while not work._done.wait(0.01):
+            if self.shim.aborted:
+                raise RuntimeError("NCCL communicator was aborted")
+        work.wait()                       # the batch's error, if it failed
 
-    def failed(self, works) -> None:   # noqa: ARG002 - its errors come through join
+    def failed(self, work) -> None:   # noqa: ARG002 - its errors come through join
         return None
 
     def abort(self) -> None:
-        if not self.aborted:
-            self.aborted = True
+        if not self.shim.aborted:
+            self.shim.abort()
             try:
-                self.pg.abort()
+                self.shim.pg.abort()
             except Exception:  # noqa: BLE001 - best effort: the group is failed either way
                 pass
 

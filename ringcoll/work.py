@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
-import time
 from typing import Callable, Optional
 
 import torch
@@ -230,11 +229,7 @@ class StreamWork(Work):
         if call.failure is not None:
             raise call.failure
         if self._blocking:                        # barrier: the host waits, as NCCL's
-            self._runtime.synchronize(call.done)
-            while not call.finished:              # the watchdog's verdict follows the event
-                time.sleep(0.0005)
-            if call.failure is not None:
-                raise call.failure
+            call.host_wait()
         else:
             self._runtime.wait(self._runtime.current(self._device), call.done)
         return True

@@ -299,6 +299,12 @@ def stalled():
                 out["next"] = "returned"
             except ringcoll.GroupFailedError as error:
                 out["next"] = str(error)
+            # the abort fails the transfers the emulated stream was blocked in: it drains
+            transport = group_executor(group).transport(CPU)
+            drained = transport.runtime.record(transport.stream)
+            while not drained.query() and time.monotonic() - start < 8:
+                time.sleep(0.01)
+            out["drained"] = drained.query()
     finally:
         ringcoll.set_timeout(previous)
     y = torch.ones(3)
@@ -322,6 +328,7 @@ def test_a_stalled_peer_fails_every_survivor_within_the_timeout(streamed):
         assert step is not None
         assert "call #" in out["next"] and "all_reduce" in out["next"]
         assert out["others"] == (True, [world * (world - 1) // 2] * 5), out
+        assert out["drained"], out
     for out in results:
         assert out["user"] == [float(world)] * 3
 
