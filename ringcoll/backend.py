@@ -185,8 +185,11 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _close(self, how: str) -> None:
         with self._lock:
             inner = [pg for pg in (self._gloo, self._nccl) if pg is not None]
+            executors = list(self._executors.values())
             self._executors.clear()
             self._closed = how
+        for executor in executors:        # their private communicators (the stream-ordered path)
+            executor.close(how)
         for pg in inner:
             getattr(pg, how)()
 

@@ -316,7 +316,14 @@ class P2PExecutor:
                 raise ValueError("RINGCOLL_TRANSPORT=streamed needs a group whose store c10d knows (a "
                                  "registered group, or an executor given store=)")
             comm = EmulatedNccl(private_gloo(self._store, self.rank, self.world, inner), inner)
-        return StreamTransport(comm, runtime, device, watchdog())
+        return StreamTransport(comm, runtime, device, watchdog(), private=self._store is not None)
+
+    def close(self, how: str = "shutdown") -> None:
+        """Close the private communicators of this executor's stream-ordered transports
+        (``"shutdown"``: after their calls in flight; ``"abort"``: at once)."""
+        for transport in list(self._transports.values()):
+            if getattr(transport, "streamed", False):
+                transport.shutdown(how)
 
     def streamed(self, device: torch.device) -> bool:
         """Whether calls on ``device`` take the stream-ordered path."""

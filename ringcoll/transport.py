@@ -293,9 +293,13 @@ class NcclComm:
             return error
 
     def abort(self) -> None:
+        self.close("abort")
+
+    def close(self, how: str) -> None:
+        """``shutdown`` or ``abort`` the group (best effort: it is failed or done either way)."""
         try:
-            self.pg.abort()
-        except Exception:  # noqa: BLE001 - best effort: the group is failed either way
+            getattr(self.pg, how)()
+        except Exception:  # noqa: BLE001
             pass
 
 

@@ -145,10 +145,12 @@ class StreamTransport:
     batched = True
     streamed = True
 
-    def __init__(self, comm, runtime: StreamRuntime, device: torch.device, watchdog):
+    def __init__(self, comm, runtime: StreamRuntime, device: torch.device, watchdog, *, private: bool = True):
         self.comm, self.runtime, self.device, self.watchdog = comm, runtime, device, watchdog
+        self.private = private            # whether comm's group is ringcoll's own (see shutdown)
         self.stream = runtime.new_stream(device)
         self.call: Optional[InFlight] = None
+        self.last: Optional[InFlight] = None
         self._ready = False
 
     def ready(self, deadline: float) -> None:
@@ -214,7 +216,19 @@ class StreamTransport:
         call.keep = list(keep)
         self.runtime.keep_alive(call.keep, self.stream)
         self.watchdog.watch(call)
+        self.last = call
         return call
+
+    def shutdown(self, how: str = "shutdown") -> None:
+        """Close the private communicator (``how``: ``"shutdown"``, after the calls in flight
+        end or fail, or ``"abort"``, at once); a shared one is the user's and stays."""
+        if how == "shutdown" and self.last is not None:
+            try:
+                self.last.host_wait()
+            except Exception:  # noqa: BLE001 - reported to the call's own waiters
+                pass
+        if self.private:
+            self.comm.close(how)
 
     def drop(self) -> None:
         """Forget a call whose enqueueing failed on the host."""
@@ -258,10 +272,13 @@ class EmulatedNccl:
     def abort(self) -> None:
         if not self.shim.aborted:
             self.shim.abort()
-            try:
-                self.shim.pg.abort()
-            except Exception:  # noqa: BLE001 - best effort: the group is failed either way
-                pass
+            self.close("abort")
+
+    def close(self, how: str) -> None:
+        try:
+            getattr(self.shim.pg, how)()
+        except Exception:  # noqa: BLE001 - best effort: the group is failed or done either way
+            pass
 
 
 def group_store(group):

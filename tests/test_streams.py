@@ -402,6 +402,9 @@ class FakeProcessGroupNccl:
     def abort(self):
         self.aborted = True
 
+    def shutdown(self):
+        self.closed = True
+
 
 class UserNccl(FakeProcessGroupNccl):
     def __init__(self):
@@ -452,7 +455,8 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
 
 def test_the_backends_collectives_and_user_p2p_use_different_nccl_groups(fake_nccl, monkeypatch):
     """Item 5: on a "ringcoll" group, user send/recv go to the inner NCCL group and ringcoll's
-    collectives to a private one. Old code: both on the inner group, matched by order."""
+    collectives to a private one, which the group's shutdown closes too. Old code: both on the
+    inner group, matched by order."""
     from ringcoll.backend import ProcessGroupRingcoll
     from datetime import timedelta
 
@@ -463,7 +467,8 @@ def test_the_backends_collectives_and_user_p2p_use_different_nccl_groups(fake_nc
         collectives = executor.transport(torch.device("cuda", 0)).comm.pg
         assert group._nccl in fake_nccl and collectives in fake_nccl and collectives is not group._nccl
     finally:
-        group._gloo.shutdown()
+        group.shutdown()
+    assert getattr(collectives, "closed", False) and getattr(group._nccl, "closed", False)   # both shut down
 
 
 def ddp_with_the_hook():
