@@ -131,6 +131,8 @@ class CudaRuntime(StreamRuntime):
         event.synchronize()
 
     def capturing(self, device):
+        if not torch.cuda.is_available():        # nothing can capture (and this build may lack CUDA)
+            return False
         with torch.cuda.device(device):
             return torch.cuda.is_current_stream_capturing()
 

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from . import transport
+from . import streams, transport
 
 
 class WaitTimeout(RuntimeError):
@@ -179,8 +179,18 @@ def submit(task: Callable[[], None], async_op: bool, result=None, *,
            device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
     """Run ``task`` in call order: now, or as a Work when ``async_op``. ``device``: the call's
     tensors' device; a CUDA call run on the worker thread runs under the caller's device and
-    current stream (recorded here, at submit)."""
+    current stream (recorded here, at submit). A CUDA call under graph capture is refused
+    (CUDA tensors over gloo: staging blocks the host, which capture forbids)."""
+    if device is not None and device.type == "cuda":
+        _refuse_capture(streams.cuda(), device, describe)
     return _queue.submit(task, async_op, result, device=device, describe=describe)
+
+
+def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
+    if runtime.capturing(device):
+        from .transport_stream import refuse_capture
+
+        raise refuse_capture(describe or "collective")
 
 
 class StreamWork(Work):
@@ -254,10 +264,7 @@ def submit_stream(task: Callable[[object], object], async_op: bool, result, runt
     Enqueued now when nothing is queued on the worker thread, else by the worker in its turn.
     A synchronous call returns once enqueued, its caller's stream ordered after it; with
     ``blocking`` (barrier) once it completed."""
-    if runtime.capturing(device):
-        from .transport_stream import refuse_capture
-
-        raise refuse_capture(describe or "collective")
+    _refuse_capture(runtime, device, describe)
     caller = runtime.record(runtime.current(device))
     work = StreamWork(result, describe, runtime, device, blocking=blocking)
     if _queue._pending == 0:

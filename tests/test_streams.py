@@ -608,3 +608,16 @@ def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
     side = cuda.local.stream = runtime.new_stream(device)          # the caller's side stream
     assert work.wait() is True
     assert cuda.log == [("wait_event", side, call.done)]             # no host wait
+
+
+def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
+    """CUDA tensors over gloo (host staging, which capture forbids) are refused alike."""
+    from ringcoll import work as work_module
+    from ringcoll.streams import CudaRuntime
+    from ringcoll.transport_stream import CaptureError
+
+    monkeypatch.setattr(CudaRuntime, "capturing", lambda self, device: True)
+    ran = []
+    with pytest.raises(CaptureError, match="all_reduce/ring"):
+        work_module.submit(lambda: ran.append(1), False, device=torch.device("cuda", 0), describe="all_reduce/ring")
+    assert ran == []
