@@ -3,10 +3,13 @@
 Each step's sends and receives are posted together and waited on together (a blocking send
 before a receive deadlocks under gloo at every size), then the step's local operations run.
 The transfers go through a transport (:mod:`ringcoll.transport`), chosen by the device of
-the call's tensors: NCCL's batched transport for CUDA tensors on a group with an NCCL
-backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend given), gloo's host transport
-otherwise (CUDA tensors staged through pinned host memory). ``RINGCOLL_TRANSPORT=batched``
-runs CPU tensors on gloo through the batched transport and its NCCL shim.
+the call's tensors: the stream-ordered transport (:mod:`ringcoll.transport_stream`) for CUDA
+tensors on a group with an NCCL backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend
+given), where the same loop enqueues the whole call on ringcoll's stream and returns without a
+host wait (a watchdog thread, not this loop, times its steps); gloo's host transport otherwise
+(CUDA tensors staged through pinned host memory). ``RINGCOLL_TRANSPORT=batched`` runs CPU
+tensors on gloo through the host-polled batched transport and its NCCL shim,
+``RINGCOLL_TRANSPORT=streamed`` through the stream-ordered transport on emulated streams.
 
 Isolation between calls. Every call on a group has a sequence number in that group (taken
 when the drop-in resolves its group, before any check that depends on this rank's role, so
@@ -54,15 +57,14 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import kernels, registry
+from . import kernels, registry, streams
 from .config import settings
 from .local import resolve_local, run_resolved
 from .plan import Plan
 from .schedule import Layout, Recv, Reduce, Send, extents
-from . import streams
 from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
-from .transport_stream import (EmulatedNccl, InFlight, _Step, StreamTransport, group_store, private_gloo,
-                               private_nccl, private_timeout)
+from .transport_stream import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
+                               private_gloo, private_nccl, private_timeout)
 from .watchdog import watchdog
 
 #: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
@@ -540,7 +542,7 @@ class P2PExecutor:
         except TransferError as error:
             error.step = index
             raise
-        if type(handle) is _Step:
+        if type(handle) is PostedStep:
             handle.index = index
         return handle
 

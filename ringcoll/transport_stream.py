@@ -76,7 +76,7 @@ def refuse_capture(describe: str) -> CaptureError:
         f"the capture, and call numbers that a replay advances.")
 
 
-class _Step:
+class PostedStep:
     """One posted step: its transfers, its batch's handle, its end event, its error."""
 
     __slots__ = ("items", "index", "work", "event", "error")
@@ -90,7 +90,7 @@ class InFlight:
 
     def __init__(self, name: str, timeout: float, total: int, transport: "StreamTransport"):
         self.name, self.timeout, self.total, self.transport = name, timeout, total, transport
-        self.steps: List[_Step] = []
+        self.steps: List[PostedStep] = []
         self.done = None                  # the call's end event
         self.failure: Optional[BaseException] = None
         self.keep: list = []              # tensors the stream uses, held until the call completes
@@ -173,7 +173,7 @@ class StreamTransport:
     def post(self, transfers: Sequence, tag: int):   # noqa: ARG002 - NCCL ignores tags
         items = [item for item, _ in transfers]
         ops = [(isinstance(item, Send), wire(tensor), item.peer) for item, tensor in transfers]
-        step = _Step(items)
+        step = PostedStep(items)
         comm = self.comm
 
         def start():
@@ -187,7 +187,7 @@ class StreamTransport:
             raise TransferError(items, step.error, timed_out=False, batch=True)
         return step
 
-    def wait(self, step: _Step, deadline: float) -> None:   # noqa: ARG002 - the watchdog's
+    def wait(self, step: PostedStep, deadline: float) -> None:   # noqa: ARG002 - the watchdog's
         """Order the stream after the step's batch and mark the step's end; the host does not
         wait (a stalled batch is the watchdog's)."""
         comm = self.comm
