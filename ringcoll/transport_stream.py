@@ -94,6 +94,7 @@ class InFlight:
         self.done = None                  # the call's end event
         self.failure: Optional[BaseException] = None
         self.keep: list = []              # tensors the stream uses, held until the call completes
+        self.error: Optional[BaseException] = None   # a local operation's, on the stream
         self.on_failure: Optional[Callable] = None   # (call, step index, TransferError) -> error
         self.enqueued = time.monotonic()
         self.finished = False
@@ -206,8 +207,20 @@ class StreamTransport:
             raise TransferError(step.items, step.error, timed_out=False, batch=True)
 
     def local(self, fn: Callable[[], object]) -> None:
-        """A step's own copies and reductions, on the stream after its batch."""
-        self.runtime.launch(self.stream, fn)
+        """A step's own copies and reductions, on the stream after its batch. An error where
+        the launch runs later (the emulator) is the call's: its Work raises it."""
+        call = self.call
+
+        def run():
+            try:
+                fn()
+            except BaseException as error:  # noqa: BLE001 - reported by the watchdog
+                if call.error is None:
+                    call.error = error
+
+        self.runtime.launch(self.stream, run)
+        if call.error is not None:       # known at once where launching runs it (CUDA)
+            raise call.error
 
     def close(self, keep=()) -> InFlight:
         """End the call: its end event, handed to the watchdog."""

@@ -86,7 +86,7 @@ class Watchdog:
                 clock = now
             call.index, call.clock = index, clock
             if index == len(call.steps) and runtime.query(call.done):
-                self._finish(queue)
+                queue.popleft().settle(call.error)    # a local operation's error, if any
                 if queue:
                     queue[0].clock = now
                 continue
@@ -95,9 +95,6 @@ class Watchdog:
                     "the step did not complete within the timeout (watchdog); ringcoll's private "
                     "communicator was aborted"), timed_out=True)
             return
-
-    def _finish(self, queue: deque) -> None:
-        queue.popleft().settle()
 
     def _fail(self, queue: deque, call, index: int, error: BaseException, timed_out: bool) -> None:
         from .transport import TransferError
@@ -109,6 +106,7 @@ class Watchdog:
         failure.step = step
         queue.popleft()
         verdict = call.on_failure(call, failure) if call.on_failure is not None else failure
+        call.transport.abort()           # ringcoll's private communicator: the stream goes on
         call.settle(verdict)
         while queue:                     # the calls behind it on the stream fail with it
             queue.popleft().settle(verdict)

@@ -621,3 +621,79 @@ def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
     with pytest.raises(CaptureError, match="all_reduce/ring"):
         work_module.submit(lambda: ran.append(1), False, device=torch.device("cuda", 0), describe="all_reduce/ring")
     assert ran == []
+
+
+# -- the transport and the watchdog in process, on a fake communicator ----------------------------
+class GatedComm:
+    """A communicator whose batches complete when ``gate`` is set (or fail once aborted)."""
+
+    def __init__(self):
+        self.gate, self.aborted, self.started = threading.Event(), False, []
+
+    def connect(self, deadline):
+        pass
+
+    def start(self, ops):
+        self.started.append(len(ops))
+        return ops
+
+    def join(self, work):
+        while not self.gate.wait(0.01):
+            if self.aborted:
+                raise RuntimeError("NCCL communicator was aborted")
+
+    def failed(self, work):
+        return None
+
+    def abort(self):
+        self.aborted = True
+
+
+def _enqueue_one(transport, timeout=0.3, local=None):
+    from ringcoll.schedule import Buf, Recv, Send
+
+    call = transport.open("call #1 all_reduce/ring 4xint64", timeout, 1)
+    items = [Send(1, Buf("data", 0, 2)), Recv(1, Buf("data", 2, 4))]
+    step = transport.post(list(zip(items, [torch.ones(2), torch.zeros(2)])), 0)
+    step.index = 0
+    transport.wait(step, 0)
+    if local is not None:
+        transport.local(local)
+    return transport.close([])
+
+
+def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
+    """A step whose batch does not complete within the timeout: the watchdog fails the call
+    (naming the step's transfers) and aborts the communicator, which lets the stream go on; a
+    call behind it on the stream fails with it; the host's wait ends with the error."""
+    from ringcoll.transport_stream import StreamTransport
+    from ringcoll.watchdog import Watchdog
+
+    comm = GatedComm()
+    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
+    start = time.monotonic()
+    first, second = _enqueue_one(transport), _enqueue_one(transport)
+    with pytest.raises(Exception) as caught:
+        first.host_wait()
+    assert 0.25 <= time.monotonic() - start < 2.0
+    assert comm.aborted and caught.value.timed_out and caught.value.step == 0 and len(caught.value.items) == 2
+    assert second.failure is first.failure
+    drained = transport.runtime.record(transport.stream)
+    transport.runtime.synchronize(drained)
+
+
+def test_a_local_operations_error_on_the_stream_is_the_calls():
+    """A reduction that raises on the emulated stream fails the call (its Work raises), not
+    only the stream's log."""
+    from ringcoll.transport_stream import StreamTransport
+    from ringcoll.watchdog import Watchdog
+
+    comm = GatedComm()
+    comm.gate.set()
+    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
+    call = _enqueue_one(transport, timeout=5, local=lambda: 1 // 0)
+    with pytest.raises(ZeroDivisionError):
+        call.host_wait()
+    ok = _enqueue_one(transport, timeout=5)
+    ok.host_wait()
+    assert ok.failure is None and comm.started == [2, 2]
