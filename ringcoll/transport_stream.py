@@ -303,14 +303,18 @@ def group_store(group):
         return None
 
 
-#: private groups made so far in this process, per store (each needs its own prefix)
+#: private groups made so far in this process, per store and device type: (the store, kept so
+#: that its id is never reused, how many); each group needs a prefix of its own
 _made: dict = {}
 
 
 def private_prefix(store, device: torch.device) -> str:
+    """A prefix no earlier private group on ``store`` used: every rank makes its private
+    groups on a store in the same order (a group's first call on a device), so the counts agree."""
     key = (id(store), device.type)
-    _made[key] = _made.get(key, 0) + 1
-    return f"ringcoll/private/{device.type}/{_made[key]}/"
+    count = _made[key][1] + 1 if key in _made else 1
+    _made[key] = (store, count)
+    return f"ringcoll/private/{device.type}/{count}/"
 
 
 def private_gloo(store, rank: int, world: int, timeout: float):
