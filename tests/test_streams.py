@@ -697,3 +697,20 @@ def test_a_local_operations_error_on_the_stream_is_the_calls():
     ok = _enqueue_one(transport, timeout=5)
     ok.host_wait()
     assert ok.failure is None and comm.started == [2, 2]
+
+
+def test_the_private_communicators_set_up_has_a_deadline():
+    """NCCL's eager set-up blocks until every rank joins: a rank that never comes is a
+    TimeoutError at the deadline and the communicator is aborted (old code: the host blocked
+    in ``eager_connect_single_device`` for as long as NCCL let it)."""
+    from ringcoll.transport import NcclComm
+
+    class Blocking(UserNccl):
+        def eager_connect_single_device(self, device):
+            time.sleep(30)
+
+    group = Blocking()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="set-up"):
+        NcclComm(group, torch.device("cuda", 0)).connect(time.monotonic() + 0.3)
+    assert 0.25 <= time.monotonic() - start < 2 and group.aborted
