@@ -80,12 +80,16 @@ class StreamRuntime:
         """Whether the calling thread's current stream on ``device`` is capturing a graph."""
         return False
 
-    #: whether :meth:`future` gives stream-aware futures (else a call's future completes on
-    #: the host once the watchdog has seen the call end)
+    #: whether :meth:`new_future` gives stream-aware futures (else a call's future completes
+    #: on the host once the watchdog has seen the call end)
     stream_aware_futures = False
 
-    def future(self, device: torch.device, stream, result) -> torch.futures.Future:
-        """A future completed now with ``result`` in ``stream``'s order."""
+    def new_future(self, device: torch.device) -> torch.futures.Future:
+        """A future for a call's result on ``device``."""
+        return torch.futures.Future()
+
+    def complete(self, future: torch.futures.Future, stream, result) -> None:
+        """Complete ``future`` with ``result`` in ``stream``'s order."""
         raise NotImplementedError
 
     def keep_alive(self, tensors, stream) -> None:
@@ -136,14 +140,16 @@ class CudaRuntime(StreamRuntime):
         with torch.cuda.device(device):
             return torch.cuda.is_current_stream_capturing()
 
-    def future(self, device, stream, result):
-        """A CUDA-aware future, completed at once under ``stream``: torch records an event of
-        ``stream`` in it, and whoever waits on it, reads its value or chains a callback has
-        their current stream ordered after that event (as ProcessGroupNCCL's futures)."""
-        future = torch.futures.Future(devices=[device])
-        with torch.cuda.device(device), torch.cuda.stream(stream):
+    def new_future(self, device):
+        """A CUDA-aware future (``Future(devices=[device])``)."""
+        return torch.futures.Future(devices=[device])
+
+    def complete(self, future, stream, result):
+        """Completed at once under ``stream``: torch records an event of ``stream`` in it, and
+        whoever waits on it, reads its value or chains a callback has their current stream
+        ordered after that event (as ProcessGroupNCCL's futures)."""
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
             future.set_result(result)
-        return future
 
     def keep_alive(self, tensors, stream):
         for tensor in tensors:

@@ -202,13 +202,15 @@ class StreamWork(Work):
         super().__init__(result, describe)
         self._runtime, self._device, self._blocking = runtime, device, blocking
         self._call = None
+        if runtime.stream_aware_futures:      # before any get_future(), even while queued
+            self._base = runtime.new_future(device)
+            self._future = self._base.then(_unwrap)
 
     def _enqueued(self, call) -> None:
         """The call is on the stream (``call``: its InFlight)."""
         self._call = call
         if self._runtime.stream_aware_futures:
-            base = self._runtime.future(self._device, call.transport.stream, self._result)
-            self._base, self._future = base, base.then(_unwrap)
+            self._runtime.complete(self._base, call.transport.stream, self._result)
         else:
             call.when_settled(self._settled)
         self._done.set()

@@ -600,7 +600,10 @@ def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
     call.done = runtime.record(Transport.stream)
     result = [torch.ones(3)]
     work = StreamWork(result, "all_reduce/ring", runtime, device)
+    early = work.get_future()                 # taken while the call is still queued
+    assert not early.done()
     work._enqueued(call)
+    assert early.done()
     assert ("set_result", [device], Transport.stream) in cuda.log
     chained = work.get_future().then(lambda future: future.value()[0])
     assert torch.equal(chained.wait(), torch.ones(3))
