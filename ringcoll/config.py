@@ -69,7 +69,7 @@ class Settings:
     persistent_plans: Optional[int]    # plans kept per group, 0: none
     segment: Optional[int]             # bytes per segment of the pipelined algorithms
     timeout: Optional[float]           # seconds a step may wait
-    transport: str                     # "auto", "host" or "batched"
+    transport: str                     # "auto", "host", "batched" or "streamed"
     tuning: Optional[str]              # path of a tuning table (read and checked)
     window: Optional[int]              # steps in flight
 
@@ -316,8 +316,9 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("RINGCOLL_TIMEOUT", "positive number of seconds", "the group's timeout",
              "how long one step may wait for its peers; overrides the group's own timeout "
              "(`ringcoll.set_timeout` and a call's `timeout=` win over it)"),
-    Variable("RINGCOLL_TRANSPORT", "`auto`, `host`, `batched`", "`auto`",
-             "`batched` runs CPU tensors on gloo through the NCCL-shaped batched transport"),
+    Variable("RINGCOLL_TRANSPORT", "`auto`, `host`, `batched`, `streamed`", "`auto`",
+             "`batched` runs CPU tensors on gloo through the NCCL-shaped batched transport; "
+             "`streamed` through the stream-ordered path on emulated streams (docs/gpu.md)"),
     Variable("RINGCOLL_TUNING", "path of a tuning table CSV (`ringcoll-bench --tune`); must exist "
              "and parse", "none", "`auto` takes the first row covering the call"),
     Variable("RINGCOLL_WINDOW", "positive integer", "2", "steps whose transfers may be in flight at once"),
@@ -356,7 +357,7 @@ def parse(environ: Mapping[str, str]) -> Settings:
         segment=parse_int("RINGCOLL_SEGMENT", get("RINGCOLL_SEGMENT"), 1, "bytes per segment"),
         timeout=parse_seconds("RINGCOLL_TIMEOUT", get("RINGCOLL_TIMEOUT")),
         transport=parse_choice("RINGCOLL_TRANSPORT", get("RINGCOLL_TRANSPORT"),
-                               ("auto", "host", "batched"), "auto"),
+                               ("auto", "host", "batched", "streamed"), "auto"),
         tuning=parse_tuning("RINGCOLL_TUNING", get("RINGCOLL_TUNING")),
         window=parse_int("RINGCOLL_WINDOW", get("RINGCOLL_WINDOW"), 1, "steps in flight"),
     )

@@ -154,13 +154,13 @@ class CountingPlans:
         self._run = P2PExecutor.run
         outer = self
 
-        def run(executor, plan):
+        def run(executor, plan, *args):
             key = f"{plan.collective}/{plan.algorithm.name}"
             outer.runs[key] = outer.runs.get(key, 0) + 1
             words = plan.describe.split()          # "reduce_scatter_tensor/ring 40xfloat32 AVG"
             if plan.op is not None and len(words) > 2:
                 outer.runs.setdefault("ops", set()).add(words[2])
-            return outer._run(executor, plan)
+            return outer._run(executor, plan, *args)
 
         P2PExecutor.run = run
         return self

@@ -48,6 +48,7 @@ LAYERS = {
     "ringcoll.msccl.to_schedule": 2, "ringcoll.msccl.mapping": 2, "ringcoll.msccl.export": 2,
     "ringcoll.kernels": 3, "ringcoll.kernels._cupy": 3, "ringcoll.runtime.local": 3, "ringcoll.runtime.transport": 3,
     "ringcoll.runtime": 3, "ringcoll.runtime.work": 3, "ringcoll.runtime.executor": 3, "ringcoll.sim.engine": 3,
+    "ringcoll.runtime.streams": 3, "ringcoll.runtime.transport.stream": 3, "ringcoll.runtime.watchdog": 3,
     "ringcoll.runtime.nodes": 4, "ringcoll.selection": 4, "ringcoll.sim.fit": 4,
     "ringcoll.api": 5, "ringcoll.backend.hooks": 5, "ringcoll.backend": 5,
     "ringcoll.sim.simulate": 6, "ringcoll.sim.sweep": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6, "ringcoll.msccl.program": 6,
@@ -196,7 +197,7 @@ def test_the_checks_catch_a_bad_import(tmp_path, source, complaint):
 
 @pytest.mark.parametrize("old", sorted(__import__("ringcoll._moved", fromlist=["MOVED"]).MOVED))
 def test_old_module_paths_still_import_with_a_deprecation(old):
-    """A pre-split path (``ringcoll.executor``, ``ringcoll.schedule``, ...) imports, warns with a
+    """A pre-split path (``ringcoll.runtime.executor``, ``ringcoll.schedules.vocabulary``, ...) imports, warns with a
     DeprecationWarning naming the new path, and gives the very module at the new path, not a copy
     (a copy would hold its own registry, plan cache and settings)."""
     import importlib
@@ -214,7 +215,7 @@ def test_old_module_paths_still_import_with_a_deprecation(old):
 
 
 def test_an_old_child_module_is_the_new_one():
-    """``import ringcoll.study.sweep`` (a child of a moved package) binds the module at
+    """``import ringcoll.sim.sweep`` (a child of a moved package) binds the module at
     ``ringcoll.sim.sweep`` itself: the alias finder runs before the path finder, which would
     otherwise load the file a second time under the old name."""
     import importlib
@@ -222,8 +223,8 @@ def test_an_old_child_module_is_the_new_one():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        old = importlib.import_module("ringcoll.study.sweep")
-        step = importlib.import_module("ringcoll.schedule").Step
+        old = importlib.import_module("ringcoll.sim.sweep")
+        step = importlib.import_module("ringcoll.schedules.vocabulary").Step
     import ringcoll.schedules.vocabulary
     import ringcoll.sim.sweep
 

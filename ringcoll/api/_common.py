@@ -19,7 +19,7 @@ from ..runtime.plan import Plan
 from ..schedules.vocabulary import Layout
 from ..selection import checked_settings, choose, group_nodes, segment_elements
 from ..runtime.nodes import context_layout, describe_layout
-from ..runtime.work import submit
+from ..runtime.work import submit, submit_stream
 
 log = logging.getLogger("ringcoll")
 
@@ -51,6 +51,9 @@ class Context:
             return None
         executor = self.executor
         executor.raise_if_failed()          # at once, not after the calls queued before it
+        if executor.streamed(plan.device):
+            return submit_streamed(executor, lambda caller: executor.run(plan, caller), async_op,
+                                   plan.result, plan.device, plan.describe, plan.collective)
 
         def task():
             with torch.no_grad():
@@ -243,9 +246,27 @@ def _rerunnable(plan: Plan, tensors: list, executor: P2PExecutor) -> bool:
                for name, buffer in plan.buffers.items())
 
 
+def submit_streamed(executor: P2PExecutor, run: Callable, async_op: bool, result, device: torch.device,
+                    describe: str, collective: str):
+    """A call on the stream-ordered path (ringcoll.runtime.work.submit_stream): ``run(caller)``
+    enqueues it; a barrier blocks the host until its peers arrived, as NCCL's."""
+    transport = executor.transport(device)
+
+    def task(caller):
+        with torch.no_grad():
+            return run(caller)
+
+    return submit_stream(task, async_op, result, transport.runtime, device, describe,
+                         blocking=collective == "barrier")
+
+
 def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
     """Run a synchronous call's prepared plan as call ``seq``, in call order."""
     executor.raise_if_failed()
+    if getattr(prepared.transport, "streamed", False):
+        plan = prepared.plan
+        return submit_streamed(executor, lambda caller: executor.run_prepared(prepared, seq, caller), False,
+                               plan.result, plan.device, plan.describe, plan.collective)
     if not (prepared.before or prepared.after):      # the schedule alone: detached buffers
         return submit(lambda: executor.run_prepared(prepared, seq), False, device=prepared.device)
 

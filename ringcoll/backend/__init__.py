@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import settings
 from ..selection import checked_settings
-from ..api._common import BUILDERS, Context, as_real
+from ..api._common import BUILDERS, Context, as_real, submit_streamed
 from ..runtime.executor import P2PExecutor, get_timeout
 from ..sim.machine import Machine
 from ..ops import RedOpType
@@ -127,8 +127,12 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("ringcoll/gloo/", store), rank, world, timeout)
+        # where the executors make their private communicators (the stream-ordered path): user
+        # send/recv on the inner groups can then never be matched with ringcoll's messages
+        self._private_store = dist.PrefixStore("ringcoll/executor/", store)
         self._executors: Dict[str, P2PExecutor] = {
-            "cpu": self._named(P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo"))}
+            "cpu": self._named(P2PExecutor(self._gloo, rank=rank, world=world, backend="gloo",
+                                           store=self._private_store))}
         self._nccl = None
         self._closed: Optional[str] = None    # "shutdown" or "abort" once closed
         self._lock = threading.Lock()
@@ -182,8 +186,11 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _close(self, how: str) -> None:
         with self._lock:
             inner = [pg for pg in (self._gloo, self._nccl) if pg is not None]
+            executors = list(self._executors.values())
             self._executors.clear()
             self._closed = how
+        for executor in executors:        # their private communicators (the stream-ordered path)
+            executor.close(how)
         for pg in inner:
             getattr(pg, how)()
 
@@ -221,9 +228,11 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                         options._timeout = self._timeout
                         self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("ringcoll/nccl/", self._store),
                                                            self._rank, self._world, options)
-                        executor = P2PExecutor(self._nccl, rank=self._rank, world=self._world, backend="nccl")
+                        executor = P2PExecutor(self._nccl, rank=self._rank, world=self._world, backend="nccl",
+                                               store=self._private_store)
                     else:
-                        executor = P2PExecutor(self._gloo, rank=self._rank, world=self._world, backend="gloo")
+                        executor = P2PExecutor(self._gloo, rank=self._rank, world=self._world, backend="gloo",
+                                               store=self._private_store)
                     self._executors[kind] = self._named(executor)
         return executor
 
@@ -249,14 +258,32 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _submit(self, planned: list, result) -> Work:
         """One Work running the plans in order, after every earlier call (async calls
-        complete in call order)."""
+        complete in call order). On the stream-ordered path (CUDA tensors over NCCL) the plans
+        are enqueued on ringcoll's stream after the caller's current stream, and the Work is
+        NCCL's kind (ringcoll.runtime.work.StreamWork): its wait() orders the waiting stream, its
+        future is stream-aware."""
+        if planned:
+            executor, first = planned[0]
+            device = first.device
+            if all(ex is executor and plan.device == device for ex, plan in planned) \
+                    and executor.streamed(device):
+
+                def run(caller):
+                    call = None
+                    for _, plan in planned:
+                        call = executor.run(plan, caller)
+                    return call
+
+                return submit_streamed(executor, run, True, result, device, first.describe, first.collective)
 
         def task():
             with torch.no_grad():
                 for executor, plan in planned:
                     executor.run(plan)
 
-        return submit(task, True, result)
+        device = planned[0][1].device if planned else None
+        return submit(task, True, result, device=device,         # the caller's stream, on gloo too
+                      describe=planned[0][1].describe if planned else "")
 
     # -- collectives ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -286,7 +313,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
             """Every rank's ``local`` (equal shapes), stacked in rank order."""
             wire = _real(local).contiguous()
             out = torch.empty((world,) + wire.shape, dtype=wire.dtype, device=wire.device)
-            executor.run(BUILDERS["all_gather_into_tensor"](ctx, out, wire, algorithm=algorithm))
+            executor.run_blocking(BUILDERS["all_gather_into_tensor"](ctx, out, wire, algorithm=algorithm))
             return torch.view_as_complex(out) if local.is_complex() else out
 
         def task():

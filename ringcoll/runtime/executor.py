@@ -3,10 +3,13 @@
 Each step's sends and receives are posted together and waited on together (a blocking send
 before a receive deadlocks under gloo at every size), then the step's local operations run.
 The transfers go through a transport (:mod:`ringcoll.runtime.transport`), chosen by the device of
-the call's tensors: NCCL's batched transport for CUDA tensors on a group with an NCCL
-backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend given), gloo's host transport
-otherwise (CUDA tensors staged through pinned host memory). ``RINGCOLL_TRANSPORT=batched``
-runs CPU tensors on gloo through the batched transport and its NCCL shim.
+the call's tensors: the stream-ordered transport (:mod:`ringcoll.runtime.transport.stream`) for CUDA
+tensors on a group with an NCCL backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend
+given), where the same loop enqueues the whole call on ringcoll's stream and returns without a
+host wait (a watchdog thread, not this loop, times its steps); gloo's host transport otherwise
+(CUDA tensors staged through pinned host memory). ``RINGCOLL_TRANSPORT=batched`` runs CPU
+tensors on gloo through the host-polled batched transport and its NCCL shim,
+``RINGCOLL_TRANSPORT=streamed`` through the stream-ordered transport on emulated streams.
 
 Isolation between calls. Every call on a group has a sequence number in that group (taken
 when the drop-in resolves its group, before any check that depends on this rank's role, so
@@ -42,6 +45,7 @@ that could meet leftovers. Timeouts: a call's ``timeout=`` (barrier), else ``set
 """
 from __future__ import annotations
 
+import functools
 import struct
 import time
 import weakref
@@ -53,12 +57,17 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .. import kernels
 from ..schedules import registry
 from ..config import settings
+from . import streams
 from .local import resolve_local, run_resolved
 from .plan import Plan
 from ..schedules.vocabulary import Layout, Recv, Reduce, Send, extents
 from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
+from .transport.stream import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
+                               private_gloo, private_nccl, private_timeout)
+from .watchdog import watchdog
 
 #: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
 #: torch's own send/recv use small ones (0 by default)
@@ -210,16 +219,19 @@ class P2PExecutor:
     """Runs plans for one process group; keeps scratch buffers and transports across calls."""
 
     def __init__(self, group: dist.ProcessGroup, *, rank: Optional[int] = None,
-                 world: Optional[int] = None, backend: Optional[str] = None, weak: bool = False):
+                 world: Optional[int] = None, backend: Optional[str] = None, weak: bool = False,
+                 store=None):
         """``group`` is a process group; or, with ``rank``, ``world`` and ``backend`` given,
         any object with ProcessGroup's ``send``/``recv`` in group ranks (a raw gloo or NCCL
-        group that c10d does not know, or a transport for measurements). ``weak``: hold the
+        group that c10d does not know, or a transport for measurements; ``store``: its
+        store, where the stream-ordered path makes its private communicator). ``weak``: hold the
         group by a weak reference (the drop-in's one executor per group does), so that it
         never keeps a group that ``destroy_process_group`` released alive; a gloo group
         destroyed only at the interpreter's teardown aborts the process ("terminate called
         without an active exception")."""
         self._group = weakref.ref(group) if weak else (lambda: group)
         self._weak = weak
+        self._store = store if store is not None else group_store(group)
         if rank is None:
             rank, world = dist.get_rank(group), dist.get_world_size(group)
             backend = str(dist.get_backend(group))
@@ -278,13 +290,48 @@ class P2PExecutor:
         if transport is None:
             group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
             if device.type == "cuda" and self.device_backends.get("cuda") == "nccl":
-                transport = BatchedTransport(NcclComm(group, device))
+                transport = self._streamed(device, streams.cuda())
+            elif device.type == "cpu" and self.transport_mode == "streamed":
+                transport = self._streamed(device, streams.emulated())
             elif device.type == "cpu" and self.transport_mode == "batched":
                 transport = BatchedTransport(NcclShim(group))
             else:
                 transport = HostTransport(group, stage=device.type != "cpu")
             self._transports[key] = transport
         return transport
+
+    def _streamed(self, device: torch.device, runtime) -> StreamTransport:
+        """The stream-ordered transport for ``device`` over a private communicator made now
+        (every rank makes it at the group's first call on this device): NCCL on a CUDA device,
+        the emulator's gloo group on the CPU. A group whose store c10d does not give (a raw
+        NCCL group built without one) shares its own communicator, as before."""
+        seconds = get_timeout() or group_timeout(self.group, device)
+        inner = private_timeout(seconds)
+        if device.type == "cuda":
+            pg = self.group if self._store is None else private_nccl(self._store, self.rank, self.world,
+                                                                     inner, device)
+            comm = NcclComm(pg, device)
+            # the reduction kernels' availability probe compiles and runs once per process: here,
+            # on this group's device at its first CUDA call, not inside a collective's schedule
+            with runtime.on_device(device):
+                kernels.backend_for(device)
+        else:
+            if self._store is None:
+                raise ValueError("RINGCOLL_TRANSPORT=streamed needs a group whose store c10d knows (a "
+                                 "registered group, or an executor given store=)")
+            comm = EmulatedNccl(private_gloo(self._store, self.rank, self.world, inner), inner)
+        return StreamTransport(comm, runtime, device, watchdog(), private=self._store is not None)
+
+    def close(self, how: str = "shutdown") -> None:
+        """Close the private communicators of this executor's stream-ordered transports
+        (``"shutdown"``: after their calls in flight; ``"abort"``: at once)."""
+        for transport in list(self._transports.values()):
+            if getattr(transport, "streamed", False):
+                transport.shutdown(how)
+
+    def streamed(self, device: torch.device) -> bool:
+        """Whether calls on ``device`` take the stream-ordered path."""
+        return getattr(self.transport(device), "streamed", False)
 
     def timeout(self, plan: Plan, of_group: Optional[float] = None) -> float:
         """Seconds a step of ``plan`` may wait: the call's own, else set_timeout's or
@@ -306,10 +353,19 @@ class P2PExecutor:
             key = (name, plan.dtype, plan.device)
             scratch = self._scratch.get(key)
             if scratch is None or scratch.numel() < need:
-                scratch = torch.empty(need, dtype=plan.dtype, device=plan.device)
-                self._scratch[key] = scratch
+                scratch = self._scratch[key] = self._allocate(need, plan.dtype, plan.device)
             buffers[name] = scratch
         return buffers
+
+    def _allocate(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A scratch or staging buffer. On the stream-ordered path it is allocated on
+        ringcoll's stream, which alone uses it (calls run in its order): freed or grown, its
+        memory goes back to that stream's pool, never to the caller's while in use."""
+        transport = self.transport(device)
+        if getattr(transport, "streamed", False):
+            with transport.runtime.allocating(transport.stream):
+                return torch.empty(numel, dtype=dtype, device=device)
+        return torch.empty(numel, dtype=dtype, device=device)
 
     def lent(self) -> set:
         """The addresses of the storages this executor lends (scratch and staging buffers)."""
@@ -322,7 +378,7 @@ class P2PExecutor:
         key = ("staging", dtype, device)
         buffer = self._scratch.get(key)
         if buffer is None or buffer.numel() < numel:
-            buffer = self._scratch[key] = torch.empty(numel, dtype=dtype, device=device)
+            buffer = self._scratch[key] = self._allocate(numel, dtype, device)
         return buffer[:numel]
 
     # -- running -----------------------------------------------------------------------
@@ -351,18 +407,23 @@ class P2PExecutor:
         return Prepared(plan, steps, buffers, tuple(posts), self.transport(plan.device),
                         print_bits(fingerprint(plan)), timeout, tuple(before), tuple(after))
 
-    def run(self, plan: Plan) -> None:
+    def run(self, plan: Plan, caller=None) -> Optional[InFlight]:
         """Run the plan's steps in order (see :meth:`run_prepared`)."""
         self.raise_if_failed()
         seq = plan.seq if plan.seq is not None else self.begin_call()
-        self.run_prepared(self.prepare(plan), seq)
+        return self.run_prepared(self.prepare(plan), seq, caller)
 
-    def run_prepared(self, prepared: "Prepared", seq: int) -> None:
+    def run_prepared(self, prepared: "Prepared", seq: int, caller=None) -> Optional[InFlight]:
         """Run a prepared plan as call ``seq``, keeping up to ``window`` steps' transfers in
         flight: step j is posted early, while earlier steps are still moving or reducing,
         when none of its transfers touches what those steps still read or write. A step's
         local operations run as soon as its own transfers are done, so the reduction of one
-        segment overlaps the transfer of the next."""
+        segment overlaps the transfer of the next.
+
+        On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream`) the same loop enqueues
+        the call on ringcoll's stream, after ``caller`` (an event of the caller's stream; None:
+        the calling thread's current stream now), and returns the call in flight (its end
+        event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
         plan, transport = prepared.plan, prepared.transport
         timeout = self.timeout(plan, prepared.group_timeout)
@@ -374,6 +435,8 @@ class P2PExecutor:
                                        TransferError(first, error, timed_out=True, batch=True), timeout)
             self._failed(failure, [])
             raise failure from error
+        if transport.batched and getattr(transport, "streamed", False):
+            return self._enqueue(prepared, seq, timeout, caller)
         if self.check:
             self._check(plan, seq, transport, timeout)
         for before in prepared.before:
@@ -381,10 +444,73 @@ class P2PExecutor:
         self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
         for after in prepared.after:
             after()
+        return None
+
+    def _enqueue(self, prepared: "Prepared", seq: int, timeout: float, caller) -> InFlight:
+        """The stream-ordered run of :meth:`run_prepared`: everything the call does, its
+        copies before and after the schedule included, on the transport's stream."""
+        plan, transport = prepared.plan, prepared.transport
+        if self.check:       # its own call on the stream, read by the host: check mode's one wait
+            self._check(plan, seq, transport, timeout)
+        name = f"call #{seq} {plan.describe}"
+        call = transport.open(name, timeout, len(prepared.steps), caller)
+        call.on_failure = self._in_flight_failed
+        try:
+            for before in prepared.before:
+                transport.local(before)
+            self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
+            for after in prepared.after:
+                transport.local(after)
+        except BaseException:
+            transport.drop()
+            raise
+        return transport.close(_tensors_in(prepared.buffers))
+
+    def _in_flight_failed(self, call: InFlight, error: TransferError) -> BaseException:
+        """The watchdog's report of a stream-ordered call that timed out or failed at a step:
+        the group fails (the private communicator is aborted) with the PeerError naming it."""
+        failure = self._peer_error(call.name, error.step, call.total, error, call.timeout)
+        if self.failure is None:
+            self._failed(failure, [call.keep, call.steps])
+        return failure
+
+    def run_blocking(self, plan: Plan) -> None:
+        """Run ``plan`` and return once its results are there for the host to read (on the
+        stream-ordered path: enqueued, then waited for: one host wait, for callers that read
+        the result on the host next, e.g. the sparse all-reduce's counts)."""
+        call = self.run(plan)
+        if call is not None:
+            self._await(call)
+
+    def _await(self, call: InFlight) -> None:
+        """Block the host until ``call`` completed and the watchdog gave its verdict; raise
+        its error."""
+        call.host_wait()
+        self.raise_if_failed()
+
+    def exchange(self, prepared: "Prepared", tag: int, timeout: float, name: str) -> None:
+        """Run an internal exchange whose result the host reads next (check mode's table, the
+        node layout): on the stream-ordered path, enqueued and then waited for by the host
+        (the one host wait of such an exchange)."""
+        transport = prepared.transport
+        if not getattr(transport, "streamed", False):
+            self._run_steps(prepared, tag, timeout, name)
+            return
+        transport.ready(time.monotonic() + timeout)
+        call = transport.open(name, timeout, len(prepared.steps))
+        call.on_failure = self._in_flight_failed
+        try:
+            self._run_steps(prepared, tag, timeout, name)
+        except BaseException:
+            transport.drop()
+            raise
+        self._await(transport.close(_tensors_in(prepared.buffers)))
 
     def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, seq) -> None:
-        """``seq``: the call's number (or a name), for errors."""
+        """``seq``: the call's number (or a name), for errors. On the stream-ordered path the
+        transport's ``wait`` only orders its stream, and local operations are launched on it."""
         transport, op, local = prepared.transport, prepared.plan.op, prepared.local
+        streamed = getattr(transport, "streamed", False)
         reach = prepared.reach(self.window)
         posted: deque = deque()          # handles of posted, unfinished steps, in step order
         next_post, index, handle = 0, 0, None
@@ -397,7 +523,10 @@ class P2PExecutor:
                 if handle is not None:
                     transport.wait(handle, time.monotonic() + timeout)
                 if local[index]:
-                    run_resolved(op, local[index])
+                    if streamed:
+                        transport.local(functools.partial(run_resolved, op, local[index]))
+                    else:
+                        run_resolved(op, local[index])
         except TransferError as error:
             call = f"call #{seq} {prepared.plan.describe}" if isinstance(seq, int) else seq
             failure = self._peer_error(call, getattr(error, "step", index), len(reach), error, timeout)
@@ -411,10 +540,13 @@ class P2PExecutor:
         if not transfers:
             return None
         try:
-            return prepared.transport.post(transfers, tag)
+            handle = prepared.transport.post(transfers, tag)
         except TransferError as error:
             error.step = index
             raise
+        if type(handle) is PostedStep:
+            handle.index = index
+        return handle
 
     def _peer_error(self, call: str, index: int, total: int, error: TransferError, timeout: float) -> PeerError:
         what = "timed out after %gs" % timeout if error.timed_out else "failed"
@@ -549,11 +681,14 @@ class P2PExecutor:
         table = torch.zeros(self.world * _RECORD.size, dtype=torch.uint8)
         row = slice(self.rank * _RECORD.size, (self.rank + 1) * _RECORD.size)
         table[row] = torch.frombuffer(bytearray(_pack(seq, fingerprint(plan))), dtype=torch.uint8)
+        # on the call's own device and transport: an NCCL-only group has no CPU transport
+        table = table.to(plan.device)
         ring = registry.get("all_gather", "ring")
         layout = Layout(table.numel(), {"in_place": True})
         check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table},
                           describe=f"fingerprint check of call #{seq} {plan.describe}")
-        self._run_steps(self.prepare(check_plan), CHECK_TAG, timeout, check_plan.describe)
+        self.exchange(self.prepare(check_plan), CHECK_TAG, timeout, check_plan.describe)
+        table = table.cpu()
         rows = [_unpack(bytes(table[r * _RECORD.size:(r + 1) * _RECORD.size].tolist())) for r in range(self.world)]
         names = ("call number",) + _FIELDS
         differences = []
@@ -694,6 +829,11 @@ class Blocks:
             if not writes and any(buf.name == name for buf in (*recvs, *written)):
                 return None
         return cls(pieces, size)
+
+
+def _tensors_in(buffers) -> list:
+    """Every tensor a prepared plan's buffers are made of."""
+    return [tensor for buffer in buffers.values() for tensor in _tensors_of(buffer)]
 
 
 def _tensors_of(buffer) -> tuple:

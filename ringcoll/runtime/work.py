@@ -10,6 +10,15 @@ stream its caller had when it submitted the call (torch's current stream is per 
 the worker would otherwise see device 0's default stream), and ``Work.wait()`` orders the
 waiting thread's current stream after an event recorded at the end of the call, as NCCL's
 ``wait()`` does.
+
+Calls on the stream-ordered path (CUDA tensors over NCCL, or the CPU emulator of it:
+:mod:`ringcoll.runtime.transport.stream`) go through :func:`submit_stream` instead: the call is
+enqueued on ringcoll's stream after an event of the caller's current stream, taken at submit,
+and a :class:`StreamWork` stands for it, exactly as ProcessGroupNCCL's Work: a synchronous
+call returns once enqueued with the caller's stream ordered after the call's end event,
+``wait()`` orders the waiting thread's current stream after it (the host does not block, but
+for a barrier), and ``get_future()`` is stream-aware (CUDA: ``Future(devices=[device])``,
+completed in the stream's order; DDP's reducer and comm hooks chain on it).
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from . import transport
+from . import streams, transport
 
 
 class WaitTimeout(RuntimeError):
@@ -130,6 +139,15 @@ class _Queue:
             with self._lock:
                 self._pending -= 1
 
+    def submit_work(self, task: Callable[[], None], work: Work) -> None:
+        """Queue ``task`` for the worker, standing for ``work`` (which it completes itself)."""
+        with self._lock:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
+                self._thread.start()
+        self._tasks.put((task, work, None))
+
     def submit(self, task: Callable[[], None], async_op: bool, result=None, *,
                device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
         if not async_op and self._pending == 0:
@@ -161,5 +179,101 @@ def submit(task: Callable[[], None], async_op: bool, result=None, *,
            device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
     """Run ``task`` in call order: now, or as a Work when ``async_op``. ``device``: the call's
     tensors' device; a CUDA call run on the worker thread runs under the caller's device and
-    current stream (recorded here, at submit)."""
+    current stream (recorded here, at submit). A CUDA call under graph capture is refused
+    (CUDA tensors over gloo: staging blocks the host, which capture forbids)."""
+    if device is not None and device.type == "cuda":
+        _refuse_capture(streams.cuda(), device, describe)
     return _queue.submit(task, async_op, result, device=device, describe=describe)
+
+
+def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
+    if runtime.capturing(device):
+        from .transport_stream import refuse_capture
+
+        raise refuse_capture(describe or "collective")
+
+
+class StreamWork(Work):
+    """A stream-ordered call (see the module docstring). ``wait()`` raises the call's error
+    once the watchdog has reported it (a PeerError naming the call and the step); before that
+    it orders the stream, as NCCL's."""
+
+    def __init__(self, result, describe: str, runtime, device: torch.device, *, blocking: bool = False):
+        super().__init__(result, describe)
+        self._runtime, self._device, self._blocking = runtime, device, blocking
+        self._call = None
+        if runtime.stream_aware_futures:      # before any get_future(), even while queued
+            self._base = runtime.new_future(device)
+            self._future = self._base.then(_unwrap)
+
+    def _enqueued(self, call) -> None:
+        """The call is on the stream (``call``: its InFlight)."""
+        self._call = call
+        if self._runtime.stream_aware_futures:
+            self._runtime.complete(self._base, call.transport.stream, self._result)
+        else:
+            call.when_settled(self._settled)
+        self._done.set()
+
+    def _settled(self, call) -> None:
+        if call.failure is None:
+            self._base.set_result(self._result)
+        else:
+            self._error = call.failure
+            self._base.set_exception(call.failure)
+
+    def _finish(self, error: Optional[BaseException] = None) -> None:
+        """The enqueueing itself failed (on the host: bad state, a refused batch)."""
+        if error is None:
+            return
+        self._error = error
+        self._base.set_exception(error)
+        self._done.set()
+
+    def wait(self, timeout=None) -> bool:
+        seconds = timeout_seconds(timeout)
+        if not self._done.wait(seconds):          # queued behind a host call: until enqueued
+            raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
+                              f"{seconds:g} s (the call is still queued)")
+        call = self._call
+        if call is None:
+            raise self._error
+        if call.failure is not None:
+            raise call.failure
+        if self._blocking:                        # barrier: the host waits, as NCCL's
+            call.host_wait()
+        else:
+            self._runtime.wait(self._runtime.current(self._device), call.done)
+        return True
+
+    def is_completed(self) -> bool:
+        call = self._call
+        return self._error is not None or (call is not None and call.finished)
+
+    def is_success(self) -> bool:
+        call = self._call
+        return call is not None and call.finished and call.failure is None
+
+    def exception(self) -> Optional[BaseException]:
+        call = self._call
+        return self._error if call is None else call.failure
+
+
+def submit_stream(task: Callable[[object], object], async_op: bool, result, runtime,
+                  device: torch.device, describe: str = "", *, blocking: bool = False) -> Optional[Work]:
+    """Run a stream-ordered call in call order: ``task(caller)`` enqueues it after ``caller``
+    (an event of the calling thread's current stream, recorded here) and returns its InFlight.
+    Enqueued now when nothing is queued on the worker thread, else by the worker in its turn.
+    A synchronous call returns once enqueued, its caller's stream ordered after it; with
+    ``blocking`` (barrier) once it completed."""
+    _refuse_capture(runtime, device, describe)
+    caller = runtime.record(runtime.current(device))
+    work = StreamWork(result, describe, runtime, device, blocking=blocking)
+    if _queue._pending == 0:
+        work._enqueued(task(caller))
+    else:
+        _queue.submit_work(lambda: work._enqueued(task(caller)), work)
+    if async_op:
+        return work
+    work.wait()
+    return None

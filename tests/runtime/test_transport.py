@@ -26,12 +26,14 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.runtime import transport, work as work_module
+from ringcoll.runtime import streams, transport, work as work_module
 from ringcoll.api import BUILDERS
 from ringcoll.api._common import Context, check_device, executor_context
 from ringcoll.runtime.executor import P2PExecutor, group_timeout
 from ringcoll.schedules.vocabulary import Buf, Recv, Send
-from ringcoll.runtime.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire)
+from ringcoll.runtime.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError,
+                                wire)
+from ringcoll.runtime.transport.stream import StreamTransport
 
 
 # -- the catalogue through the batched transport -------------------------------------------------
@@ -457,9 +459,10 @@ def test_the_shim_keeps_nccls_dtype_list_and_the_transports_move_bytes():
 
 def test_the_transport_follows_the_tensors_device_not_the_backend_string(monkeypatch):
     monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)      # (pytest --transport batched)
+    monkeypatch.setattr(streams, "cuda", streams.emulated)       # no CUDA streams in this build
     mixed = P2PExecutor(FakeNccl(), rank=0, world=2, backend="cpu:gloo,cuda:nccl")
     cuda = mixed.transport(torch.device("cuda", 0))
-    assert isinstance(cuda, BatchedTransport) and isinstance(cuda.comm, NcclComm)
+    assert isinstance(cuda, StreamTransport) and isinstance(cuda.comm, NcclComm)
     assert isinstance(mixed.transport(torch.device("cpu")), HostTransport)
     gloo = P2PExecutor(Loopback(), rank=0, world=2, backend="gloo")
     staged = gloo.transport(torch.device("cuda", 0))

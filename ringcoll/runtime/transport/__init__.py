@@ -235,6 +235,10 @@ class HostTransport:
 
 
 # -- NCCL ---------------------------------------------------------------------------------
+_SETUP_TIMEOUT = ("Timed out waiting for NCCL's communicator set-up (every rank of the group joins it "
+                  "at its first call on the device)")
+
+
 class NcclComm:
     """An NCCL group (a registered ProcessGroup or a raw ProcessGroupNCCL) as batches."""
 
@@ -249,20 +253,35 @@ class NcclComm:
         """Create the communicator now, on every rank of the group (each calls this in its
         first call on the group), so no rank is left blocked in NCCL's lazy set-up by a peer
         whose first operation has no transfers: eagerly where the backend can, else by a
-        one-element all-reduce, polled until ``deadline``."""
+        one-element all-reduce, polled until ``deadline``. The eager set-up blocks until every
+        rank has joined it, so it runs on a helper thread that the host waits for until
+        ``deadline`` only: a rank that never comes is a TimeoutError (the group aborted), not a
+        hang."""
         backend = self.pg._get_backend(self.device) if hasattr(self.pg, "_get_backend") else self.pg
         connect = getattr(backend, "eager_connect_single_device", None)
         if connect is not None:
-            try:
-                connect(self.device)
+            done, errors = threading.Event(), []
+
+            def run():
+                try:
+                    connect(self.device)
+                except BaseException as error:  # noqa: BLE001 - handed to the host below
+                    errors.append(error)
+                done.set()
+
+            threading.Thread(target=run, name="ringcoll-nccl-connect", daemon=True).start()
+            if not done.wait(max(deadline - time.monotonic(), 0.0)):
+                self.abort()
+                raise TimeoutError(_SETUP_TIMEOUT)
+            if not errors:
                 return
-            except RuntimeError:
-                pass                      # not supported by this build: post a collective
+            if not isinstance(errors[0], RuntimeError):
+                raise errors[0]
+            # not supported by this build: post a collective
         work = self.pg.allreduce([torch.zeros(1, device=self.device)])
         if not poll(work, deadline):
             self.abort()
-            raise TimeoutError("Timed out waiting for NCCL's communicator set-up (a collective of every "
-                               "rank of the group, at its first call)")
+            raise TimeoutError(_SETUP_TIMEOUT)
         work.wait()
 
     def batch(self, ops: Sequence) -> object:
@@ -275,10 +294,31 @@ class NcclComm:
             work = self.pg._end_coalescing(*self._coalescing_args)
         return work
 
-    def abort(self) -> None:
+    # the stream-ordered path (ringcoll.runtime.transport.stream): both called with ringcoll's
+    # stream current
+    def start(self, ops: Sequence) -> object:
+        """Post a step's batch: NCCL enqueues it on its own stream, after the current one."""
+        return self.batch(ops)
+
+    def join(self, work) -> None:
+        """Order the current stream after the batch (NCCL's ``wait()``: the host goes on)."""
+        work.wait()
+
+    def failed(self, work) -> Optional[BaseException]:
+        """The batch's error, once NCCL has reported one (never blocks)."""
         try:
-            self.pg.abort()
-        except Exception:  # noqa: BLE001 - best effort: the group is failed either way
+            return work.exception() if work.is_completed() else None
+        except Exception as error:  # noqa: BLE001 - is_completed raises a failed work's error
+            return error
+
+    def abort(self) -> None:
+        self.close("abort")
+
+    def close(self, how: str) -> None:
+        """``shutdown`` or ``abort`` the group (best effort: it is failed or done either way)."""
+        try:
+            getattr(self.pg, how)()
+        except Exception:  # noqa: BLE001
             pass
 
 

@@ -1,0 +1,274 @@
+"""Device streams and events as ringcoll's stream-ordered path uses them: CUDA's, or an emulator's.
+
+The stream-ordered path (:mod:`ringcoll.runtime.transport.stream`) enqueues a whole collective on one
+stream of ringcoll's per (group, device): an event of the caller's current stream first, then
+per step one coalesced batch, the wait that orders the stream after it, and the step's copies
+and reductions, then the call's end event. The executor only calls :class:`StreamRuntime`'s
+methods, so the same code runs on two implementations:
+
+- :class:`CudaRuntime`: ``torch.cuda.Stream``/``Event``; ``launch(stream, fn)`` calls ``fn``
+  at once with ``stream`` current, so the kernels and NCCL calls ``fn`` issues are enqueued on
+  it and the host goes on.
+- :class:`EmulatedRuntime`: a CPU stand-in in which every stream is a thread that runs what
+  is launched on it in enqueue order (FIFO), an event is recorded when its stream reaches it,
+  and ``wait(stream, event)`` blocks that stream's thread, not the host. Collective batches
+  launched on such a stream really move bytes (over a private gloo group, see
+  :class:`ringcoll.runtime.transport.stream.EmulatedNccl`), so a whole call runs with the host never
+  waiting, and tests can hold a stream with a gate to show that a call returned before its
+  data arrived.
+
+``host_waits`` counts every time the host blocks on a stream or event through the runtime
+(:meth:`synchronize`): the stream-ordered path takes none per collective (barrier, check mode
+and exchanges whose results the host reads take one each, by contract).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import queue
+import threading
+from typing import Callable, Optional
+
+import torch
+
+
+class StreamRuntime:
+    """What the stream-ordered path needs of a device: streams, events, futures."""
+
+    #: how many times the host blocked on a stream or event through this runtime
+    host_waits = 0
+
+    def current(self, device: torch.device):
+        """The calling thread's current stream on ``device``."""
+        raise NotImplementedError
+
+    def on_device(self, device: torch.device):
+        """A context in which ``device`` is the current device."""
+        return contextlib.nullcontext()
+
+    def new_stream(self, device: torch.device):
+        """A stream of ringcoll's own on ``device``."""
+        raise NotImplementedError
+
+    def launch(self, stream, fn: Callable[[], None]) -> None:
+        """Enqueue ``fn``'s work on ``stream``."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def allocating(self, stream):
+        """Allocate under this context the buffers that ``stream`` uses: their memory then
+        belongs to ``stream`` in a caching allocator (freed, it is reused in its order)."""
+        yield
+
+    def record(self, stream):
+        """An event recorded on ``stream`` now (completes when the stream reaches it)."""
+        raise NotImplementedError
+
+    def wait(self, stream, event) -> None:
+        """Order ``stream`` after ``event``; the host does not block."""
+        raise NotImplementedError
+
+    def query(self, event) -> bool:
+        """Whether ``event`` has completed (never blocks)."""
+        raise NotImplementedError
+
+    def synchronize(self, event) -> None:
+        """Block the host until ``event`` completes (counted in :attr:`host_waits`)."""
+        raise NotImplementedError
+
+    def capturing(self, device: torch.device) -> bool:
+        """Whether the calling thread's current stream on ``device`` is capturing a graph."""
+        return False
+
+    #: whether :meth:`new_future` gives stream-aware futures (else a call's future completes
+    #: on the host once the watchdog has seen the call end)
+    stream_aware_futures = False
+
+    def new_future(self, device: torch.device) -> torch.futures.Future:
+        """A future for a call's result on ``device``."""
+        return torch.futures.Future()
+
+    def complete(self, future: torch.futures.Future, stream, result) -> None:
+        """Complete ``future`` with ``result`` in ``stream``'s order."""
+        raise NotImplementedError
+
+    def keep_alive(self, tensors, stream) -> None:
+        """Tell the allocator that ``stream`` uses ``tensors`` (CUDA: ``record_stream``)."""
+
+
+class CudaRuntime(StreamRuntime):
+    """CUDA's streams and events (``torch.cuda``)."""
+
+    stream_aware_futures = True
+
+    def current(self, device):
+        return torch.cuda.current_stream(device)
+
+    def on_device(self, device):
+        return torch.cuda.device(device)
+
+    def new_stream(self, device):
+        return torch.cuda.Stream(device=device)
+
+    def launch(self, stream, fn):
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+            fn()
+
+    @contextlib.contextmanager
+    def allocating(self, stream):
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+            yield
+
+    def record(self, stream):
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, stream, event):
+        stream.wait_event(event)
+
+    def query(self, event):
+        return event.query()
+
+    def synchronize(self, event):
+        StreamRuntime.host_waits += 1
+        event.synchronize()
+
+    def capturing(self, device):
+        if not torch.cuda.is_available():        # nothing can capture (and this build may lack CUDA)
+            return False
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+
+    def new_future(self, device):
+        """A CUDA-aware future (``Future(devices=[device])``)."""
+        return torch.futures.Future(devices=[device])
+
+    def complete(self, future, stream, result):
+        """Completed at once under ``stream``: torch records an event of ``stream`` in it, and
+        whoever waits on it, reads its value or chains a callback has their current stream
+        ordered after that event (as ProcessGroupNCCL's futures)."""
+        with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+            future.set_result(result)
+
+    def keep_alive(self, tensors, stream):
+        for tensor in tensors:
+            if tensor.is_cuda:
+                tensor.record_stream(stream)
+
+
+# -- the emulator ----------------------------------------------------------------------------
+class EmulatedEvent:
+    __slots__ = ("_done", "stream")
+
+    def __init__(self, stream):
+        self._done = threading.Event()
+        self.stream = stream
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+
+class EmulatedStream:
+    """A FIFO of work run by one thread, in enqueue order. A function that raises does not
+    stop the stream (as a failed kernel does not stop a CUDA stream): the error is kept in
+    :attr:`errors` and the next functions run."""
+
+    def __init__(self, name: str, device: torch.device):
+        self.name, self.device = name, device
+        self.errors: list = []
+        self._work: "queue.Queue[Callable[[], None]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"ringcoll-stream-{name}", daemon=True)
+        self._thread.start()
+
+    def put(self, fn: Callable[[], None]) -> None:
+        self._work.put(fn)
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)   # a device stream records no autograd
+        while True:
+            fn = self._work.get()
+            try:
+                fn()
+            except BaseException as error:  # noqa: BLE001 - kept, the stream goes on
+                self.errors.append(error)
+
+    def __repr__(self) -> str:
+        return f"EmulatedStream({self.name})"
+
+
+class EmulatedRuntime(StreamRuntime):
+    """CUDA's stream semantics on the CPU (see the module docstring). Each thread has a
+    current stream per device (the device's default stream unless :meth:`use` says
+    otherwise). It has no stream-aware futures: a call's future completes on the host once
+    the watchdog has seen the call end, so a callback runs only once the data is there."""
+
+    def __init__(self):
+        self._defaults: dict = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._count = 0
+        self.capture = False            # tests: pretend the current stream is capturing
+
+    def _default(self, device):
+        key = (device.type, device.index)
+        with self._lock:
+            stream = self._defaults.get(key)
+            if stream is None:
+                stream = self._defaults[key] = EmulatedStream(f"default-{device}", device)
+        return stream
+
+    def current(self, device):
+        current = getattr(self._local, "streams", {}).get((device.type, device.index))
+        return current if current is not None else self._default(device)
+
+    @contextlib.contextmanager
+    def use(self, stream):
+        """Make ``stream`` the calling thread's current stream on its device."""
+        streams = self._local.__dict__.setdefault("streams", {})
+        key = (stream.device.type, stream.device.index)
+        saved = streams.get(key)
+        streams[key] = stream
+        try:
+            yield stream
+        finally:
+            streams[key] = saved
+
+    def new_stream(self, device):
+        with self._lock:
+            self._count += 1
+            return EmulatedStream(f"{device}-{self._count}", device)
+
+    def launch(self, stream, fn):
+        stream.put(fn)
+
+    def record(self, stream):
+        event = EmulatedEvent(stream)
+        stream.put(event._done.set)
+        return event
+
+    def wait(self, stream, event):
+        if stream is not event.stream:
+            stream.put(event._done.wait)
+
+    def query(self, event):
+        return event.query()
+
+    def synchronize(self, event):
+        StreamRuntime.host_waits += 1
+        event._done.wait()
+
+    def capturing(self, device):
+        return self.capture
+
+
+@functools.lru_cache(maxsize=None)
+def cuda() -> CudaRuntime:
+    """The process's CUDA runtime."""
+    return CudaRuntime()
+
+
+@functools.lru_cache(maxsize=None)
+def emulated() -> EmulatedRuntime:
+    """The process's emulator (one, so that a test's streams and ringcoll's share it)."""
+    return EmulatedRuntime()

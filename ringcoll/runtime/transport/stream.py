@@ -1,0 +1,360 @@
+"""The stream-ordered transport: a whole collective enqueued on a device stream, no host wait.
+
+NCCL's own collectives never block the host: they are enqueued on a stream ordered after the
+caller's, and the caller's stream is ordered after them. :class:`StreamTransport` gives
+ringcoll's schedules the same shape, on one stream per (group, device) that ringcoll owns:
+
+1. the stream waits on an event of the caller's current stream (what the caller wrote before
+   the call is read);
+2. per step, one coalesced batch of the step's sends and receives (``comm.start``), the wait
+   that orders the stream after the batch (``comm.join``: NCCL's ``Work.wait()``, which orders
+   the current stream and never blocks the host), an event that marks the step's end (what
+   the watchdog reads to name the step a stalled call is in), and the step's copies and
+   reductions, launched on the same stream;
+3. the call's end event, which the caller's current stream waits on when a synchronous call
+   returns, or when ``Work.wait()`` is called; ``Work.get_future()`` is stream-aware.
+
+Failure is the watchdog's (:mod:`ringcoll.runtime.watchdog`): one thread per process reads the step
+events of the calls in flight and, past a step's deadline, aborts the transport's communicator
+and fails the group with a PeerError naming the call and the step.
+
+Every transport of this kind has a **private communicator**: an NCCL group (or, emulated, a
+gloo group) created by ringcoll for itself on the group's store, so that no other traffic (the
+user's send/recv, the built-in collectives, another ringcoll group) can be matched with its
+messages (NCCL matches by order alone), and aborting it on a timeout leaves the user's groups
+alone. Its own timeout is set well beyond ringcoll's deadline (:func:`private_timeout`), so
+ringcoll's watchdog always fires first.
+
+Two implementations, one code path (the executor cannot tell them apart): CUDA tensors on a
+group with NCCL (:class:`~ringcoll.runtime.transport.NcclComm` over a private ProcessGroupNCCL, the
+CUDA runtime); and ``RINGCOLL_TRANSPORT=streamed``, CPU tensors on gloo through the emulator
+(:class:`EmulatedNccl` over a private gloo group, :class:`~ringcoll.runtime.streams.EmulatedRuntime`),
+which is how every test of this path runs without a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...schedules.vocabulary import Send
+from ..streams import StreamRuntime
+from . import NcclShim, TransferError, wire
+
+#: ringcoll's deadline is at most this share of the private communicator's own timeout
+PRIVATE_MARGIN = 4.0
+
+
+def private_timeout(seconds: float) -> float:
+    """The private communicator's own timeout for ringcoll's per-step ``seconds``: strictly
+    beyond it (4x, and at least 5 minutes more), so ringcoll's watchdog, which aborts the
+    communicator at its own deadline, always acts before NCCL's watchdog would (whose clock
+    starts when a batch is enqueued, possibly several steps before it runs)."""
+    return max(seconds * PRIVATE_MARGIN, seconds + 300.0)
+
+
+class CaptureError(RuntimeError):
+    """A ringcoll collective was called while its stream was capturing a CUDA graph."""
+
+
+def refuse_capture(describe: str) -> CaptureError:
+    return CaptureError(
+        f"ringcoll {describe}: called while the current CUDA stream is capturing a graph "
+        f"(torch.cuda.graph / CUDA graph capture). ringcoll does not capture its collectives: a "
+        f"call checks its peers' progress from the host (the watchdog queries each step's event, "
+        f"which capture forbids), may allocate scratch and staging buffers on first use, and "
+        f"takes a call number and a tag on the host per call, which a replayed graph would not "
+        f"take again. Run the collective outside the captured region (before or after the graph, "
+        f"or between two graphs), or use the built-in NCCL collectives inside it. What would "
+        f"have to change: buffers allocated before capture, a watchdog on the replay instead of "
+        f"the capture, and call numbers that a replay advances.")
+
+
+class PostedStep:
+    """One posted step: its transfers, its batch's handle, its end event, its error."""
+
+    __slots__ = ("items", "index", "work", "event", "error")
+
+    def __init__(self, items):
+        self.items, self.index, self.work, self.event, self.error = items, None, None, None, None
+
+
+class InFlight:
+    """A call enqueued on a stream: what the watchdog watches and the Work waits on."""
+
+    def __init__(self, name: str, timeout: float, total: int, transport: "StreamTransport"):
+        self.name, self.timeout, self.total, self.transport = name, timeout, total, transport
+        self.steps: List[PostedStep] = []
+        self.done = None                  # the call's end event
+        self.failure: Optional[BaseException] = None
+        self.keep: list = []              # tensors the stream uses, held until the call completes
+        self.error: Optional[BaseException] = None   # a local operation's, on the stream
+        self.on_failure: Optional[Callable] = None   # (call, step index, TransferError) -> error
+        self.enqueued = time.monotonic()
+        self.finished = False
+        self.index = 0                    # the watchdog's: the first step not seen to end
+        self.clock: Optional[float] = None   # when that step's deadline started counting
+        self._settled: list = []          # functions of the call, run once it completed or failed
+        self._lock = threading.Lock()
+        self._verdict = threading.Event()
+
+    def when_settled(self, fn: Callable[["InFlight"], None]) -> None:
+        """Run ``fn(call)`` once the watchdog has seen the call complete or fail (now if it
+        has)."""
+        with self._lock:
+            if not self.finished:
+                self._settled.append(fn)
+                return
+        fn(self)
+
+    def settle(self, failure: Optional[BaseException] = None) -> None:
+        """The watchdog's verdict: completed (``failure`` None) or failed."""
+        with self._lock:
+            if self.finished:
+                return
+            self.failure, self.finished = failure, True
+            if failure is None:
+                self.keep = []
+            settled, self._settled = self._settled, []
+        self._verdict.set()
+        for fn in settled:
+            fn(self)
+
+    def host_wait(self) -> None:
+        """Block the host until the watchdog has seen the call end (its end event reached) or
+        fail (then raise its error): what a barrier, check mode and exchanges the host reads
+        need. Counted in ``StreamRuntime.host_waits``. Never longer than the watchdog's
+        deadline, even where an aborted transfer would keep the stream from its end event."""
+        StreamRuntime.host_waits += 1
+        self._verdict.wait()
+        if self.failure is not None:
+            raise self.failure
+
+    def __repr__(self) -> str:
+        return f"InFlight({self.name}, steps={len(self.steps)}/{self.total})"
+
+
+class StreamTransport:
+    """The stream-ordered transport (see the module docstring)."""
+
+    batched = True
+    streamed = True
+
+    def __init__(self, comm, runtime: StreamRuntime, device: torch.device, watchdog, *, private: bool = True):
+        self.comm, self.runtime, self.device, self.watchdog = comm, runtime, device, watchdog
+        self.private = private            # whether comm's group is ringcoll's own (see shutdown)
+        self.stream = runtime.new_stream(device)
+        self.call: Optional[InFlight] = None
+        self.last: Optional[InFlight] = None
+        self._ready = False
+
+    def ready(self, deadline: float) -> None:
+        """Set the private communicator up once, every rank together (the group's first call on
+        this device); TimeoutError past ``deadline``."""
+        if not self._ready:
+            self.comm.connect(deadline)
+            self._ready = True
+
+    # -- a call ----------------------------------------------------------------------------
+    def open(self, name: str, timeout: float, total: int, caller=None) -> InFlight:
+        """Start enqueueing a call: the stream first waits on ``caller`` (an event of the
+        caller's stream; None: an event of the calling thread's current stream, now)."""
+        if caller is None:
+            caller = self.runtime.record(self.runtime.current(self.device))
+        self.runtime.wait(self.stream, caller)
+        self.call = InFlight(name, timeout, total, self)
+        return self.call
+
+    def post(self, transfers: Sequence, tag: int):   # noqa: ARG002 - NCCL ignores tags
+        items = [item for item, _ in transfers]
+        ops = [(isinstance(item, Send), wire(tensor), item.peer) for item, tensor in transfers]
+        step = PostedStep(items)
+        comm = self.comm
+
+        def start():
+            try:
+                step.work = comm.start(ops)
+            except BaseException as error:  # noqa: BLE001 - the watchdog or wait() reports it
+                step.error = error
+
+        self.runtime.launch(self.stream, start)
+        if step.error is not None:       # known at once where launching runs it (CUDA)
+            raise TransferError(items, step.error, timed_out=False, batch=True)
+        return step
+
+    def wait(self, step: PostedStep, deadline: float) -> None:   # noqa: ARG002 - the watchdog's
+        """Order the stream after the step's batch and mark the step's end; the host does not
+        wait (a stalled batch is the watchdog's)."""
+        comm = self.comm
+
+        def join():
+            if step.error is None:
+                try:
+                    comm.join(step.work)
+                except BaseException as error:  # noqa: BLE001
+                    step.error = error
+
+        self.runtime.launch(self.stream, join)
+        step.event = self.runtime.record(self.stream)
+        self.call.steps.append(step)
+        if step.error is not None:
+            raise TransferError(step.items, step.error, timed_out=False, batch=True)
+
+    def local(self, fn: Callable[[], object]) -> None:
+        """A step's own copies and reductions, on the stream after its batch. An error where
+        the launch runs later (the emulator) is the call's: its Work raises it."""
+        call = self.call
+
+        def run():
+            try:
+                fn()
+            except BaseException as error:  # noqa: BLE001 - reported by the watchdog
+                if call.error is None:
+                    call.error = error
+
+        self.runtime.launch(self.stream, run)
+        if call.error is not None:       # known at once where launching runs it (CUDA)
+            raise call.error
+
+    def close(self, keep=()) -> InFlight:
+        """End the call: its end event, handed to the watchdog."""
+        call, self.call = self.call, None
+        call.done = self.runtime.record(self.stream)
+        call.keep = list(keep)
+        self.runtime.keep_alive(call.keep, self.stream)
+        self.watchdog.watch(call)
+        self.last = call
+        return call
+
+    def shutdown(self, how: str = "shutdown") -> None:
+        """Close the private communicator (``how``: ``"shutdown"``, after the calls in flight
+        end or fail, or ``"abort"``, at once); a shared one is the user's and stays."""
+        if how == "shutdown" and self.last is not None:
+            try:
+                self.last.host_wait()
+            except Exception:  # noqa: BLE001 - reported to the call's own waiters
+                pass
+        if self.private:
+            self.comm.close(how)
+
+    def drop(self) -> None:
+        """Forget a call whose enqueueing failed on the host."""
+        self.call = None
+
+    def release(self, handle) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.comm.abort()
+
+
+# -- the emulated NCCL communicator ---------------------------------------------------------
+class EmulatedNccl:
+    """NCCL on an emulated device (see the module docstring): :class:`NcclShim` (one tag, NCCL's
+    dtype list, one Work per batch settled by its waiter thread) on a private gloo group.
+    ``start`` posts a batch's sends and receives when the stream reaches it; ``join`` blocks
+    the stream's thread (not the host) until the batch completes, or until the communicator is
+    aborted: gloo's abort does not fail the waits already blocked, so the stream must not sit
+    in one (a stalled stream would keep a barrier's host from the watchdog's verdict)."""
+
+    def __init__(self, pg, timeout: float):
+        self.shim, self.timeout = NcclShim(pg), timeout
+
+    def connect(self, deadline: float) -> None:
+        """Set the communicator up now, every rank together, within ``deadline``."""
+        self.shim.connect(deadline)
+
+    def start(self, ops):
+        return self.shim.batch(ops)
+
+    def join(self, work) -> None:
+        while not work._done.wait(0.01):
+            if self.shim.aborted:
+                raise RuntimeError("NCCL communicator was aborted")
+        work.wait()                       # the batch's error, if it failed
+
+    def failed(self, work) -> None:   # noqa: ARG002 - its errors come through join
+        return None
+
+    def abort(self) -> None:
+        if not self.shim.aborted:
+            self.shim.abort()
+            self.close("abort")
+
+    def close(self, how: str) -> None:
+        try:
+            getattr(self.shim.pg, how)()
+        except Exception:  # noqa: BLE001 - best effort: the group is failed or done either way
+            pass
+
+
+def group_store(group):
+    """The store of a registered process group (its PrefixStore), for a private group beside
+    it; None when c10d does not know the group (a raw backend)."""
+    try:
+        return dist.distributed_c10d._world.pg_map[group][1]
+    except (KeyError, AttributeError, TypeError):
+        return None
+
+
+#: private groups made so far in this process, per store and device type: (the store, kept so
+#: that its id is never reused, how many); each group needs a prefix of its own
+_made: dict = {}
+
+
+def private_prefix(store, device: torch.device) -> str:
+    """A prefix no earlier private group on ``store`` used: every rank makes its private
+    groups on a store in the same order (a group's first call on a device), so the counts agree."""
+    key = (id(store), device.type)
+    count = _made[key][1] + 1 if key in _made else 1
+    _made[key] = (store, count)
+    return f"ringcoll/private/{device.type}/{count}/"
+
+
+def private_gloo(store, rank: int, world: int, timeout: float):
+    """A private gloo group on ``store`` (the emulator's communicator): every rank of the group
+    creates it at the same call (gloo connects every pair now, within ``timeout``)."""
+    prefix = private_prefix(store, torch.device("cpu"))
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world, timedelta(seconds=timeout))
+
+
+def private_nccl(store, rank: int, world: int, timeout: float, device: torch.device):
+    """A private ProcessGroupNCCL on ``store`` for ``device``: its communicator is set up by
+    :meth:`NcclComm.connect`, every rank at the group's first CUDA call."""
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timedelta(seconds=timeout)
+    prefix = private_prefix(store, device)
+    with _environment(PRIVATE_NCCL_ENV):
+        return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world, options)
+
+
+#: what ProcessGroupNCCL reads when it is built, set for the private communicator only:
+#: ringcoll's watchdog handles its errors and timeouts (NCCL's own error handling would tear
+#: the whole process down on a peer's failure), and its ``wait()`` must order the stream
+#: without blocking the host whatever the user chose for their groups
+PRIVATE_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+
+_env_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(values: dict):
+    """``values`` in os.environ for the duration (ProcessGroupNCCL reads them in its
+    constructor), restored afterwards."""
+    with _env_lock:
+        saved = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

@@ -1,0 +1,719 @@
+"""The stream-ordered path (issue #26) proven on the CPU, through the stream emulator.
+
+``RINGCOLL_TRANSPORT=streamed`` runs CPU tensors through exactly the executor code that CUDA
+tensors on NCCL take (ringcoll.runtime.transport.stream.StreamTransport), with
+ringcoll.runtime.streams.EmulatedRuntime in place of CUDA: every stream is a FIFO thread, the NCCL
+batches move bytes over a private gloo group, and the host never waits. Before this path
+existed a CUDA call on NCCL polled every step from the host (``poll`` with sleeps up to 1 ms),
+ran a backend call on the worker thread's default stream of device 0 with no event tying it to
+the caller's stream, and a synchronous call returned only once its data had arrived: every
+test here fails on that code (most simply because none of it was there).
+
+- the whole registry (every collective x algorithm, one size per algorithm among 0, 1, below
+  and above the world, not divisible; sub-groups; async) against the built-ins at 3 and 4 ranks,
+  with a count of the host's waits inside ringcoll's calls: zero;
+- a synchronous call returns while the caller's stream is held by a gate (its data has not
+  arrived), and completes once the gate opens;
+- a producer on the caller's stream is read by the call, a consumer after ``wait()`` reads its
+  result; the backend (``dist.all_reduce`` on a ringcoll group) likewise;
+- a stalled peer: every surviving rank's watchdog fails the call within the timeout, the user's
+  group stays usable, ringcoll's stays failed;
+- check mode on the stream path; graph capture refused with a clear error.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringcoll
+from ringcoll.runtime import streams
+from ringcoll.api._common import group_executor
+
+CPU = torch.device("cpu")
+
+
+def data(numel: int, rank: int, dtype=torch.int64) -> torch.Tensor:
+    """Exact integer data, never zero, distinct per rank."""
+    return (torch.arange(numel, dtype=torch.int64) % 97 + 1 + 100 * rank).to(dtype)
+
+
+def sync() -> None:
+    """Block the host until the calling thread's emulated stream has run everything enqueued
+    on it (what reading a CUDA tensor on the host does)."""
+    runtime = streams.emulated()
+    runtime.synchronize(runtime.record(runtime.current(CPU)))
+
+
+class HostWaits:
+    """Counts the host's waits inside ringcoll calls only (the test's own syncs excluded)."""
+
+    def __init__(self):
+        self.count, self.where = 0, []
+
+    def __call__(self, what, fn, *args, **kwargs):
+        before = streams.StreamRuntime.host_waits
+        result = fn(*args, **kwargs)
+        taken = streams.StreamRuntime.host_waits - before
+        if taken:
+            self.count += taken
+            self.where.append(what)
+        return result
+
+
+def catalogue():
+    """Every collective x algorithm, one size per algorithm (rotating through 0, 1, world - 1,
+    world + 1 and 1001), on the whole group and on a sub-group of world - 1 ranks, some calls
+    async; int64 exact data against the built-in on the same group."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wrong, waits, compared = [], HostWaits(), []
+    sizes = (0, 1, world - 1, world + 1, 1001)
+    sub_ranks = list(range(1, world))
+    sub = dist.new_group(sub_ranks)
+    groups = [(None, rank, world, list(range(world))), (sub, rank - 1, world - 1, sub_ranks)]
+    # the node-aware algorithms' layout exchange is a host wait by contract (the host reads it),
+    # once per group: done before counting
+    for group, _, _, members in groups:
+        if rank in members:
+            ringcoll.all_reduce(data(4, rank), group=group, algorithm="hierarchical")
+    sync()
+
+    def check(what, got, want):
+        if not torch.equal(got, want):
+            wrong.append(what)
+
+    algorithms = ringcoll.algorithms()
+    counter = 0
+    for group, me, size, members in groups:
+        if rank not in members:
+            continue
+        pending = []                            # async calls: (work, check) checked after wait
+
+        def call(what, fn, *args, **kwargs):
+            nonlocal counter
+            counter += 1
+            if counter % 3 == 0:                # every third call async, waited for later
+                pending.append(waits(what, fn, *args, async_op=True, group=group, **kwargs))
+            else:
+                waits(what, fn, *args, group=group, **kwargs)
+
+        checks = []
+        for i, alg in enumerate(algorithms["all_reduce"]):
+            n = sizes[i % len(sizes)]
+            x, y = data(n, rank), data(n, rank)
+            call(f"all_reduce/{alg} {n}", ringcoll.all_reduce, x, algorithm=alg)
+            dist.all_reduce(y, group=group)
+            checks.append((f"all_reduce/{alg} {n}", x, y))
+        for i, alg in enumerate(algorithms["broadcast"]):
+            n, root = sizes[i % len(sizes)], members[i % size]
+            x, y = data(n, rank), data(n, rank)
+            call(f"broadcast/{alg} {n}", ringcoll.broadcast, x, src=root, algorithm=alg)
+            dist.broadcast(y, src=root, group=group)
+            checks.append((f"broadcast/{alg} {n}", x, y))
+        for i, alg in enumerate(algorithms["reduce"]):
+            n, root = sizes[(i + 1) % len(sizes)], members[(i + 1) % size]
+            x, y = data(n, rank), data(n, rank)
+            call(f"reduce/{alg} {n}", ringcoll.reduce, x, dst=root, algorithm=alg)
+            dist.reduce(y, dst=root, group=group)
+            if rank == root:
+                checks.append((f"reduce/{alg} {n}", x, y))
+        for i, alg in enumerate(algorithms["all_gather"]):
+            n = sizes[(i + 2) % len(sizes)]
+            outs = [torch.zeros(n, dtype=torch.int64) for _ in range(size)]
+            want = [torch.zeros(n, dtype=torch.int64) for _ in range(size)]
+            call(f"all_gather/{alg} {n}", ringcoll.all_gather, outs, data(n, rank), algorithm=alg)
+            dist.all_gather(want, data(n, rank), group=group)
+            checks.append((f"all_gather/{alg} {n}", outs, want))
+        for i, alg in enumerate(algorithms["reduce_scatter"]):
+            n = sizes[(i + 3) % len(sizes)]
+            inputs = [data(n, rank * world + j) for j in range(size)]
+            out, want = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+            call(f"reduce_scatter/{alg} {n}", ringcoll.reduce_scatter, out, inputs, algorithm=alg)
+            dist.reduce_scatter(want, [t.clone() for t in inputs], group=group)
+            checks.append((f"reduce_scatter/{alg} {n}", out, want))
+        for i, alg in enumerate(algorithms["gather"]):
+            n, root = sizes[(i + 4) % len(sizes)], members[i % size]
+            outs = [torch.zeros(n, dtype=torch.int64) for _ in range(size)] if rank == root else None
+            want = [torch.zeros(n, dtype=torch.int64) for _ in range(size)] if rank == root else None
+            call(f"gather/{alg} {n}", ringcoll.gather, data(n, rank), outs, dst=root, algorithm=alg)
+            dist.gather(data(n, rank), want, dst=root, group=group)
+            if rank == root:
+                checks.append((f"gather/{alg} {n}", outs, want))
+        for i, alg in enumerate(algorithms["scatter"]):
+            n, root = sizes[i % len(sizes)], members[(i + 1) % size]
+            inputs = [data(n, 10 + j) for j in range(size)] if rank == root else None
+            out, want = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+            call(f"scatter/{alg} {n}", ringcoll.scatter, out, inputs, src=root, algorithm=alg)
+            dist.scatter(want, inputs, src=root, group=group)
+            checks.append((f"scatter/{alg} {n}", out, want))
+        for i, alg in enumerate(algorithms["all_to_all"]):
+            n = sizes[(i + 1) % len(sizes)]
+            inp = data(n * size, rank)
+            out, want = torch.zeros(n * size, dtype=torch.int64), torch.zeros(n * size, dtype=torch.int64)
+            call(f"all_to_all_single/{alg} {n}", ringcoll.all_to_all_single, out, inp, algorithm=alg)
+            dist.all_to_all_single(want, inp, group=group)
+            checks.append((f"all_to_all_single/{alg} {n}", out, want))
+        for alg in algorithms["barrier"]:
+            before = streams.StreamRuntime.host_waits
+            ringcoll.barrier(group=group, algorithm=alg)        # blocks the host, by contract
+            if streams.StreamRuntime.host_waits == before:
+                wrong.append(f"barrier/{alg} did not wait for its peers")
+        x = data(world + 1, rank, torch.int16)                  # a dtype NCCL lacks: moved as bytes
+        call("all_reduce int16", ringcoll.all_reduce, x, algorithm="ring")
+        checks.append(("all_reduce int16", x, sum(data(world + 1, r) for r in members).to(torch.int16)))
+        for work in pending:
+            work.wait()
+        sync()
+        for what, got, want in checks:
+            if isinstance(got, list):
+                got, want = torch.cat(got), torch.cat(want)
+            check(what, got, want)
+            compared.append(what)
+    transport = group_executor(None).transport(CPU)
+    return (type(transport).__name__, type(transport.runtime).__name__, wrong, waits.count, waits.where,
+            len(compared))
+
+
+@pytest.fixture(scope="module", params=[3, 4])
+def streamed(request):
+    with ringcoll.launch(request.param, threads=1, timeout=120,
+                         env={"RINGCOLL_TRANSPORT": "streamed", "RINGCOLL_TIMEOUT": "60"}) as cluster:
+        yield cluster
+
+
+def test_every_collective_and_algorithm_on_emulated_streams_with_no_host_wait(streamed):
+    """The catalogue through the stream-ordered executor path; zero host waits per call. Old
+    code: no stream path (CUDA steps were polled by the host, every one)."""
+    algorithms = ringcoll.algorithms()
+    every = sum(len(algorithms[c]) for c in ("all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                             "scatter", "all_to_all")) + 1      # checked on every rank
+    for rank, (transport, runtime, wrong, waits, where, compared) in enumerate(streamed.run(catalogue)):
+        assert (transport, runtime) == ("StreamTransport", "EmulatedRuntime")
+        assert compared >= every * (1 if rank == 0 else 2), (rank, compared, every)   # rank 0: no sub-group
+        assert wrong == [], f"rank {rank}: {wrong}"
+        assert waits == 0, f"rank {rank}: the host waited in {where}"
+
+
+def gated():
+    """A synchronous call while the caller's stream is held: it must return (enqueued) with the
+    data not yet there, then complete once the gate opens."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    x = data(1001, rank)
+    ringcoll.all_reduce(x.clone())                       # the group's set-up, outside the gate
+    sync()
+    gate = threading.Event()
+    runtime.launch(runtime.current(CPU), lambda: gate.wait(30))
+    start = time.monotonic()
+    before = streams.StreamRuntime.host_waits
+    ringcoll.all_reduce(x, algorithm="ring")
+    returned = time.monotonic() - start
+    untouched = torch.equal(x, data(1001, rank))
+    waits = streams.StreamRuntime.host_waits - before
+    gate.set()
+    sync()
+    return returned, untouched, waits, torch.equal(x, sum(data(1001, r) for r in range(world)))
+
+
+def test_a_synchronous_call_returns_before_its_data_arrived(streamed):
+    """NCCL's contract: a synchronous call returns once enqueued. Old code: the call returned
+    only after the host had waited for every step's data."""
+    for returned, untouched, waits, right in streamed.run(gated):
+        assert returned < 5 and untouched and waits == 0 and right
+
+
+def ordered():
+    """A producer on the caller's stream before an async call, a consumer after ``wait()``:
+    the call reads what the producer wrote and the consumer reads the call's result, with the
+    host never waiting; also through the ringcoll backend's ``dist.all_reduce``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    want = sum(data(64, r) for r in range(world))
+    out = {}
+    backend = dist.new_group(list(range(world)), backend="ringcoll")
+    for name, reduce in (("drop-in", lambda x: ringcoll.all_reduce(x, async_op=True)),
+                         ("backend", lambda x: dist.all_reduce(x, group=backend, async_op=True))):
+        warm = torch.ones(4, dtype=torch.int64)
+        reduce(warm).wait()                              # set-up outside the measured call
+        sync()
+        x, seen = torch.zeros(64, dtype=torch.int64), torch.zeros(64, dtype=torch.int64)
+        side = runtime.new_stream(CPU)                   # the caller works on a side stream
+        with runtime.use(side):
+            runtime.launch(side, lambda: (time.sleep(0.3), x.copy_(data(64, rank))))   # producer
+            before = streams.StreamRuntime.host_waits
+            work = reduce(x)
+            start = time.monotonic()
+            work.wait()
+            waited = time.monotonic() - start
+            runtime.launch(side, lambda: seen.copy_(x))                                 # consumer
+            waits = streams.StreamRuntime.host_waits - before
+            runtime.synchronize(runtime.record(side))
+        out[name] = (type(work).__name__, waited < 0.25, waits, torch.equal(seen, want))
+    return out
+
+
+def test_the_callers_stream_orders_the_call_and_the_call_orders_it(streamed):
+    """Item 2 of issue #26: a call waits on the caller's current stream, and ``wait()`` orders
+    the waiting stream after the call, without blocking the host. Old code: the drop-in read its
+    input on the host at once (before the producer), the backend ran on the worker thread's
+    default stream with no event at all."""
+    for out in streamed.run(ordered):
+        assert out == {"drop-in": ("StreamWork", True, 0, True), "backend": ("StreamWork", True, 0, True)}, out
+
+
+def stalled():
+    """The last rank stalls in a call on a fresh group: every other rank's watchdog fails it
+    within the timeout; the user's group stays usable, ringcoll's stays failed."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    others = dist.new_group(list(range(world - 1)))       # the survivors
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(1.0)
+    out = {}
+    try:
+        x = torch.ones(100, dtype=torch.int64)
+        ringcoll.all_reduce(x, group=group)
+        sync()
+        if rank == world - 1:
+            time.sleep(3.0)
+        else:
+            start = time.monotonic()
+            work = ringcoll.all_reduce(x, group=group, algorithm="ring", async_op=True)
+            # another group goes on meanwhile: no worker thread serialises the groups
+            z = torch.full((5,), rank + 1, dtype=torch.int64)
+            ringcoll.all_reduce(z, group=others)
+            sync()
+            out["others"] = (time.monotonic() - start < 0.9, z.tolist())
+            while not work.is_completed() and time.monotonic() - start < 10:
+                time.sleep(0.01)
+            try:
+                work.wait()
+                out["wait"] = "returned"
+            except ringcoll.PeerError as error:
+                out["wait"] = ("PeerError", time.monotonic() - start, str(error), error.step)
+            try:
+                ringcoll.all_reduce(x, group=group)
+                out["next"] = "returned"
+            except ringcoll.GroupFailedError as error:
+                out["next"] = str(error)
+            # the abort fails the transfers the emulated stream was blocked in: it drains
+            transport = group_executor(group).transport(CPU)
+            drained = transport.runtime.record(transport.stream)
+            while not drained.query() and time.monotonic() - start < 8:
+                time.sleep(0.01)
+            out["drained"] = drained.query()
+    finally:
+        ringcoll.set_timeout(previous)
+    y = torch.ones(3)
+    dist.all_reduce(y, group=group)                      # the user's group, after ringcoll's abort
+    out["user"] = y.tolist()
+    return out
+
+
+def test_a_stalled_peer_fails_every_survivor_within_the_timeout(streamed):
+    """Items 4 and 6 of issue #26: one watchdog thread, not per-step host polls, fails the call
+    within ringcoll's timeout on every surviving rank, naming the call and the step; only
+    ringcoll's private communicator is aborted; a call on another group completes meanwhile.
+    Old code: the batched transport aborted the user's own NCCL group, and the async call held
+    the one worker thread, so the other group's call waited behind it."""
+    results = streamed.run(stalled)
+    world = len(results)
+    for out in results[:-1]:
+        outcome, waited, message, step = out["wait"]
+        assert outcome == "PeerError" and 0.9 <= waited < 3.0, out
+        assert "all_reduce/ring" in message and "call #" in message and f"/{2 * (world - 1)}" in message, message
+        assert step is not None
+        assert "call #" in out["next"] and "all_reduce" in out["next"]
+        assert out["others"] == (True, [world * (world - 1) // 2] * 5), out
+        assert out["drained"], out
+    for out in results:
+        assert out["user"] == [float(world)] * 3
+
+
+def checked():
+    """Check mode on the stream path: a mismatch raises the same MismatchError on every rank;
+    agreeing calls pass."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    executor = group_executor(group)
+    executor.check = True
+    x = data(10, rank)
+    ringcoll.all_reduce(x, group=group)
+    sync()
+    ok = torch.equal(x, sum(data(10, r) for r in range(world)))
+    try:
+        if rank == 0:
+            ringcoll.broadcast(x, src=0, group=group)
+        else:
+            ringcoll.all_reduce(x, group=group)
+        return ok, "no error"
+    except ringcoll.MismatchError as error:
+        return ok, str(error)
+
+
+def test_check_mode_runs_on_the_stream_path(streamed):
+    """Item 3 of issue #26: check mode's fingerprint table travels on the call's device and
+    transport (old code: a CPU tensor, which an NCCL-only group cannot send)."""
+    for ok, message in streamed.run(checked):
+        assert ok and "collective: 'broadcast' on ranks [0] vs 'all_reduce'" in message, message
+
+
+def test_graph_capture_is_refused_with_a_clear_error(monkeypatch):
+    """Item 7: a collective called while the current stream captures a CUDA graph raises a
+    CaptureError naming why and what to do, before any transfer (old code: no check; NCCL's
+    capture failed somewhere inside the schedule)."""
+    from ringcoll.runtime import work as work_module
+    from ringcoll.runtime.transport.stream import CaptureError
+
+    runtime = streams.emulated()
+    monkeypatch.setattr(runtime, "capture", True)
+    ran = []
+    with pytest.raises(CaptureError, match="capturing a graph.*outside the captured region"):
+        work_module.submit_stream(lambda caller: ran.append(caller), False, [], runtime, CPU, "all_reduce/ring")
+    assert ran == []
+
+
+# -- the private communicator, in process (a fake ProcessGroupNCCL: this build has none) ----------
+class FakeProcessGroupNccl:
+    """``dist.ProcessGroupNCCL(store, rank, size, options)`` as ringcoll builds its private one:
+    records its prefix, timeout and the environment its constructor read; a raw Backend's
+    coalescing (no device) and abort."""
+
+    made: list = []
+
+    class Options:
+        def __init__(self):
+            self._timeout = None
+
+    def __init__(self, store, rank, size, options):
+        import os
+        self.store, self.rank, self.size, self.timeout = store, rank, size, options._timeout
+        self.env = {name: os.environ.get(name) for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                            "TORCH_NCCL_BLOCKING_WAIT")}
+        self.aborted = False
+        FakeProcessGroupNccl.made.append(self)
+
+    def eager_connect_single_device(self, device):
+        pass
+
+    def abort(self):
+        self.aborted = True
+
+    def shutdown(self):
+        self.closed = True
+
+
+class UserNccl(FakeProcessGroupNccl):
+    def __init__(self):
+        self.aborted = False
+
+
+@pytest.fixture
+def fake_nccl(monkeypatch):
+    FakeProcessGroupNccl.made = []
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeProcessGroupNccl, raising=False)
+    monkeypatch.setattr(streams, "cuda", streams.emulated)        # no CUDA streams in this build
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)
+    return FakeProcessGroupNccl.made
+
+
+def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_nccl, monkeypatch):
+    """Items 5 and 6 of issue #26: ringcoll's CUDA transport on a user's NCCL group talks over
+    an NCCL group of its own (nothing else can be matched with its messages), built with a
+    timeout beyond ringcoll's deadline and without NCCL's process teardown; a timeout aborts
+    only it. The kernels' probe runs then, on the group's device. Old code: the user's group
+    itself, aborted on ringcoll's timeout; the probe inside the first collective, on GPU 0."""
+    from ringcoll.runtime.executor import P2PExecutor, PeerError
+    from ringcoll.runtime.transport.stream import StreamTransport, private_timeout
+
+    from ringcoll import kernels
+
+    probed = []
+    monkeypatch.setattr(kernels, "backend_for", lambda device, backend=None: probed.append(device))
+    ringcoll.set_timeout(7.0)
+    try:
+        user = UserNccl()
+        executor = P2PExecutor(user, rank=0, world=2, backend="nccl", store=dist.HashStore())
+        transport = executor.transport(torch.device("cuda", 0))
+    finally:
+        ringcoll.set_timeout(None)
+    assert isinstance(transport, StreamTransport)
+    assert probed == [torch.device("cuda", 0)]      # item 7: the kernel probe, at the transport's making
+    assert fake_nccl and transport.comm.pg is fake_nccl[0] and transport.comm.pg is not user
+    private = fake_nccl[0]
+    assert private.timeout.total_seconds() == private_timeout(7.0) > 7.0
+    assert private.env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+    import os
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"          # restored for the user's
+    executor._failed(PeerError("timed out", rank=0, peer=1, step=0), [])
+    assert private.aborted and not user.aborted
+
+
+def test_the_backends_collectives_and_user_p2p_use_different_nccl_groups(fake_nccl, monkeypatch):
+    """Item 5: on a "ringcoll" group, user send/recv go to the inner NCCL group and ringcoll's
+    collectives to a private one, which the group's shutdown closes too. Old code: both on the
+    inner group, matched by order."""
+    from ringcoll.backend import ProcessGroupRingcoll
+    from datetime import timedelta
+
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    group = ProcessGroupRingcoll(dist.HashStore(), 0, 1, timedelta(seconds=30))
+    try:
+        executor = group.executor(torch.device("cuda", 0))
+        collectives = executor.transport(torch.device("cuda", 0)).comm.pg
+        assert group._nccl in fake_nccl and collectives in fake_nccl and collectives is not group._nccl
+    finally:
+        group.shutdown()
+    assert getattr(collectives, "closed", False) and getattr(group._nccl, "closed", False)   # both shut down
+
+
+def ddp_with_the_hook():
+    """DDP with ringcoll's comm hook on the stream path: the hook's future (the Work's) carries
+    the reduced bucket back to DDP's reducer; gradients equal the built-in's."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    grads = []
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(6, 3))
+        if hooked:
+            model.register_comm_hook(None, ringcoll.ddp_comm_hook("ring"))
+        inputs = torch.arange(24, dtype=torch.float32).view(4, 6) / 8 + rank
+        model(inputs).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return all(torch.allclose(a, b) for a, b in zip(*grads))
+
+
+def test_ddp_comm_hook_on_the_stream_path(streamed):
+    """Item 7: the hook's future comes from the stream path's Work (CUDA: stream-aware)."""
+    assert all(streamed.run(ddp_with_the_hook))
+
+
+# -- the CUDA runtime's calls, on fakes of torch.cuda checked against the real signatures ----------
+class _FakeCuda:
+    """torch.cuda's streams, events and contexts as CudaRuntime uses them, recording what it did;
+    the fakes' methods take what the real ones take (test_the_cuda_fakes_take_the_real_signatures)."""
+
+    def __init__(self):
+        self.log, self.local = [], threading.local()
+
+    def current(self):
+        return getattr(self.local, "stream", "default")
+
+
+def _cuda_fakes(monkeypatch):
+    import contextlib
+
+    cuda = _FakeCuda()
+
+    class Stream:
+        def __new__(cls, device=None, priority=0, **kwargs):
+            stream = object.__new__(cls)
+            stream.device = device
+            return stream
+
+        def wait_event(self, event):
+            cuda.log.append(("wait_event", self, event))
+
+    class Event:
+        def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+            return object.__new__(cls)
+
+        def record(self, stream=None):
+            cuda.log.append(("record", self, stream))
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            cuda.log.append(("synchronize", self))
+
+    class Future(torch.futures.Future):
+        __class_getitem__ = classmethod(lambda cls, item: cls)     # Future[Tensor], as the real
+
+        def __init__(self, *, devices=None):
+            super().__init__()
+            for device in devices or []:            # torch's: devices with an index (CUDA here)
+                if torch.device(device).type != "cuda" or torch.device(device).index is None:
+                    raise ValueError(f"Expected devices to have indices, got {device}")
+            self.devices = devices
+
+        def set_result(self, result):
+            cuda.log.append(("set_result", self.devices, cuda.current()))
+            super().set_result(result)
+
+    @contextlib.contextmanager
+    def stream_context(stream):
+        saved, cuda.local.stream = cuda.current(), stream
+        try:
+            yield
+        finally:
+            cuda.local.stream = saved
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", stream_context)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cuda.current())
+    monkeypatch.setattr(torch.futures, "Future", Future)
+    cuda.Stream, cuda.Event, cuda.Future = Stream, Event, Future
+    return cuda
+
+
+def test_the_cuda_fakes_take_the_real_signatures(monkeypatch):
+    import inspect
+
+    real = {"Stream.wait_event": torch.cuda.Stream.wait_event, "Event.record": torch.cuda.Event.record,
+            "Event.__new__": torch.cuda.Event.__new__, "Stream.__new__": torch.cuda.Stream.__new__,
+            "Future.__init__": torch.futures.Future.__init__}
+    cuda = _cuda_fakes(monkeypatch)
+    fake = {"Stream.wait_event": cuda.Stream.wait_event, "Event.record": cuda.Event.record,
+            "Event.__new__": cuda.Event.__new__, "Stream.__new__": cuda.Stream.__new__,
+            "Future.__init__": cuda.Future.__init__}
+    for name, function in real.items():
+        assert list(inspect.signature(fake[name]).parameters) == list(inspect.signature(function).parameters), name
+    with pytest.raises(ValueError, match="indices"):
+        torch.futures.Future(devices=["cpu"])          # as the real one
+
+
+def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
+    """Items 2 and 7: on CUDA a Work's future is ``Future(devices=[device])`` completed under
+    ringcoll's stream (DDP's reducer and the comm hook then chain on the stream), and wait()
+    orders the waiting stream after the call's end event without blocking the host. Old code:
+    a CPU-only future completed on the host, and a backend call's Work had no event at all."""
+    from ringcoll.runtime.streams import CudaRuntime
+    from ringcoll.runtime.transport.stream import InFlight
+    from ringcoll.runtime.work import StreamWork
+
+    cuda = _cuda_fakes(monkeypatch)
+    runtime = CudaRuntime()
+    device = torch.device("cuda", 1)
+
+    class Transport:
+        stream = runtime.new_stream(device)
+
+    call = InFlight("call #1 all_reduce/ring", 1.0, 2, Transport())
+    call.done = runtime.record(Transport.stream)
+    result = [torch.ones(3)]
+    work = StreamWork(result, "all_reduce/ring", runtime, device)
+    early = work.get_future()                 # taken while the call is still queued
+    assert not early.done()
+    work._enqueued(call)
+    assert early.done()
+    assert ("set_result", [device], Transport.stream) in cuda.log
+    chained = work.get_future().then(lambda future: future.value()[0])
+    assert torch.equal(chained.wait(), torch.ones(3))
+    cuda.log.clear()
+    side = cuda.local.stream = runtime.new_stream(device)          # the caller's side stream
+    assert work.wait() is True
+    assert cuda.log == [("wait_event", side, call.done)]             # no host wait
+
+
+def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
+    """CUDA tensors over gloo (host staging, which capture forbids) are refused alike."""
+    from ringcoll.runtime import work as work_module
+    from ringcoll.runtime.streams import CudaRuntime
+    from ringcoll.runtime.transport.stream import CaptureError
+
+    monkeypatch.setattr(CudaRuntime, "capturing", lambda self, device: True)
+    ran = []
+    with pytest.raises(CaptureError, match="all_reduce/ring"):
+        work_module.submit(lambda: ran.append(1), False, device=torch.device("cuda", 0), describe="all_reduce/ring")
+    assert ran == []
+
+
+# -- the transport and the watchdog in process, on a fake communicator ----------------------------
+class GatedComm:
+    """A communicator whose batches complete when ``gate`` is set (or fail once aborted)."""
+
+    def __init__(self):
+        self.gate, self.aborted, self.started = threading.Event(), False, []
+
+    def connect(self, deadline):
+        pass
+
+    def start(self, ops):
+        self.started.append(len(ops))
+        return ops
+
+    def join(self, work):
+        while not self.gate.wait(0.01):
+            if self.aborted:
+                raise RuntimeError("NCCL communicator was aborted")
+
+    def failed(self, work):
+        return None
+
+    def abort(self):
+        self.aborted = True
+
+
+def _enqueue_one(transport, timeout=0.3, local=None):
+    from ringcoll.schedules.vocabulary import Buf, Recv, Send
+
+    call = transport.open("call #1 all_reduce/ring 4xint64", timeout, 1)
+    items = [Send(1, Buf("data", 0, 2)), Recv(1, Buf("data", 2, 4))]
+    step = transport.post(list(zip(items, [torch.ones(2), torch.zeros(2)])), 0)
+    step.index = 0
+    transport.wait(step, 0)
+    if local is not None:
+        transport.local(local)
+    return transport.close([])
+
+
+def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
+    """A step whose batch does not complete within the timeout: the watchdog fails the call
+    (naming the step's transfers) and aborts the communicator, which lets the stream go on; a
+    call behind it on the stream fails with it; the host's wait ends with the error."""
+    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.watchdog import Watchdog
+
+    comm = GatedComm()
+    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
+    start = time.monotonic()
+    first, second = _enqueue_one(transport), _enqueue_one(transport)
+    with pytest.raises(Exception) as caught:
+        first.host_wait()
+    assert 0.25 <= time.monotonic() - start < 2.0
+    assert comm.aborted and caught.value.timed_out and caught.value.step == 0 and len(caught.value.items) == 2
+    assert second.failure is first.failure
+    drained = transport.runtime.record(transport.stream)
+    transport.runtime.synchronize(drained)
+
+
+def test_a_local_operations_error_on_the_stream_is_the_calls():
+    """A reduction that raises on the emulated stream fails the call (its Work raises), not
+    only the stream's log."""
+    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.watchdog import Watchdog
+
+    comm = GatedComm()
+    comm.gate.set()
+    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
+    call = _enqueue_one(transport, timeout=5, local=lambda: 1 // 0)
+    with pytest.raises(ZeroDivisionError):
+        call.host_wait()
+    ok = _enqueue_one(transport, timeout=5)
+    ok.host_wait()
+    assert ok.failure is None and comm.started == [2, 2]
+
+
+def test_the_private_communicators_set_up_has_a_deadline():
+    """NCCL's eager set-up blocks until every rank joins: a rank that never comes is a
+    TimeoutError at the deadline and the communicator is aborted (old code: the host blocked
+    in ``eager_connect_single_device`` for as long as NCCL let it)."""
+    from ringcoll.runtime.transport import NcclComm
+
+    class Blocking(UserNccl):
+        def eager_connect_single_device(self, device):
+            time.sleep(30)
+
+    group = Blocking()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="set-up"):
+        NcclComm(group, torch.device("cuda", 0)).connect(time.monotonic() + 0.3)
+    assert 0.25 <= time.monotonic() - start < 2 and group.aborted
