@@ -188,7 +188,7 @@ def submit(task: Callable[[], None], async_op: bool, result=None, *,
 
 def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
     if runtime.capturing(device):
-        from .transport_stream import refuse_capture
+        from .transport.stream import refuse_capture
 
         raise refuse_capture(describe or "collective")
 
