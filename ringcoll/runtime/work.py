@@ -92,7 +92,7 @@ class Work(dist.Work):
         if self._error is not None:
             raise self._error
         if self._event is not None:
-            transport.streams.wait_event(self._device, self._event)
+            transport.base.streams.wait_event(self._device, self._event)
         return True
 
     def is_completed(self) -> bool:
@@ -129,9 +129,9 @@ class _Queue:
                 if stream is None:
                     task()
                 else:                       # the caller's device and stream, as it submitted
-                    with transport.streams.use(work._device, stream):
+                    with transport.base.streams.use(work._device, stream):
                         task()
-                        work._event = transport.streams.record(work._device, stream)
+                        work._event = transport.base.streams.record(work._device, stream)
             except BaseException as error:  # noqa: BLE001 - handed to whoever waits
                 work._finish(error)
             else:
@@ -164,7 +164,7 @@ class _Queue:
         stream = None
         if device is not None and device.type == "cuda":
             work._device = device
-            stream = transport.streams.current(device)
+            stream = transport.base.streams.current(device)
         self._tasks.put((task, work, stream))
         if async_op:
             return work

@@ -290,7 +290,7 @@ class FakeStreams:
 @pytest.fixture
 def fake_streams(monkeypatch):
     fake = FakeStreams()
-    monkeypatch.setattr(transport, "streams", fake)
+    monkeypatch.setattr(transport.base, "streams", fake)
     return fake
 
 

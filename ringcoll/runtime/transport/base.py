@@ -1,0 +1,84 @@
+"""What every transport shares: NCCL's dtype list, the transfer error, the one place ringcoll
+touches CUDA devices, streams and events (:data:`streams`), and a chunk's bytes on the wire."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Sequence
+
+import torch
+
+
+
+#: the dtypes ProcessGroupNCCL accepts (torch's getNcclDataType): no int16, uint16, complex ...
+NCCL_DTYPES = frozenset({
+    torch.int8, torch.uint8, torch.int32, torch.uint32, torch.int64, torch.uint64, torch.bool,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+    torch.float8_e4m3fn, torch.float8_e5m2,
+})
+
+
+class TransferError(RuntimeError):
+    """Transfers of one step failed or timed out; ``items`` are the Send/Recv concerned (a
+    batch fails as a whole: NCCL cannot say which of its transfers broke)."""
+
+    def __init__(self, items: Sequence, error: BaseException, *, timed_out: bool, batch: bool = False):
+        super().__init__(str(error))
+        self.items, self.error, self.timed_out, self.batch = list(items), error, timed_out, batch
+
+
+class CudaStreams:
+    """CUDA devices, streams, events and pinned memory, as ringcoll uses them."""
+
+    def current(self, device: torch.device):
+        return torch.cuda.current_stream(device)
+
+    @contextlib.contextmanager
+    def use(self, device: torch.device, stream):
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            yield
+
+    def record(self, device: torch.device, stream=None):
+        event = torch.cuda.Event()
+        event.record(stream if stream is not None else torch.cuda.current_stream(device))
+        return event
+
+    def wait_event(self, device: torch.device, event) -> None:
+        """Order the calling thread's current stream after ``event`` (no host block)."""
+        torch.cuda.current_stream(device).wait_event(event)
+
+    def synchronize(self, event) -> None:
+        event.synchronize()
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+streams = CudaStreams()
+
+
+def wire(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of a flat contiguous chunk. A chunk of 0 or 1 elements is contiguous whatever
+    its stride (a one-element block of a strided tensor keeps stride 2, say), and ``view``
+    refuses such a stride for a change of element size: re-stride it first. Bytes (a
+    prepared plan's transfers) are their own wire."""
+    if tensor.dtype is torch.uint8:
+        return tensor
+    if tensor.numel() <= 1 and tensor.dim() > 0 and tensor.stride(-1) != 1:
+        tensor = tensor.as_strided((tensor.numel(),), (1,))
+    return tensor.view(torch.uint8)
+
+
+def _remaining(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.001)
+
+
+def poll(work, deadline: float, pause: float = 20e-6, longest: float = 1e-3) -> bool:
+    """Block the host until ``work`` completes (True) or ``deadline`` passes (False), polling
+    ``is_completed()`` with a pause that doubles from 20 us to 1 ms."""
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, longest)
+    return True

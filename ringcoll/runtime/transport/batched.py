@@ -1,0 +1,51 @@
+"""The batched transport (NCCL's shape, polled by the host): one batch and one Work per step,
+``is_completed()`` polled until the step's deadline (``RINGCOLL_TRANSPORT=batched``)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ...schedules.vocabulary import Send
+from .base import TransferError, poll, wire
+
+
+class BatchedTransport:
+    """NCCL-shaped: one batch per step; see the module docstring."""
+
+    batched = True
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._ready = False
+
+    def ready(self, deadline: float) -> None:
+        """Set the communicator up (see NcclComm.connect); TimeoutError after ``deadline``."""
+        if not self._ready:
+            self.comm.connect(deadline)
+            self._ready = True
+
+    def post(self, transfers: Sequence, tag: int):   # noqa: ARG002 - NCCL ignores tags
+        items = [item for item, _ in transfers]
+        ops = [(isinstance(item, Send), wire(tensor), item.peer) for item, tensor in transfers]
+        try:
+            return items, self.comm.batch(ops)
+        except Exception as error:  # noqa: BLE001
+            raise TransferError(items, error, timed_out=False, batch=True) from error
+
+    def wait(self, handle, deadline: float) -> None:
+        items, work = handle
+        if not poll(work, deadline):
+            self.comm.abort()
+            raise TransferError(items, TimeoutError("the batch did not complete within the timeout; "
+                                                    "the communicator was aborted"),
+                                timed_out=True, batch=True)
+        try:
+            work.wait()                   # NCCL: orders the current stream; raises a failure
+        except Exception as error:  # noqa: BLE001
+            self.comm.abort()
+            raise TransferError(items, error, timed_out=False, batch=True) from error
+
+    def release(self, handle) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.comm.abort()
