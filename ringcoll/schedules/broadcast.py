@@ -11,8 +11,8 @@ from typing import Iterator
 
 from .registry import Cost, register
 from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
-from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
-    segment_count, segment_numel
+from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, port_split, \
+    rooted, rooted_pipeline, segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
@@ -151,4 +151,4 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     phases = [Phase(tree, segs, up, offset)
               for (tree, up, offset), segs in zip(pipe.phases, (segs_a, segs_b))]
-    yield from rooted(pipeline((rank - root) % world, phases, 0, pipe), root, world)
+    yield from rooted(pipeline((rank - root) % world, phases, 0, port_split(pipe, layout)), root, world)
