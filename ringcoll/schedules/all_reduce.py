@@ -158,7 +158,8 @@ def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iter
     the result is reduced once, at a top, and copied everywhere: bitwise identical. Each
     global step is split by the colours of its messages (``TreePipeline``: a proper edge
     colouring, up to 4 colours), so a rank sends and receives at most one message at a time,
-    and reduces at its step's end.
+    and reduces at its step's end; that is the simulator's clock (``ONE_PORT``), which the
+    cost follows: a real group posts a global step's transfers together.
 
     Cost: one segment crosses in 4 lg p - 2 message times (≈ at other p); once the pipeline
     is full, each further segment adds the busiest rank's 4(α + sβ) + 2sγ (parent and two

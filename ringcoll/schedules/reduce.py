@@ -139,7 +139,9 @@ def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator
     reduces them into its own (``data (op) first child (op) second child``), then sends it up
     at step j + height - d. Each global step is split by the colours of its messages
     (``TreePipeline``: a proper edge colouring, up to 2 colours), so a rank sends and
-    receives at most one message at a time, and reduces at its step's end.
+    receives at most one message at a time, and reduces at its step's end; that is the
+    simulator's clock (``ONE_PORT``), which the cost follows: a real group posts a global
+    step's transfers together.
 
     Cost: ≈ (2k + 2 lg p)(α + sβ + sγ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree:
     once the pipeline is full, each segment costs the busiest rank's two receives and their
