@@ -14,7 +14,9 @@ each after restoring the input and a barrier; the time is from leaving the barri
 call's end, the maximum over ranks per round, then the median over the rounds after warm-up
 with its 10th and 90th percentiles. ``uptime``'s load is recorded before and after each
 world: other programs share this machine's cores. ``--runs`` repeats the whole measurement
-(a fresh cluster each time) and ends with each row's ratio in every run.
+(a fresh cluster each time) and ends with each row's ratio in every run; ``--merge`` adds the
+runs of earlier JSON files (numbered first), ``--report-only`` measures nothing. The committed
+results: one run with ``--rounds 3``, then three with ``--rounds 2 --runs 3``, merged.
 
 Writes ``colour_split.json`` and ``colour_split.md`` under ``--out``.
 """
