@@ -248,6 +248,10 @@ class P2PExecutor:
         self.backend = str(backend).lower()
         self.device_backends = _device_backends(config)
         self.window = settings().window or DEFAULT_WINDOW
+        #: whether schedules split a step so a rank carries one message in and one out at a
+        #: time, as on the simulator's clock; False: a global step's transfers are posted
+        #: together (measured faster on gloo, docs/design.md, Decisions)
+        self.one_port = False
         self.transport_mode = settings().transport
         self.check = _check_enabled()
         self.failure: Optional[BaseException] = None
@@ -384,7 +388,7 @@ class P2PExecutor:
     # -- running -----------------------------------------------------------------------
     def prepare(self, plan: Plan) -> "Prepared":
         """``plan`` made ready to run any number of times (see :class:`Prepared`)."""
-        steps = plan.steps()
+        steps = plan.steps(one_port=self.one_port)
         # detached: the schedule's copies and reductions need no autograd (no_grad), only
         # the plan's own before/after steps on the caller's tensors do
         buffers = {name: tensor.detach() for name, tensor in self._buffers(plan, steps).items()}

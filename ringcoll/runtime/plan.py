@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..schedules.registry import Algorithm
-from ..schedules.vocabulary import Layout, Step
+from ..schedules.vocabulary import ONE_PORT, Layout, Step
 
 
 @dataclass
@@ -43,8 +43,12 @@ class Plan:
     #: the P2P executor names the tensors themselves instead when it can (executor.Blocks)
     lists: Dict[str, tuple] = field(default_factory=dict)
 
-    def steps(self) -> Tuple[Step, ...]:
-        return schedule_steps(self.algorithm.schedule, self.rank, self.world, self.layout)
+    def steps(self, one_port: bool = True) -> Tuple[Step, ...]:
+        """The schedule's steps for an executor that carries one message in and one out at a
+        time (``one_port``, the simulator's clock), or that posts a step's transfers together
+        (the P2P executor: the layout's ``ONE_PORT`` False, which only the double trees read)."""
+        layout = self.layout if one_port else self.layout.replace(**{ONE_PORT: False})
+        return schedule_steps(self.algorithm.schedule, self.rank, self.world, layout)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -12,7 +12,7 @@ from typing import Iterator
 from .vocabulary import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
 from .registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
-from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, \
+from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, port_split, \
     segment_count, segment_numel
 
 
@@ -158,7 +158,8 @@ def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iter
     the result is reduced once, at a top, and copied everywhere: bitwise identical. Each
     global step is split by the colours of its messages (``TreePipeline``: a proper edge
     colouring, up to 4 colours), so a rank sends and receives at most one message at a time,
-    and reduces at its step's end.
+    and reduces at its step's end; that is the simulator's clock (``ONE_PORT``), which the
+    cost follows: a real group posts a global step's transfers together.
 
     Cost: one segment crosses in 4 lg p - 2 message times (≈ at other p); once the pipeline
     is full, each further segment adds the busiest rank's 4(α + sβ) + 2sγ (parent and two
@@ -173,4 +174,4 @@ def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iter
     pipe = all_reduce_pipeline(world)
     phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
               in zip(pipe.phases, (segs_a, segs_a, segs_b, segs_b), (0, 0, 2, 2))]
-    yield from pipeline(rank, phases, slot, pipe)
+    yield from pipeline(rank, phases, slot, port_split(pipe, layout))

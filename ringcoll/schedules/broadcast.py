@@ -11,8 +11,8 @@ from typing import Iterator
 
 from .registry import Cost, register
 from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
-from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, rooted, rooted_pipeline, \
-    segment_count, segment_numel
+from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, port_split, \
+    rooted, rooted_pipeline, segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
@@ -139,7 +139,9 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     it to its children at step j + d). A rank is interior in at most one tree, so it sends
     at most two segments per step, and the root sends each byte once. Each global step is
     split by the colours of its messages (``TreePipeline``: a proper edge colouring, up to 2
-    colours), so a rank sends and receives at most one message at a time.
+    colours), so a rank sends and receives at most one message at a time; that is the
+    simulator's clock (``ONE_PORT``), which the cost follows: a real group posts a global
+    step's transfers together.
 
     Cost: ≈ (2k + 2 lg p)(α + sβ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree (one
     segment: ≈ 2 lg p message times; once the pipeline is full each segment costs the
@@ -151,4 +153,4 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     phases = [Phase(tree, segs, up, offset)
               for (tree, up, offset), segs in zip(pipe.phases, (segs_a, segs_b))]
-    yield from rooted(pipeline((rank - root) % world, phases, 0, pipe), root, world)
+    yield from rooted(pipeline((rank - root) % world, phases, 0, port_split(pipe, layout)), root, world)

@@ -13,8 +13,8 @@ from typing import Iterator
 from .registry import Cost, register
 from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
 from .fold import fold_in, folded_rank, largest_pof2, real_rank
-from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, relabel, rooted, rooted_pipeline, \
-    segment_count, segment_numel
+from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, port_split, relabel, rooted, \
+    rooted_pipeline, segment_count, segment_numel
 
 
 def _binomial_cost(world: int, nbytes: int) -> Cost:
@@ -139,7 +139,9 @@ def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator
     reduces them into its own (``data (op) first child (op) second child``), then sends it up
     at step j + height - d. Each global step is split by the colours of its messages
     (``TreePipeline``: a proper edge colouring, up to 2 colours), so a rank sends and
-    receives at most one message at a time, and reduces at its step's end.
+    receives at most one message at a time, and reduces at its step's end; that is the
+    simulator's clock (``ONE_PORT``), which the cost follows: a real group posts a global
+    step's transfers together.
 
     Cost: ≈ (2k + 2 lg p)(α + sβ + sγ), k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree:
     once the pipeline is full, each segment costs the busiest rank's two receives and their
@@ -151,4 +153,4 @@ def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator
     slot = max(s.numel for s in segs_a + segs_b)
     phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
               in zip(pipe.phases, (segs_a, segs_b), (0, 2))]
-    yield from rooted(pipeline((rank - root) % world, phases, slot, pipe), root, world)
+    yield from rooted(pipeline((rank - root) % world, phases, slot, port_split(pipe, layout)), root, world)

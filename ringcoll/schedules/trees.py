@@ -16,11 +16,14 @@ one tree may be near the bottom of the other, and the two trees must not wait on
   ``j + height - d - 1``, reduces them into its own (children in a fixed order), and sends
   the result to its parent at step ``j + height - d``.
 
-Steps where a rank has nothing to do are left out. The double trees (:class:`TreePipeline`)
-split each global step into one step per colour of a proper colouring of its messages
+Steps where a rank has nothing to do are left out. For the simulator's port-limited clock
+(the layout's ``ONE_PORT``, the default) the double trees (:class:`TreePipeline`) split each
+global step into one step per colour of a proper colouring of its messages
 (:func:`port_colors`), so that a rank sends and receives at most one message at a time and
-nothing queues on a port; the chains post each global step's transfers together. Either way
-both ends of every pair post in the same order, so messages match.
+nothing queues on a port; on a real group (``ONE_PORT`` False, set by the P2P executor) and
+for the chains, each global step's transfers are posted together, as one step. Either way
+both ends of every pair post in the same order (colour order, else phase order), so messages
+match.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .vocabulary import DEFAULT_SEGMENT_BYTES, Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
+from .vocabulary import DEFAULT_SEGMENT_BYTES, ONE_PORT, Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
 
 def segment_numel(layout: Layout, itemsize: int = 4) -> int:
     """The segment size in elements: the layout's ``"segment"`` (the builders take it from
@@ -412,6 +415,15 @@ class TreePipeline:
             for _, rank, count in self._within(window, self.reductions):
                 ready[rank] = (ready[rank][0], ready[rank][1] + count)
         return max(ready)
+
+
+def port_split(pipe: TreePipeline, layout: Layout) -> Optional[TreePipeline]:
+    """What :func:`pipeline` splits a global step by: ``pipe``'s colours when the layout's
+    executor carries one message in and one out at a time (``ONE_PORT``, the default: the
+    simulator, whose clock the cost models follow), else nothing (the P2P executor, which
+    posts a global step's transfers together: measured faster on gloo, docs/design.md,
+    Decisions)."""
+    return pipe if layout.get(ONE_PORT, True) else None
 
 
 def pipelined_tree_cost(pipe: TreePipeline, nbytes: float, segment: Optional[int]):

@@ -256,6 +256,19 @@ class Layout:
     def __repr__(self) -> str:
         return f"Layout({self.numel}, {self.params})"
 
+    def replace(self, **params) -> "Layout":
+        """The same layout with ``params`` set."""
+        return Layout(self.numel, {**self.params, **params})
+
+
+#: a layout parameter: whether the executor that runs the schedule carries one message in and
+#: one out per rank at a time (True, the default: the simulator's port-limited clock), or posts
+#: a step's transfers together and lets them queue (False: the P2P executor sets it, see
+#: :meth:`ringcoll.runtime.plan.Plan.steps`). Only the double trees read it: they split each
+#: global step by the colours of its messages when it is True (``trees.TreePipeline``), and
+#: post a global step as one step when it is False (docs/design.md, Decisions)
+ONE_PORT = "one_port"
+
 
 def buffers_of(steps: Sequence[Step]):
     """Every chunk a schedule touches, for extent and scratch sizing."""
