@@ -87,7 +87,7 @@ def _measure() -> list:
 
     import ringcoll
     from ringcoll.api._common import group_executor
-    from ringcoll.runtime.executor import Blocks
+    from ringcoll.runtime.blocks import Blocks
 
     executor = group_executor(None)
     rows = []

@@ -27,7 +27,7 @@ from .sim.machine import Machine
 from .cluster import launch
 from . import api
 from .api import *  # noqa: F401,F403 - the drop-ins, one module each
-from .runtime.executor import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
+from .runtime.failures import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging
 from .sim.simulate import simulate

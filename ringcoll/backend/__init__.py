@@ -32,7 +32,8 @@ from ..schedules import registry
 from ..config import settings
 from ..selection import checked_settings
 from ..api._common import BUILDERS, Context, as_real, submit_streamed
-from ..runtime.executor import P2PExecutor, get_timeout
+from ..runtime.executor import P2PExecutor
+from ..runtime.failures import get_timeout
 from ..sim.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork

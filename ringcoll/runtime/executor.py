@@ -46,10 +46,8 @@ that could meet leftovers. Timeouts: a call's ``timeout=`` (barrier), else ``set
 from __future__ import annotations
 
 import functools
-import struct
 import time
 import weakref
-import zlib
 from collections import OrderedDict, deque
 from datetime import timedelta
 from typing import Dict, Optional, Tuple
@@ -61,150 +59,20 @@ from .. import kernels
 from ..schedules import registry
 from ..config import settings
 from . import streams
+from .blocks import Blocks, independent, tensors_in, tensors_of
+from .failures import GroupFailedError, MismatchError, PeerError, get_timeout, group_timeout
+from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_enabled, fingerprint, pack_record,
+                       print_bits, tag_of, unpack_record)
 from .local import resolve_local, run_resolved
 from .plan import Plan
-from ..schedules.vocabulary import Layout, Recv, Reduce, Send, extents
+from ..schedules.vocabulary import Layout, Send, extents
 from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
 from .transport.stream import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
                                private_gloo, private_nccl, private_timeout)
 from .watchdog import watchdog
 
-#: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
-#: torch's own send/recv use small ones (0 by default)
-TAG_BASE = 1 << 30
-_SEQ_BITS, _PRINT_BITS = 12, 18
-#: the tag of check mode's fingerprint exchange (print bits 0: never a call's tag)
-CHECK_TAG = TAG_BASE
-
 #: steps whose transfers may be in flight at once (see P2PExecutor.run); RINGCOLL_WINDOW overrides
 DEFAULT_WINDOW = 2
-
-#: torch's default process-group timeout, for groups whose own cannot be read
-DEFAULT_TIMEOUT = timedelta(minutes=30).total_seconds()
-
-#: collectives whose element count differs between ranks of one call (and whose ranks may
-#: pick different, interoperating algorithms): their fingerprint leaves both out
-_RANK_VARYING = frozenset({"all_to_all"})
-
-
-_timeout_override: Optional[float] = None
-
-
-def set_timeout(seconds: Optional[float]) -> None:
-    """Override how long one step of any ringcoll call may wait for its peers (it wins over
-    the ``RINGCOLL_TIMEOUT`` environment variable); ``None`` goes back to RINGCOLL_TIMEOUT,
-    else each group's own timeout (given to ``init_process_group``/``new_group``, torch's
-    default otherwise)."""
-    global _timeout_override
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-                                or seconds <= 0):
-        raise ValueError(f"seconds must be a positive number or None, got {seconds!r}")
-    _timeout_override = None if seconds is None else float(seconds)
-
-
-def get_timeout() -> Optional[float]:
-    """The override of :func:`set_timeout`, else RINGCOLL_TIMEOUT's, or None when groups'
-    own timeouts apply."""
-    return _timeout_override if _timeout_override is not None else settings().timeout
-
-
-def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
-    """The timeout, in seconds, that ``pg`` (a registered ProcessGroup or a raw backend) was
-    created with; torch's default when it cannot be read."""
-    try:
-        backend = pg._get_backend(device) if isinstance(pg, dist.ProcessGroup) else pg
-        return backend.options._timeout.total_seconds()
-    except (AttributeError, RuntimeError):
-        return DEFAULT_TIMEOUT
-
-
-class PeerError(RuntimeError):
-    """A transfer with a peer failed or timed out. ``peer`` is the peer (None when a batch of
-    transfers with several peers failed as a whole); ``peers`` all the step's peers concerned."""
-
-    def __init__(self, message: str, *, rank: int, peer: Optional[int], step: int, peers=None, call=""):
-        super().__init__(message)
-        self.rank, self.peer, self.step = rank, peer, step
-        self.peers = tuple(peers) if peers is not None else ((peer,) if peer is not None else ())
-        self.call = call
-
-    def __reduce__(self):
-        return (_rebuild, (type(self), str(self), self.rank, self.peer, self.step, self.peers, self.call))
-
-
-def _rebuild(cls, message, rank, peer, step, peers, call):
-    return cls(message, rank=rank, peer=peer, step=step, peers=peers, call=call)
-
-
-class GroupFailedError(RuntimeError):
-    """A call on a group that an earlier call left failed. ``failure`` is that call's
-    :class:`PeerError` (or :class:`MismatchError`)."""
-
-    def __init__(self, message: str, failure: Optional[BaseException] = None):
-        super().__init__(message)
-        self.failure = failure
-        self.call = getattr(failure, "call", "")
-        self.rank = getattr(failure, "rank", None)
-        self.peer = getattr(failure, "peer", None)
-        self.step = getattr(failure, "step", None)
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.failure))
-
-
-class MismatchError(RuntimeError):
-    """Check mode: the ranks of a group called different collectives (or the same one
-    differently) at the same point. Raised on every rank alike."""
-
-    def __init__(self, message: str, *, rank: int, differences=(), call=""):
-        super().__init__(message)
-        self.rank, self.differences, self.call = rank, tuple(differences), call
-        self.peer = self.step = None
-
-    def __reduce__(self):
-        return (_rebuild_mismatch, (str(self), self.rank, self.differences, self.call))
-
-
-def _rebuild_mismatch(message, rank, differences, call):
-    return MismatchError(message, rank=rank, differences=differences, call=call)
-
-
-# -- call identity ------------------------------------------------------------------------
-_FIELDS = ("collective", "algorithm", "numel", "dtype", "op", "root")
-
-
-def fingerprint(plan: Plan) -> Tuple:
-    """What every rank of one call agrees on: (collective, algorithm, element count, dtype,
-    local op, root); None where ranks may legitimately differ or it does not apply."""
-    varying = plan.collective in _RANK_VARYING
-    return (plan.collective, None if varying else plan.algorithm.name,
-            None if varying else plan.layout.numel, str(plan.dtype).replace("torch.", ""),
-            plan.op, plan.layout.get("root"))
-
-
-def _code(value) -> int:
-    return zlib.crc32(repr(value).encode())
-
-
-def print_bits(print_: Tuple) -> int:
-    """The fingerprint's part of a call's tag: never 0 (check mode's tag)."""
-    return 1 + _code(print_) % ((1 << _PRINT_BITS) - 1)
-
-
-def _tag(seq: int, bits: int) -> int:
-    return TAG_BASE | ((seq & ((1 << _SEQ_BITS) - 1)) << _PRINT_BITS) | bits
-
-
-def call_tag(seq: int, print_: Tuple) -> int:
-    """The tag of every message of call ``seq`` with fingerprint ``print_``: calls within
-    4096 of each other never share a tag, two different calls at the same number share one
-    with probability 2**-18 (and gloo then refuses the size if that differs)."""
-    return _tag(seq, print_bits(print_))
-
-
-def _check_enabled() -> bool:
-    return settings().check
-
 
 def _device_backends(backend: str) -> Dict[str, str]:
     """``"nccl"`` -> {cuda: nccl}; ``"gloo"`` -> gloo for both; ``"cpu:gloo,cuda:nccl"`` -> as written."""
@@ -253,7 +121,7 @@ class P2PExecutor:
         #: together (measured faster on gloo, docs/design.md, Decisions)
         self.one_port = False
         self.transport_mode = settings().transport
-        self.check = _check_enabled()
+        self.check = check_enabled()
         self.failure: Optional[BaseException] = None
         self._seq = 0
         self._transports: Dict[Tuple[str, Optional[int]], object] = {}
@@ -445,7 +313,7 @@ class P2PExecutor:
             self._check(plan, seq, transport, timeout)
         for before in prepared.before:
             before()
-        self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
+        self._run_steps(prepared, tag_of(seq, prepared.print_bits), timeout, seq)
         for after in prepared.after:
             after()
         return None
@@ -462,13 +330,13 @@ class P2PExecutor:
         try:
             for before in prepared.before:
                 transport.local(before)
-            self._run_steps(prepared, _tag(seq, prepared.print_bits), timeout, seq)
+            self._run_steps(prepared, tag_of(seq, prepared.print_bits), timeout, seq)
             for after in prepared.after:
                 transport.local(after)
         except BaseException:
             transport.drop()
             raise
-        return transport.close(_tensors_in(prepared.buffers))
+        return transport.close(tensors_in(prepared.buffers))
 
     def _in_flight_failed(self, call: InFlight, error: TransferError) -> BaseException:
         """The watchdog's report of a stream-ordered call that timed out or failed at a step:
@@ -508,7 +376,7 @@ class P2PExecutor:
         except BaseException:
             transport.drop()
             raise
-        self._await(transport.close(_tensors_in(prepared.buffers)))
+        self._await(transport.close(tensors_in(prepared.buffers)))
 
     def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, seq) -> None:
         """``seq``: the call's number (or a name), for errors. On the stream-ordered path the
@@ -611,7 +479,7 @@ class P2PExecutor:
         seq = self.begin_call()
         if self.world == 1:
             return
-        tag, group = call_tag(seq, _MONITORED), self.group
+        tag, group = call_tag(seq, MONITORED), self.group
         deadline = time.monotonic() + seconds
         call = f"call #{seq} monitored_barrier"
         tokens = {peer: torch.zeros(1, dtype=torch.uint8) for peer in range(self.world) if peer != self.rank}
@@ -682,9 +550,9 @@ class P2PExecutor:
         call with the others' skipped one, at the same number), and after a skip the ranks are
         out of step for good; identical calls would then pair up silently. A differing number
         means a rank's call failed its own checks after taking it."""
-        table = torch.zeros(self.world * _RECORD.size, dtype=torch.uint8)
-        row = slice(self.rank * _RECORD.size, (self.rank + 1) * _RECORD.size)
-        table[row] = torch.frombuffer(bytearray(_pack(seq, fingerprint(plan))), dtype=torch.uint8)
+        table = torch.zeros(self.world * RECORD.size, dtype=torch.uint8)
+        row = slice(self.rank * RECORD.size, (self.rank + 1) * RECORD.size)
+        table[row] = torch.frombuffer(bytearray(pack_record(seq, fingerprint(plan))), dtype=torch.uint8)
         # on the call's own device and transport: an NCCL-only group has no CPU transport
         table = table.to(plan.device)
         ring = registry.get("all_gather", "ring")
@@ -693,8 +561,8 @@ class P2PExecutor:
                           describe=f"fingerprint check of call #{seq} {plan.describe}")
         self.exchange(self.prepare(check_plan), CHECK_TAG, timeout, check_plan.describe)
         table = table.cpu()
-        rows = [_unpack(bytes(table[r * _RECORD.size:(r + 1) * _RECORD.size].tolist())) for r in range(self.world)]
-        names = ("call number",) + _FIELDS
+        rows = [unpack_record(bytes(table[r * RECORD.size:(r + 1) * RECORD.size].tolist())) for r in range(self.world)]
+        names = ("call number",) + FIELDS
         differences = []
         for column, field in enumerate(names):
             by_value: Dict[object, list] = {}
@@ -716,23 +584,6 @@ class P2PExecutor:
 
 
 #: the fingerprint in monitored_barrier's tag (no plan: its transfers are its own)
-_MONITORED = ("monitored_barrier", None, 1, "uint8", None, 0)
-
-_RECORD = struct.Struct("<qqq24s24s24s24s")
-
-
-def _pack(seq: int, print_: Tuple) -> bytes:
-    collective, algorithm, numel, dtype, op, root = print_
-    text = [str(value if value is not None else "-").encode()[:24] for value in (collective, algorithm, dtype, op)]
-    return _RECORD.pack(seq, -1 if numel is None else numel, -1 if root is None else root, *text)
-
-
-def _unpack(record: bytes) -> Tuple:
-    seq, numel, root, collective, algorithm, dtype, op = _RECORD.unpack(record)
-    text = [value.rstrip(b"\0").decode() for value in (collective, algorithm, dtype, op)]
-    return (seq, text[0], text[1], numel, text[2], text[3], root)
-
-
 class Prepared:
     """A plan made ready to run again and again, as MPI-4's persistent collectives
     (``MPI_Bcast_init`` once, ``MPI_Start`` per call): its steps; its buffers, scratch
@@ -753,7 +604,7 @@ class Prepared:
         self.transport, self.print_bits, self.group_timeout = transport, bits, group_timeout
         self.local = tuple(resolve_local(buffers, st.local) for st in steps)
         self._addresses = tuple((tensor, tensor.data_ptr()) for buffer in buffers.values()
-                                for tensor in _tensors_of(buffer))
+                                for tensor in tensors_of(buffer))
         self._reach: Dict[int, Tuple[int, ...]] = {}
 
     def moved(self) -> bool:
@@ -772,109 +623,8 @@ class Prepared:
             reach, next_post = [], 0
             for index in range(len(self.steps)):
                 while next_post < len(self.steps) and (next_post == index or (
-                        next_post - index < window and _independent(self.steps, next_post, index))):
+                        next_post - index < window and independent(self.steps, next_post, index))):
                     next_post += 1
                 reach.append(next_post)
             known = self._reach[window] = tuple(reach)
         return known
-
-
-class Blocks:
-    """A list argument's equal-sized tensors as the one flat buffer a schedule names: chunk
-    [start, stop) is a view of the tensor it lies in. The P2P executor uses it instead of the
-    plan's staging copy (Plan.lists) when every chunk the schedule names lies within one
-    tensor (linear scatter and gather, ring all_gather, ring, pairwise, direct and pat
-    reduce_scatter: one block per message), so the list is sent from and received into
-    directly, as gloo's own collectives do."""
-
-    __slots__ = ("pieces", "size")
-
-    def __init__(self, pieces, size: int):
-        self.pieces, self.size = pieces, size
-
-    def __getitem__(self, span: slice) -> torch.Tensor:
-        if span.stop <= span.start:
-            return self.pieces[0][:0]
-        index = span.start // self.size
-        base = index * self.size
-        return self.pieces[index][span.start - base:span.stop - base]
-
-    @classmethod
-    def of(cls, name: str, tensors, writes: bool, steps, buffers) -> Optional["Blocks"]:
-        """The blocks of ``tensors`` for the staging buffer ``name``, or None (stage) unless:
-        each is contiguous with the staging buffer's share of elements; none overlaps another
-        or any other buffer of the plan (the executor orders steps by buffer names, and the
-        staging copy is what kept aliases apart); every chunk of ``name`` the steps name lies
-        within one block; and, for a list the caller gave as input (``not writes``), no step
-        writes it."""
-        staging = buffers[name]
-        size = staging.numel() // len(tensors) if tensors else 0
-        if size == 0 or any(not t.is_contiguous() or t.numel() != size or t.device != staging.device
-                            for t in tensors):
-            return None
-        pieces = tuple(t.detach().view(-1) for t in tensors)
-        nbytes = size * staging.element_size()
-        spans = sorted((piece.data_ptr(), piece.data_ptr() + nbytes) for piece in pieces)
-        if any(later[0] < first[1] for first, later in zip(spans, spans[1:])):
-            return None
-        others = [tensor for other, buffer in buffers.items() if other != name for tensor in _tensors_of(buffer)]
-        for tensor in others:
-            if tensor.numel() == 0 or tensor.device != staging.device:
-                continue
-            start = tensor.data_ptr()
-            stop = start + tensor.numel() * tensor.element_size()
-            if any(low < stop and start < high for low, high in spans):
-                return None
-        for st in steps:
-            sends, recvs, reads, written = _touches(st)
-            for buf in (*sends, *recvs, *reads, *written):
-                if buf.name == name and buf.stop > buf.start and buf.start // size != (buf.stop - 1) // size:
-                    return None
-            if not writes and any(buf.name == name for buf in (*recvs, *written)):
-                return None
-        return cls(pieces, size)
-
-
-def _tensors_in(buffers) -> list:
-    """Every tensor a prepared plan's buffers are made of."""
-    return [tensor for buffer in buffers.values() for tensor in _tensors_of(buffer)]
-
-
-def _tensors_of(buffer) -> tuple:
-    """The tensors a prepared plan's buffer is made of: a Blocks' pieces, else itself."""
-    return buffer.pieces if isinstance(buffer, Blocks) else (buffer,)
-
-
-def _overlap(a, b) -> bool:
-    return a.name == b.name and a.start < b.stop and b.start < a.stop
-
-
-def _touches(step) -> tuple:
-    """What a step's transfers read and write, and what its local operations read and write."""
-    sends = [c.buf for c in step.comms if isinstance(c, Send)]
-    recvs = [c.buf for c in step.comms if isinstance(c, Recv)]
-    local_reads, local_writes = [], []
-    for op in step.local:
-        if isinstance(op, Reduce):
-            local_reads += [op.dst, *op.srcs]
-            local_writes += [op.dst] + ([op.out] if op.out is not None else [])
-        else:
-            local_reads.append(op.src)
-            local_writes.append(op.dst)
-    return sends, recvs, local_reads, local_writes
-
-
-def _independent(steps, later: int, first: int) -> bool:
-    """Whether step ``later``'s transfers may start while steps ``first .. later-1`` are still
-    transferring or have local work to do: no overlap of what one writes with what the
-    other reads or writes."""
-    sends, recvs, _, _ = _touches(steps[later])
-    for index in range(first, later):
-        e_sends, e_recvs, e_reads, e_writes = _touches(steps[index])
-        for buf in sends:
-            if any(_overlap(buf, other) for other in e_recvs + e_writes):
-                return False
-        for buf in recvs:
-            if any(_overlap(buf, other) for other in e_sends + e_recvs + e_reads + e_writes):
-                return False
-    return True

@@ -120,16 +120,16 @@ class Facts(NamedTuple):
 
 #: a rank's facts on the wire: fixed size, so the group all-gathers equal blocks; text fields
 #: cut at their width (a longer setting is no positive integer anyway; POSIX hostnames fit)
-_RECORD = struct.Struct("<q32s32s255s")
+RECORD = struct.Struct("<q32s32s255s")
 
 
 def pack_facts(facts: Facts) -> bytes:
-    return _RECORD.pack(facts.global_rank, *(text.encode()[:width] for text, width in
+    return RECORD.pack(facts.global_rank, *(text.encode()[:width] for text, width in
                                              ((facts.local_size, 32), (facts.group_rank, 32), (facts.hostname, 255))))
 
 
 def unpack_facts(record: bytes) -> Facts:
-    global_rank, *texts = _RECORD.unpack(record)
+    global_rank, *texts = RECORD.unpack(record)
     return Facts(global_rank, *(text.rstrip(b"\0").decode(errors="replace") for text in texts))
 
 
@@ -228,7 +228,7 @@ def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
     import torch
 
     from ..schedules import registry
-    from .executor import _tag
+    from .identity import tag_of
     from .plan import Plan
     from ..schedules.vocabulary import Layout
 
@@ -244,7 +244,7 @@ def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
                 Layout(table.numel(), {"in_place": True}), {"output": table},
                 describe="node layout exchange")
     # the fingerprint bits 0 are never a call's, the sequence bits 1 never check mode's tag
-    tag = _tag(1, 0)
+    tag = tag_of(1, 0)
     with torch.no_grad():
         executor.exchange(executor.prepare(plan), tag, executor.timeout(plan), plan.describe)
     data = table.cpu().numpy().tobytes()

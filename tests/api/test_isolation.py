@@ -21,7 +21,7 @@ import torch.distributed as dist
 import ringcoll
 from ringcoll.api import BUILDERS
 from ringcoll.api._common import Context
-from ringcoll.runtime.executor import CHECK_TAG, TAG_BASE, call_tag, fingerprint
+from ringcoll.runtime.identity import CHECK_TAG, TAG_BASE, call_tag, fingerprint
 
 #: the step timeout of the scenarios: no healthy transfer is needed in them, only failures
 SCENARIO_TIMEOUT = 1.0
@@ -202,9 +202,9 @@ def test_a_composite_call_failing_its_own_check_on_the_root_cannot_match_the_nex
 def stalls():
     """On a cluster whose groups were made with timeout=3 s and no RINGCOLL_TIMEOUT."""
     rank = dist.get_rank()
-    out = {"override": ringcoll.get_timeout(), "group": ringcoll.runtime.executor.group_timeout(dist.group.WORLD)}
+    out = {"override": ringcoll.get_timeout(), "group": ringcoll.runtime.failures.group_timeout(dist.group.WORLD)}
     short = dist.new_group([0, 1], timeout=timedelta(seconds=2))
-    out["new_group"] = ringcoll.runtime.executor.group_timeout(short)
+    out["new_group"] = ringcoll.runtime.failures.group_timeout(short)
     # a peer slow for less than the timeout: no error
     if rank == 1:
         time.sleep(2)

@@ -15,7 +15,9 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll.api import _common
-from ringcoll.runtime.executor import GroupFailedError, P2PExecutor, PeerError, call_tag, fingerprint
+from ringcoll.runtime.executor import P2PExecutor
+from ringcoll.runtime.failures import GroupFailedError, PeerError
+from ringcoll.runtime.identity import call_tag, fingerprint
 
 ROUNDS = 3
 KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",

@@ -106,7 +106,7 @@ def test_bad_files_are_read_when_set(clean_env, tmp_path):
 def test_check_booleans(clean_env, word, on):
     clean_env.setenv("RINGCOLL_CHECK", word)
     assert config.settings().check is on
-    from ringcoll.runtime.executor import _check_enabled
+    from ringcoll.runtime.identity import check_enabled as _check_enabled
     assert _check_enabled() is on
 
 

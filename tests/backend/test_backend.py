@@ -116,7 +116,7 @@ def ddp_failing_backward() -> str:
     PeerError, as for a dead peer): the error must reach Python on every rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ringcoll.runtime.executor import PeerError
+    from ringcoll.runtime.failures import PeerError
 
     rank = dist.get_rank()
     ddp = DDP(mlp(seed=0), process_group=ringcoll_group())

@@ -427,7 +427,8 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
     timeout beyond ringcoll's deadline and without NCCL's process teardown; a timeout aborts
     only it. The kernels' probe runs then, on the group's device. Old code: the user's group
     itself, aborted on ringcoll's timeout; the probe inside the first collective, on GPU 0."""
-    from ringcoll.runtime.executor import P2PExecutor, PeerError
+    from ringcoll.runtime.executor import P2PExecutor
+    from ringcoll.runtime.failures import PeerError
     from ringcoll.runtime.transport.stream import StreamTransport, private_timeout
 
     from ringcoll import kernels

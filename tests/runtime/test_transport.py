@@ -29,7 +29,8 @@ import ringcoll
 from ringcoll.runtime import streams, transport, work as work_module
 from ringcoll.api import BUILDERS
 from ringcoll.api._common import Context, check_device, executor_context
-from ringcoll.runtime.executor import P2PExecutor, group_timeout
+from ringcoll.runtime.executor import P2PExecutor
+from ringcoll.runtime.failures import group_timeout
 from ringcoll.schedules.vocabulary import Buf, Recv, Send
 from ringcoll.runtime.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError,
                                 wire)

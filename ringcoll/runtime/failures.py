@@ -1,0 +1,97 @@
+"""How a call on a group can end badly, and how long a step may wait: :class:`PeerError` (a peer
+dead, silent or failing, named with the step), :class:`GroupFailedError` (every call after a
+failure), :class:`MismatchError` (check mode: ranks disagree about a call), and the per-step
+timeout (:func:`set_timeout`, ``RINGCOLL_TIMEOUT``, else the group's own)."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config import settings
+
+#: torch's default process-group timeout, for groups whose own cannot be read
+DEFAULT_TIMEOUT = timedelta(minutes=30).total_seconds()
+
+_timeout_override: Optional[float] = None
+
+
+def set_timeout(seconds: Optional[float]) -> None:
+    """Override how long one step of any ringcoll call may wait for its peers (it wins over
+    the ``RINGCOLL_TIMEOUT`` environment variable); ``None`` goes back to RINGCOLL_TIMEOUT,
+    else each group's own timeout (given to ``init_process_group``/``new_group``, torch's
+    default otherwise)."""
+    global _timeout_override
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or seconds <= 0):
+        raise ValueError(f"seconds must be a positive number or None, got {seconds!r}")
+    _timeout_override = None if seconds is None else float(seconds)
+
+
+def get_timeout() -> Optional[float]:
+    """The override of :func:`set_timeout`, else RINGCOLL_TIMEOUT's, or None when groups'
+    own timeouts apply."""
+    return _timeout_override if _timeout_override is not None else settings().timeout
+
+
+def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
+    """The timeout, in seconds, that ``pg`` (a registered ProcessGroup or a raw backend) was
+    created with; torch's default when it cannot be read."""
+    try:
+        backend = pg._get_backend(device) if isinstance(pg, dist.ProcessGroup) else pg
+        return backend.options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return DEFAULT_TIMEOUT
+
+
+class PeerError(RuntimeError):
+    """A transfer with a peer failed or timed out. ``peer`` is the peer (None when a batch of
+    transfers with several peers failed as a whole); ``peers`` all the step's peers concerned."""
+
+    def __init__(self, message: str, *, rank: int, peer: Optional[int], step: int, peers=None, call=""):
+        super().__init__(message)
+        self.rank, self.peer, self.step = rank, peer, step
+        self.peers = tuple(peers) if peers is not None else ((peer,) if peer is not None else ())
+        self.call = call
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.rank, self.peer, self.step, self.peers, self.call))
+
+
+def _rebuild(cls, message, rank, peer, step, peers, call):
+    return cls(message, rank=rank, peer=peer, step=step, peers=peers, call=call)
+
+
+class GroupFailedError(RuntimeError):
+    """A call on a group that an earlier call left failed. ``failure`` is that call's
+    :class:`PeerError` (or :class:`MismatchError`)."""
+
+    def __init__(self, message: str, failure: Optional[BaseException] = None):
+        super().__init__(message)
+        self.failure = failure
+        self.call = getattr(failure, "call", "")
+        self.rank = getattr(failure, "rank", None)
+        self.peer = getattr(failure, "peer", None)
+        self.step = getattr(failure, "step", None)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.failure))
+
+
+class MismatchError(RuntimeError):
+    """Check mode: the ranks of a group called different collectives (or the same one
+    differently) at the same point. Raised on every rank alike."""
+
+    def __init__(self, message: str, *, rank: int, differences=(), call=""):
+        super().__init__(message)
+        self.rank, self.differences, self.call = rank, tuple(differences), call
+        self.peer = self.step = None
+
+    def __reduce__(self):
+        return (_rebuild_mismatch, (str(self), self.rank, self.differences, self.call))
+
+
+def _rebuild_mismatch(message, rank, differences, call):
+    return MismatchError(message, rank=rank, differences=differences, call=call)
