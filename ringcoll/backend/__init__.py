@@ -38,6 +38,7 @@ from ..sim.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork
 from ..runtime.work import Work, submit, timeout_seconds
+from .sparse import sparse_all_reduce
 
 NAME = "ringcoll"
 
@@ -296,44 +297,10 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return self._submit(planned, list(tensors))
 
     def _sparse_allreduce(self, tensors, op):
-        """SUM of sparse COO tensors, as gloo's: every rank all-gathers every rank's indices
-        and values (padded to the largest nnz) with ringcoll's all_gather, then adds the
-        parts in rank order, so the result is bitwise identical everywhere; written into the
-        caller's tensor."""
-        if len(tensors) != 1 or tensors[0].layout != torch.sparse_coo:
-            raise ValueError(f"tensors must be one sparse COO tensor, got {len(tensors)} tensors of layouts "
-                             f"{[str(t.layout) for t in tensors]}")
-        if op != RedOpType.SUM:
-            raise ValueError(f"op must be ReduceOp.SUM for a sparse tensor (as gloo), got {op}")
-        tensor = tensors[0]
-        executor, world = self.executor(tensor.device), self._world
-        ctx = Context(self._rank, world, executor, machine=self.options.machine)
-        algorithm = self.options.algorithm("all_gather_into_tensor")
-
-        def gathered(local: torch.Tensor) -> torch.Tensor:
-            """Every rank's ``local`` (equal shapes), stacked in rank order."""
-            wire = _real(local).contiguous()
-            out = torch.empty((world,) + wire.shape, dtype=wire.dtype, device=wire.device)
-            executor.run_blocking(BUILDERS["all_gather_into_tensor"](ctx, out, wire, algorithm=algorithm))
-            return torch.view_as_complex(out) if local.is_complex() else out
-
-        def task():
-            with torch.no_grad():
-                mine = tensor.coalesce()
-                counts = gathered(torch.tensor([mine._nnz()], device=tensor.device)).view(-1).tolist()
-                most = max(counts)
-                indices = mine.indices().new_zeros((mine.sparse_dim(), most))
-                indices[:, :mine._nnz()] = mine.indices()
-                values = mine.values().new_zeros((most,) + tuple(mine.values().shape[1:]))
-                values[:mine._nnz()] = mine.values()
-                all_indices, all_values = gathered(indices), gathered(values)
-                total = None
-                for r, count in enumerate(counts):
-                    part = torch.sparse_coo_tensor(all_indices[r][:, :count], all_values[r][:count], tensor.shape)
-                    total = part if total is None else total + part
-                tensor.copy_(total.coalesce())
-
-        return submit(task, True, [tensor])
+        device = tensors[0].device if tensors else torch.device("cpu")
+        executor = self.executor(device)
+        ctx = Context(self._rank, self._world, executor, machine=self.options.machine)
+        return sparse_all_reduce(tensors, op, executor, ctx, self.options.algorithm("all_gather_into_tensor"))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
