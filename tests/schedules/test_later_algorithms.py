@@ -321,15 +321,15 @@ def test_simulate_auto_prices_node_aware_candidates_on_the_simulated_nodes(plain
     """Inside ``simulate(..., "auto", local_size=4)`` the model simulates the hierarchical
     candidates on the simulated nodes of 4, not on RINGCOLL_LOCAL_SIZE's 2."""
     plain_env.setenv("RINGCOLL_LOCAL_SIZE", "2")
-    seen, real = [], selection._simulated_time
+    seen, real = [], selection.model._simulated_time
 
     def spy(collective, name, world, n, on, nodes):
         if name == "hierarchical":
             seen.append(nodes)
         return real(collective, name, world, n, on, nodes)
 
-    monkeypatch.setattr(selection, "_simulated_time", spy)
-    monkeypatch.setattr(selection, "_simulated", {})
+    monkeypatch.setattr(selection.model, "_simulated_time", spy)
+    monkeypatch.setattr(selection.model, "_simulated", {})
     for collective in ("all_reduce", "broadcast", "reduce", "all_gather"):
         seen.clear()
         ringcoll.simulate(collective, "auto", 24, numel=24 * 4096, local_size=4, data=False, record=False)

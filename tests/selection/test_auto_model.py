@@ -33,7 +33,7 @@ def plain_env(monkeypatch):
     for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
                  "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(selection, "_simulated", {})
+    monkeypatch.setattr(selection.model, "_simulated", {})
     return monkeypatch
 
 
@@ -149,8 +149,8 @@ def test_a_decision_is_simulated_once_per_band_and_machine(plain_env, monkeypatc
     """Cached per (collective, world, size band, machine, layout): a repeated call and any
     size of the same quarter-octave band simulate nothing; another band, machine or layout
     simulates again."""
-    runs, real = [], selection._simulated_time
-    monkeypatch.setattr(selection, "_simulated_time", lambda *args: runs.append(args) or real(*args))
+    runs, real = [], selection.model._simulated_time
+    monkeypatch.setattr(selection.model, "_simulated_time", lambda *args: runs.append(args) or real(*args))
     nodes = (0, 0, 1, 1)
     selection.choose("all_reduce", "auto", 1 << 20, 4, machine=TWO_LEVEL, nodes=nodes)
     cold = len(runs)
@@ -167,8 +167,8 @@ def test_a_decision_is_simulated_once_per_band_and_machine(plain_env, monkeypatc
 
 
 def test_beyond_the_simulated_worlds_the_closed_forms_serve(plain_env, monkeypatch):
-    monkeypatch.setattr(selection, "SIMULATE_UP_TO", 8)
-    monkeypatch.setattr(selection, "_simulated_time", lambda *args: pytest.fail("simulated beyond the limit"))
+    monkeypatch.setattr(selection.model, "SIMULATE_UP_TO", 8)
+    monkeypatch.setattr(selection.model, "_simulated_time", lambda *args: pytest.fail("simulated beyond the limit"))
     name, why = selection.choose("all_reduce", "auto", 1 << 20, 16, machine=TWO_LEVEL)
     assert "closed form on nodes of 2" in why
     best = min((registry.model(registry.get("all_reduce", n), 16, 1 << 20, local_size=2).on(TWO_LEVEL), n)

@@ -65,8 +65,8 @@ def test_the_cuda_model_prices_cuda_segments(plain_env, monkeypatch):
         seen.append((on is selection.CUDA_MACHINE, selection.segment_bytes("all_reduce", "ring")))
         return 1.0
 
-    monkeypatch.setattr(selection, "_simulated_time", fake_time)
-    monkeypatch.setattr(selection, "_simulated", {})
+    monkeypatch.setattr(selection.model, "_simulated_time", fake_time)
+    monkeypatch.setattr(selection.model, "_simulated", {})
     selection.modelled_times("all_reduce", 12345, 5, ["ring"], device="cuda")
     selection.modelled_times("all_reduce", 12345, 5, ["ring"], device="cpu")
     assert seen == [(True, 64 * MiB), (False, 16 * MiB)]
