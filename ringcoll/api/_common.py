@@ -1,8 +1,10 @@
-"""What every collective shares: argument checks, the group context, running a plan."""
+"""What every collective shares on its way to the runtime: the builders' table, the group context
+(a call's group, executor and sequence number), and running a plan (persistent plans, the
+stream-ordered path). Argument checks live in :mod:`._checks`, choosing and planning in
+:mod:`._plans`."""
 from __future__ import annotations
 
 import logging
-import numbers
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -11,14 +13,11 @@ import torch
 import torch.distributed as dist
 
 from ..schedules import registry
-from ..config import Settings, settings
+from ..config import Settings
 from ..runtime.executor import P2PExecutor, Prepared
 from ..sim.machine import Machine
-from ..ops import SUPPORTED_DTYPES, op_type
 from ..runtime.plan import Plan
-from ..schedules.vocabulary import Layout
-from ..selection import checked_settings, choose, group_nodes, segment_elements
-from ..runtime.nodes import context_layout, describe_layout
+from ..selection import checked_settings
 from ..runtime.work import submit, submit_stream
 
 log = logging.getLogger("ringcoll")
@@ -174,6 +173,27 @@ def _signature(values, tensors: list) -> tuple:
     return tuple(key)
 
 
+def check_async(async_op) -> bool:
+    """``async_op`` as the bool torch makes of it, checked before anything else.
+
+    torch hands ``async_op`` to a C++ option (pybind11's bool conversion), which takes True,
+    False, None (False) and any object whose type defines ``__bool__``: ints, floats, numpy
+    bools, one-element tensors. It refuses, with a TypeError, what has no ``__bool__`` or
+    whose ``__bool__`` fails: strings, lists, plain objects, tensors of several elements."""
+    if async_op is None or isinstance(async_op, bool):
+        return bool(async_op)
+    to_bool = getattr(type(async_op), "__bool__", None)
+    if to_bool is not None:
+        try:
+            value = to_bool(async_op)
+        except Exception:  # noqa: BLE001 - refused below, as torch
+            value = None
+        if isinstance(value, bool):
+            return value
+    raise TypeError(f"async_op must be a bool, got {type(async_op).__name__} {async_op!r:.60} (torch also "
+                    f"takes None, numbers and one-element tensors, by their truth value)")
+
+
 def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwargs):
     """Run one drop-in call: ``build(ctx, *args, **kwargs)`` checks the arguments and makes
     the plan, which this rank's executor for ``group`` runs now or, with ``async_op``, as a
@@ -275,176 +295,3 @@ def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
             executor.run_prepared(prepared, seq)
 
     return submit(task, False, device=prepared.device)
-
-
-def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:
-    """TypeError/ValueError naming ``param`` unless ``tensor`` is a dense tensor of a supported
-    dtype (and, with ``like``, of the same dtype and device)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{param} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.layout != torch.strided:
-        raise TypeError(f"{param} must be a dense (strided) tensor, got layout {tensor.layout}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{param} must have one of the dtypes "
-                        f"{[str(d).replace('torch.', '') for d in SUPPORTED_DTYPES]}, got {tensor.dtype}")
-    if like is not None:
-        if tensor.dtype != like.dtype:
-            raise TypeError(f"{param} must have dtype {like.dtype} like the other tensors, got {tensor.dtype}")
-        if tensor.device != like.device:
-            raise ValueError(f"{param} must be on device {like.device} like the other tensors, got {tensor.device}")
-
-
-def check_async(async_op) -> bool:
-    """``async_op`` as the bool torch makes of it, checked before anything else.
-
-    torch hands ``async_op`` to a C++ option (pybind11's bool conversion), which takes True,
-    False, None (False) and any object whose type defines ``__bool__``: ints, floats, numpy
-    bools, one-element tensors. It refuses, with a TypeError, what has no ``__bool__`` or
-    whose ``__bool__`` fails: strings, lists, plain objects, tensors of several elements."""
-    if async_op is None or isinstance(async_op, bool):
-        return bool(async_op)
-    to_bool = getattr(type(async_op), "__bool__", None)
-    if to_bool is not None:
-        try:
-            value = to_bool(async_op)
-        except Exception:  # noqa: BLE001 - refused below, as torch
-            value = None
-        if isinstance(value, bool):
-            return value
-    raise TypeError(f"async_op must be a bool, got {type(async_op).__name__} {async_op!r:.60} (torch also "
-                    f"takes None, numbers and one-element tensors, by their truth value)")
-
-
-#: the ops torch refuses on complex tensors (distributed_c10d.supports_complex's deny list):
-#: applied to the real view they would mix real and imaginary parts
-_COMPLEX_REFUSED = ("MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR")
-
-
-def as_real(tensor, op=None, collective: str = ""):
-    """A complex tensor as the real tensor the collective moves and reduces (its
-    ``torch.view_as_real``: a trailing dim of 2, the same memory), as torch does; anything
-    else unchanged. With ``op``: ValueError, as torch's, for the ops torch refuses on complex
-    tensors."""
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_complex():
-        return tensor
-    if op is not None:
-        kind = op_type(op)                  # TypeError naming op for what is not a ReduceOp
-        if kind.name in _COMPLEX_REFUSED:
-            raise ValueError(f"{collective} does not support op=ReduceOp.{kind.name} on complex tensors "
-                             f"(as torch: only SUM, AVG and PREMUL_SUM are defined there), got dtype "
-                             f"{tensor.dtype}")
-    return torch.view_as_real(tensor)
-
-
-def real_tensor(param: str, tensor, op=None, collective: str = "") -> torch.Tensor:
-    """:func:`check_tensor` of what the collective works on: ``tensor``, or its real view
-    when it is complex (:func:`as_real`, which also checks ``op``)."""
-    real = as_real(tensor, op, collective)
-    check_tensor(param, real)
-    return real
-
-
-def check_device(param: str, tensor: torch.Tensor, ctx: Context) -> None:
-    """ValueError unless the group has a backend for ``tensor``'s device type."""
-    if ctx.executor is not None and tensor.device.type not in ctx.executor.device_backends:
-        if ctx.executor.backend == "nccl":
-            raise ValueError(f"{param} must be a CUDA tensor on an NCCL group, got device {tensor.device}")
-        raise ValueError(f"{param} must be on a device the group's backends serve "
-                         f"({ctx.executor.device_backends}), got device {tensor.device}")
-
-
-def flat(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None]]]:
-    """A flat contiguous view of ``tensor`` and, when it is not contiguous (ringcoll works on a
-    contiguous copy), the step that writes the result back."""
-    if tensor.is_contiguous():
-        return tensor.view(-1), None
-    work = tensor.contiguous().view(-1)
-    return work, lambda: tensor.copy_(work.view(tensor.shape))
-
-
-def describe(collective: str, name: str, tensor: torch.Tensor, extra: str = "") -> str:
-    dtype = str(tensor.dtype).replace("torch.", "")
-    return f"{collective}/{name} {tensor.numel()}x{dtype}{' ' + extra if extra else ''}"
-
-
-def table_device(ctx: Context, tensor: Optional[torch.Tensor]) -> Optional[str]:
-    """The device whose table (ringcoll.selection.TABLES) decides a call on ``tensor``: its
-    device type on a process group; None in the simulator, whose CPU tensors stand for any
-    device (the table of the model being priced, else gloo's), and without a tensor."""
-    if tensor is None or ctx.executor is None:
-        return None
-    return tensor.device.type
-
-
-def pick(collective: str, algorithm, nbytes: int, ctx: Context,
-         tensor: Optional[torch.Tensor] = None) -> Tuple[registry.Algorithm, str]:
-    """Check ``algorithm`` and choose it (by the table of ``tensor``'s device); valid outside
-    the group too (world unknown there)."""
-    if ctx.world is None:
-        if algorithm != "auto":
-            choose(collective, algorithm, nbytes, 1)
-        return None, ""
-    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
-                       nodes=lambda: group_nodes(ctx), device=table_device(ctx, tensor))
-    return registry.get(collective, name), why
-
-
-def pick_per_block(collective: str, algorithm, block: torch.Tensor, ctx: Context) -> Tuple[registry.Algorithm, str]:
-    """:func:`pick` for a call whose ``block`` is one rank's share: the collective moves the
-    world's blocks (n = world × the block's bytes, as the cost models count it)."""
-    return pick(collective, algorithm, block.numel() * block.element_size() * (ctx.world or 1), ctx, tensor=block)
-
-
-def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
-             layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
-             result=None, describe_as: str = "") -> Plan:
-    algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
-    if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
-        first = next(iter(buffers.values()))
-        layout = Layout(layout.numel, {**layout.params, "segment": segment_elements(
-            collective, algorithm.name, first.element_size(), table_device(ctx, first))})
-    if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
-        # the group's agreed layout (exchanged at its first node-aware call), named in the log
-        nodes, source = context_layout(ctx, next(iter(buffers.values())).device)
-        layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
-        why = f"{why}; {describe_layout(nodes)} from {source}"
-    plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
-                result=result, describe=describe_as, seq=ctx.seq, why=why)
-    log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
-    return plan
-
-
-def group_root(ctx: Context, name: str, global_root, group_name: str, group_root,
-               default: Optional[int] = None) -> Optional[int]:
-    """The root's rank in the group, from exactly one of a global rank (``name``, as torch's
-    ``src``/``dst``) and a group rank (``group_name``, as torch's ``group_src``/``group_dst``).
-    TypeError/ValueError naming the parameter unless it is an int that names a member of the
-    group. With neither given, the global rank ``default`` (gather and scatter: 0, as torch),
-    else an error. Outside the group (``ctx.rank`` None) only the type is checked, and None
-    returned. Shared by every rooted collective."""
-    if global_root is not None and group_root is not None:
-        raise ValueError(f"give exactly one of {name} and {group_name}, got {name}={global_root!r} "
-                         f"and {group_name}={group_root!r}")
-    if global_root is None and group_root is None and default is not None:
-        global_root = default
-    if global_root is None and group_root is None:
-        raise ValueError(f"{name} (a global rank) or {group_name} (a rank in the group) must be given")
-    param, value = (name, global_root) if global_root is not None else (group_name, group_root)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{param} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if ctx.world is None:
-        if value < 0:
-            raise ValueError(f"{param} must be a non-negative rank, got {value}")
-        return None
-    if param == group_name:
-        if not 0 <= value < ctx.world:
-            raise ValueError(f"{group_name} must be a rank of the group, in [0, {ctx.world}), got {value}")
-        return value
-    members = ctx.executor.global_ranks if ctx.executor is not None else list(range(ctx.world))
-    if value not in members:
-        if members == list(range(len(members))):
-            raise ValueError(f"{name} must be a rank in [0, {len(members)}), got {value}")
-        raise ValueError(f"{name} must be the global rank of a member of the group, one of "
-                         f"{members}, got {value}")
-    return members.index(value)

@@ -7,7 +7,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from ._common import Context, check_device, check_tensor, real_tensor
+from ._common import Context
+from ._checks import check_device, check_tensor, real_tensor
 
 
 def check_tensor_list(param: str, tensors) -> list:

@@ -8,7 +8,9 @@ import torch
 from typing_extensions import deprecated
 
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, new_plan, pick_per_block, real_tensor, run_call
+from ._common import builder, Context, run_call
+from ._checks import check_device, flat, real_tensor
+from ._plans import describe, new_plan, pick_per_block
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, is_block,
                      separate_input, stage_list, stage_through)
 

@@ -6,7 +6,9 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, new_plan, pick, real_tensor, run_call
+from ._common import builder, Context, run_call
+from ._checks import check_device, flat, real_tensor
+from ._plans import describe, new_plan, pick
 
 
 @builder("all_reduce")

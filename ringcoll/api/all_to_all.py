@@ -20,8 +20,9 @@ import torch
 from ..schedules.vocabulary import Buf, Layout
 from ..schedules import registry
 from ..selection import choose
-from ._common import builder, check_device, Context, flat, new_plan, pick, real_tensor, run_call, \
-    table_device
+from ._common import builder, Context, run_call
+from ._checks import check_device, flat, real_tensor
+from ._plans import new_plan, pick, table_device
 
 
 

@@ -10,7 +10,8 @@ import torch
 
 from ..schedules.vocabulary import Layout
 from ..schedules.barrier import token_numel
-from ._common import builder, Context, new_plan, pick, run_call
+from ._common import builder, Context, run_call
+from ._plans import new_plan, pick
 
 
 def _token_device(ctx: Context, device_ids) -> torch.device:

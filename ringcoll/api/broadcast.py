@@ -5,7 +5,9 @@ __all__ = ["broadcast"]
 
 
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, group_root, new_plan, pick, real_tensor, run_call
+from ._common import builder, Context, run_call
+from ._checks import check_device, flat, group_root, real_tensor
+from ._plans import describe, new_plan, pick
 
 
 @builder("broadcast")

@@ -16,7 +16,9 @@ from typing_extensions import deprecated
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
-from ._common import builder, check_device, Context, describe, flat, new_plan, pick, pick_per_block, real_tensor, run_call
+from ._common import builder, Context, run_call
+from ._checks import check_device, flat, real_tensor
+from ._plans import describe, new_plan, pick, pick_per_block
 from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
                          overlaps, stage_list, stage_through)
 

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import settings
 from ..selection import checked_settings
-from ..api._common import BUILDERS, Context, as_real, submit_streamed
+from ..api._common import BUILDERS, Context, submit_streamed
+from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import get_timeout
 from ..sim.machine import Machine

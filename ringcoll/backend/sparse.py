@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..api._common import BUILDERS, Context, as_real
+from ..api._common import BUILDERS, Context
+from ..api._checks import as_real
 from ..ops import RedOpType
 from ..runtime.executor import P2PExecutor
 from ..runtime.work import Work, submit

@@ -2,7 +2,7 @@
 
 The layout reaches a schedule as the Layout parameter ``"nodes"``: a tuple giving the node
 index of every group rank (nodes numbered in order of their lowest rank; a node's ranks need
-not be consecutive and nodes may differ in size). The builders (``collectives._common.new_plan``)
+not be consecutive and nodes may differ in size). The builders (``ringcoll.api._plans.new_plan``)
 add it, for schedules marked with :func:`needs_nodes` only.
 
 **A group's layout is agreed by all its ranks, never inferred by one.** At the group's first

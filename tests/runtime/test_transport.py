@@ -28,7 +28,8 @@ import torch.distributed as dist
 import ringcoll
 from ringcoll.runtime import streams, transport, work as work_module
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context, check_device, executor_context
+from ringcoll.api._common import Context, executor_context
+from ringcoll.api._checks import check_device
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import group_timeout
 from ringcoll.schedules.vocabulary import Buf, Recv, Send

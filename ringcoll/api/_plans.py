@@ -1,0 +1,70 @@
+"""Choosing an algorithm for a call and making its plan: :func:`pick` (the algorithm, by the
+table of the call's device), :func:`new_plan` (the layout's segment and nodes, the plan)."""
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ..schedules import registry
+from ..runtime.plan import Plan
+from ..schedules.vocabulary import Layout
+from ..selection import choose, group_nodes, segment_elements
+from ..runtime.nodes import context_layout, describe_layout
+
+from ._common import Context
+
+log = logging.getLogger("ringcoll")
+
+
+def describe(collective: str, name: str, tensor: torch.Tensor, extra: str = "") -> str:
+    dtype = str(tensor.dtype).replace("torch.", "")
+    return f"{collective}/{name} {tensor.numel()}x{dtype}{' ' + extra if extra else ''}"
+
+
+def table_device(ctx: Context, tensor: Optional[torch.Tensor]) -> Optional[str]:
+    """The device whose table (ringcoll.selection.TABLES) decides a call on ``tensor``: its
+    device type on a process group; None in the simulator, whose CPU tensors stand for any
+    device (the table of the model being priced, else gloo's), and without a tensor."""
+    if tensor is None or ctx.executor is None:
+        return None
+    return tensor.device.type
+
+
+def pick(collective: str, algorithm, nbytes: int, ctx: Context,
+         tensor: Optional[torch.Tensor] = None) -> Tuple[registry.Algorithm, str]:
+    """Check ``algorithm`` and choose it (by the table of ``tensor``'s device); valid outside
+    the group too (world unknown there)."""
+    if ctx.world is None:
+        if algorithm != "auto":
+            choose(collective, algorithm, nbytes, 1)
+        return None, ""
+    name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
+                       nodes=lambda: group_nodes(ctx), device=table_device(ctx, tensor))
+    return registry.get(collective, name), why
+
+
+def pick_per_block(collective: str, algorithm, block: torch.Tensor, ctx: Context) -> Tuple[registry.Algorithm, str]:
+    """:func:`pick` for a call whose ``block`` is one rank's share: the collective moves the
+    world's blocks (n = world × the block's bytes, as the cost models count it)."""
+    return pick(collective, algorithm, block.numel() * block.element_size() * (ctx.world or 1), ctx, tensor=block)
+
+
+def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
+             layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
+             result=None, describe_as: str = "") -> Plan:
+    algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
+    if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
+        first = next(iter(buffers.values()))
+        layout = Layout(layout.numel, {**layout.params, "segment": segment_elements(
+            collective, algorithm.name, first.element_size(), table_device(ctx, first))})
+    if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
+        # the group's agreed layout (exchanged at its first node-aware call), named in the log
+        nodes, source = context_layout(ctx, next(iter(buffers.values())).device)
+        layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
+        why = f"{why}; {describe_layout(nodes)} from {source}"
+    plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
+                result=result, describe=describe_as, seq=ctx.seq, why=why)
+    log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
+    return plan
