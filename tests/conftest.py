@@ -53,3 +53,16 @@ def clusters():
     pool = Clusters()
     yield pool
     pool.close()
+
+
+@pytest.fixture
+def plain_env(monkeypatch):
+    """No setting that steers ``auto`` (RINGCOLL_ALGO, _TUNING, _MACHINE, _LOCAL_SIZE, _SEGMENT,
+    torchrun's LOCAL_WORLD_SIZE) and a cold model cache, for tests of what ``auto`` picks."""
+    from ringcoll import selection
+
+    for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
+                 "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(selection.model, "_simulated", {})
+    return monkeypatch

@@ -192,14 +192,6 @@ from ringcoll import selection  # noqa: E402
 from ringcoll.runtime.nodes import even_nodes  # noqa: E402
 
 
-@pytest.fixture
-def plain_env(monkeypatch):
-    for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
-                 "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
-
-
 def test_measured_rules_decide_only_where_they_were_measured(plain_env):
     name, why = selection.choose("all_reduce", "auto", 4096, 4)
     assert name == "recursive_doubling" and "rule measured up to p=4" in why

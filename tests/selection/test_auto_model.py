@@ -28,15 +28,6 @@ TWO_LEVEL = ringcoll.Machine.hierarchical(2, intra=(1e-6, 1 / 200e9), inter=(20e
 NUMELS = (1, 3, 1001, (1 << 21) + 3)
 
 
-@pytest.fixture
-def plain_env(monkeypatch):
-    for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
-                 "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(selection.model, "_simulated", {})
-    return monkeypatch
-
-
 def simulated_times(collective, world, numel, machine, local_size, dtype=torch.int32):
     """Every candidate's time as the study measures it: a cost-only run on ``machine``."""
     names = [n for n in ringcoll.algorithms(collective) if not (n == "direct" and world > 8)]

@@ -15,14 +15,6 @@ from ringcoll.api import _common, _plans
 MiB = 1 << 20
 
 
-@pytest.fixture
-def plain_env(monkeypatch):
-    for name in ("RINGCOLL_ALGO", "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_LOCAL_SIZE",
-                 "LOCAL_WORLD_SIZE", "RINGCOLL_SEGMENT"):
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
-
-
 def test_a_cuda_decision_uses_the_cuda_table(plain_env):
     """At p = 4 gloo's measured rules decide (64 MiB: rabenseifner, 4 KiB: recursive
     doubling); for CUDA tensors no gloo rule speaks, the model does, on the CUDA machine."""
