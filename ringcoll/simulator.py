@@ -46,7 +46,7 @@ from .machine import Machine
 from .plan import Plan
 from .schedule import Recv, Reduce, Send, extents
 
-__all__ = ["Machine", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
+__all__ = ["Machine", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
 
 
 class ScheduleError(RuntimeError):
@@ -80,6 +80,8 @@ class SimStats:
     link_bytes: Dict[int, int] = field(default_factory=dict, repr=False)   # src * world + dst -> bytes
     timeline: Optional[Timeline] = field(default=None, repr=False)
     mirrored: Optional[str] = None      # "rotation" | "xor": representatives' run stood for every rank
+    crossing: int = 0           # messages between nodes (hierarchical) or a network's groups
+    network: Optional["NetworkStats"] = field(default=None, repr=False)  # per-link load on a network
 
     @property
     def world(self) -> int:
@@ -128,6 +130,48 @@ class SimStats:
     @property
     def time(self) -> float:
         return max((r.time for r in self.ranks), default=0.0)
+
+
+@dataclass
+class NetworkStats:
+    """Traffic on a network machine's links (:mod:`ringcoll.network`): ``link_bytes[i]`` and
+    ``link_busy[i]`` (seconds the link carried data) for link ``network.links[i]``,
+    ``hop_bytes`` = Σ bytes × hops over messages, ``hosts[r]`` rank r's host."""
+
+    network: object
+    hosts: List[int]
+    link_bytes: List[int]
+    link_busy: List[float]
+    hop_bytes: int = 0
+
+    @property
+    def max_link_bytes(self) -> int:
+        return max(self.link_bytes, default=0)
+
+    @property
+    def mean_link_bytes(self) -> float:
+        """Bytes per link, over every link of the network (idle ones included)."""
+        return sum(self.link_bytes) / len(self.link_bytes) if self.link_bytes else 0.0
+
+    @property
+    def used_links(self) -> int:
+        return sum(1 for b in self.link_bytes if b)
+
+    def bottlenecks(self, count: int = 5) -> List[Tuple[int, int, int, str, int, float]]:
+        """The ``count`` busiest links, busiest first: ``(link id, src node, dst node, level,
+        bytes, busy seconds)`` (ties: the lower id first)."""
+        order = sorted(range(len(self.link_bytes)), key=lambda i: (-self.link_busy[i], i))[:count]
+        links = self.network.links
+        return [(i, links[i].src, links[i].dst, links[i].level, self.link_bytes[i], self.link_busy[i])
+                for i in order if self.link_bytes[i]]
+
+    def by_level(self) -> Dict[str, Tuple[int, int]]:
+        """Per link level ("x", "up1", "global" ...): (bytes, most bytes on one link)."""
+        out: Dict[str, Tuple[int, int]] = {}
+        for link, nbytes in zip(self.network.links, self.link_bytes):
+            total, most = out.get(link.level, (0, 0))
+            out[link.level] = (total + nbytes, max(most, nbytes))
+        return out
 
 
 def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool = True,
@@ -221,6 +265,8 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
                             f"'rotation', 'xor', a period dividing the world ({world}) or None")
     if period == world:
         return None                      # every rank its own representative: nothing to save
+    if machine.network is not None:
+        return None                      # links break the relabelling (ringcoll.network)
     if not machine.flat:
         per_node = machine.ranks_per_node
         if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
@@ -317,6 +363,30 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     nic_in = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
     send_ports = [[[] for _ in range(ports)] for _ in range(world)]
     recv_ports = [[[] for _ in range(ports)] for _ in range(world)]
+    net = machine.network
+    crossing = [0]              # messages between nodes, or between a network's groups
+    if net is not None:
+        if mirror is not None:
+            raise ValueError("a mirrored run needs a machine without a network")
+        host = net.hosts_of(peers)
+        groups = net.groups_of(host)
+        group = groups
+        route = net.route
+        links = net.links
+        link_lanes = [[[] for _ in range(link.lanes)] for link in links]
+        net_bytes = [0] * len(links)
+        net_busy = [0.0] * len(links)
+        hop_bytes = [0]
+        costs: Dict[Tuple[int, ...], Tuple[float, float]] = {}
+
+        def path_cost(path):
+            """(Σ link latencies + hops · hop latency, the slowest β on the path)."""
+            found = costs.get(path)
+            if found is None:
+                latency = sum(links[i].latency for i in path) + len(path) * net.hop_latency
+                found = (latency, max([beta] + [links[i].beta for i in path]))
+                costs[path] = found
+            return found
 
     stats = [RankStats() for _ in range(world)]
     current: List = [None] * world          # the step each rank is in
@@ -412,18 +482,18 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             return now + reducing[rank] * gamma
         return None
 
-    def slot(tables, start, duration):
-        """The earliest time >= start at which one port of each table is free for
-        ``duration``, the ports that are, and the time; a port's busy intervals are sorted
-        and a message may take a gap before a later-booked one (a port never idles while a
-        ready message could go)."""
+    def slot(tables, start, durations):
+        """The earliest time >= start at which one port (lane) of each table is free for its
+        duration (``durations[i]`` for ``tables[i]``), the ports that are, and the time; a
+        port's busy intervals are sorted and a message may take a gap before a later-booked
+        one (a port never idles while a ready message could go)."""
         best = None
         for choice in _choices(tables):
             t = start
             moved = True
             while moved:
                 moved = False
-                for busy in choice:
+                for busy, duration in zip(choice, durations):
                     # intervals of one port never overlap: sorted by start, so also by end
                     i = max(0, bisect.bisect_right(busy, (t, _INF)) - 1)
                     while i < len(busy):
@@ -475,8 +545,10 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             nbytes = numel * itemsizes[src]
             inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
             duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
+            if not inside:
+                crossing[0] += 1
             out_port, in_port = send_ports[src][0], recv_ports[dst][0]
-            if single and inside and (not out_port or out_port[-1][1] <= now) \
+            if single and inside and net is None and (not out_port or out_port[-1][1] <= now) \
                     and (not in_port or in_port[-1][1] <= now):
                 # both ports idle, the common case: past intervals can never matter again
                 start, end = now, now + duration
@@ -484,18 +556,39 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             else:
                 tables = (send_ports[src], recv_ports[dst]) if inside else \
                     (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
+                durations = (duration,) * len(tables)
+                if net is not None:
+                    # a network message: α + latencies + hops + n·β_path, holding its route's
+                    # links for the wire time n·β_path (ringcoll.network)
+                    path = route(host[src], host[dst if mirror is None else send_item.peer])
+                    latency, path_beta = path_cost(path)
+                    wire = nbytes * path_beta
+                    duration = alpha + latency + wire
+                    if wire > 0:
+                        tables = tables + tuple(link_lanes[i] for i in path)
+                        durations = (duration, duration) + (wire,) * len(path)
+                    else:
+                        durations = (duration, duration)
                 if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
                     start, chosen = now, [t[0] for t in tables]
                 else:
-                    start, chosen = slot(tables, now, duration)
+                    start, chosen = slot(tables, now, durations)
                 end = start + duration
-                for busy in chosen:
+                for busy, held in zip(chosen, durations):
                     if busy and busy[-1][1] <= now:
                         busy.clear()                    # past intervals can never matter again
                     else:
                         while busy and busy[0][1] <= now:
                             busy.pop(0)
-                    bisect.insort(busy, (start, end))
+                    bisect.insort(busy, (start, start + held))
+                if net is not None:
+                    if wire > 0:
+                        for i in path:
+                            net_bytes[i] += nbytes
+                            net_busy[i] += wire
+                    hop_bytes[0] += nbytes * len(path)
+                    if group is not None and group[src] != group[dst]:
+                        crossing[0] += 1
             s_stats, d_stats = stats[src], stats[dst]
             s_stats.messages += 1
             s_stats.bytes_sent += nbytes
@@ -535,8 +628,12 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
     if mirror is not None:
         return SimStats([replace(stats[rank % world]) for rank in range(peers)], max(post_chain),
-                        MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0])
-    return SimStats(stats, max(post_chain, default=0), link_bytes, timeline)
+                        MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0],
+                        crossing=crossing[0] * (peers // world))
+    result = SimStats(stats, max(post_chain, default=0), link_bytes, timeline, crossing=crossing[0])
+    if net is not None:
+        result.network = NetworkStats(net, host, net_bytes, net_busy, hop_bytes[0])
+    return result
 
 
 class MirroredLinks(Mapping):
