@@ -65,6 +65,12 @@ class Simulation:
         from .study.pictures import plot_timeline
         return plot_timeline(self, path)
 
+    def plot_links(self, path: str) -> str:
+        """Write a PNG of the bytes on every link of the machine's network to ``path`` (a
+        torus as a grid, a fat-tree by level; see ringcoll.study.pictures.plot_links)."""
+        from .study.pictures import plot_links
+        return plot_links(self, path)
+
 
 def rank_data(rank: int, numel: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """Exact, never-zero test data that differs across ranks and elements."""

@@ -34,6 +34,7 @@ import functools
 import gc
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,7 @@ class Timeline:
     world: int
     messages: List[Tuple[int, int, int, float, float, int, int]] = field(default_factory=list)
     local: List[Tuple[int, int, float, float, int]] = field(default_factory=list)
+    ports: List[Tuple[int, int]] = field(default_factory=list)   # (send port, receive port) per message
 
 
 @dataclass
@@ -189,9 +191,12 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
         if found is not None:
             kind, period = found
             first = plans[0]
-            return run_schedules([first.algorithm.schedule(rank, world, first.layout) for rank in range(period)],
-                                 machine, itemsizes[:period], describe=[first.describe] * period,
-                                 mirror=(kind, world))
+            try:
+                return run_schedules([first.algorithm.schedule(rank, world, first.layout) for rank in range(period)],
+                                     machine, itemsizes[:period], describe=[first.describe] * period,
+                                     mirror=(kind, world))
+            except _Contended:
+                pass                    # a link made a message wait: run every rank
         schedules = [plan.algorithm.schedule(plan.rank, plan.world, plan.layout) for plan in plans]
         return run_schedules(schedules, machine, itemsizes, record=record,
                              describe=[plan.describe for plan in plans])
@@ -266,7 +271,14 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
     if period == world:
         return None                      # every rank its own representative: nothing to save
     if machine.network is not None:
-        return None                      # links break the relabelling (ringcoll.network)
+        # on a whole torus placed linearly, a shift of the ranks by hosts / (last dimension)
+        # is a translation of the torus, which maps routes onto routes
+        net = machine.network
+        if kind != "rotation" or net.kind != "torus" or net.placement is not None or world != net.hosts:
+            return None
+        period = math.lcm(period, net.hosts // net.params["dims"][-1])
+        if period == world:
+            return None
     if not machine.flat:
         per_node = machine.ranks_per_node
         if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
@@ -295,6 +307,11 @@ def reduced_bytes(local, itemsize: int) -> int:
 
 
 _INF = float("inf")
+
+
+class _Contended(Exception):
+    """A mirrored run on a network met a link that would make a message wait: by-rank
+    arbitration breaks the symmetry, so every rank must run."""
 
 
 def _choices(tables):
@@ -365,10 +382,19 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     recv_ports = [[[] for _ in range(ports)] for _ in range(world)]
     net = machine.network
     crossing = [0]              # messages between nodes, or between a network's groups
+    canon = None
     if net is not None:
-        if mirror is not None:
-            raise ValueError("a mirrored run needs a machine without a network")
         host = net.hosts_of(peers)
+        if mirror is not None:
+            if not rotation or net.kind != "torus" or net.placement is not None or peers != net.hosts \
+                    or world % (net.hosts // net.params["dims"][-1]):
+                raise ValueError("a mirrored run on a network needs a whole torus, linear placement and "
+                                 "representatives that a translation of the torus maps onto every rank")
+            # each link stands for its translates by multiples of the representatives' count
+            canon = []
+            for link in net.links:
+                shift = link.src - link.src % world
+                canon.append(net.link(link.src - shift, (link.dst - shift) % peers))
         groups = net.groups_of(host)
         group = groups
         route = net.route
@@ -395,6 +421,15 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     step_end = [0.0] * world                # latest transfer end of the current step
     reducing = [0] * world                  # bytes the current step reduces
     post_chain = [0] * world                # critical-path length before the current step
+    # each port serves a step's messages in the order the step posts them: the positions of
+    # the step's sends and receives not yet booked, the matched messages waiting on an
+    # earlier one (by position), the start of the last booked send and receive
+    send_order = [deque() for _ in range(world)]
+    recv_order = [deque() for _ in range(world)]
+    held_send: List[Dict[int, tuple]] = [{} for _ in range(world)]
+    held_recv: List[Dict[int, tuple]] = [{} for _ in range(world)]
+    send_floor = [0.0] * world
+    recv_floor = [0.0] * world
     depends = [0] * world
     link_bytes: Dict[int, int] = {}
     timeline = Timeline(world) if record else None
@@ -435,6 +470,9 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         depends[rank] = post_chain[rank]
         comms = st.comms
         outstanding[rank] = len(comms)
+        send_order[rank] = deque(pos for pos, item in enumerate(comms) if type(item) is Send)
+        recv_order[rank] = deque(pos for pos, item in enumerate(comms) if type(item) is Recv)
+        send_floor[rank] = recv_floor[rank] = now
         reducing[rank] = reduced_bytes(st.local, itemsizes[rank]) if st.local else 0
         for pos, item in enumerate(comms):
             peer = item.peer
@@ -518,8 +556,150 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         else:
             ranks.append(rank)
 
-    while times:
-        now = times[0]
+    def book(now, src, dst, send_item, recv_item):
+        """Put a matched message on the clock: its ports (and links) from the earliest time
+        they are free, no earlier than now or than the start of its sender's previous send
+        of this step (a rank's sends start in the order its step posts them)."""
+        sent, received = send_item.buf, recv_item.buf
+        numel = sent.stop - sent.start
+        if numel != received.stop - received.start:
+            raise ScheduleError(
+                f"{where(src)} sends {send_item.buf!r} ({numel} elements) to rank {dst}, "
+                f"whose matching receive at step {index[dst] + 1} is {recv_item.buf!r} "
+                f"({recv_item.buf.numel} elements)")
+        if copy is not None:
+            copy(src, send_item, dst, recv_item)
+        nbytes = numel * itemsizes[src]
+        inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
+        duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
+        if not inside:
+            crossing[0] += 1
+        out_port, in_port = send_ports[src][0], recv_ports[dst][0]
+        floor = max(now, send_floor[src], recv_floor[dst])
+        if single and inside and net is None and (not out_port or out_port[-1][1] <= floor) \
+                and (not in_port or in_port[-1][1] <= floor):
+            # both ports idle, the common case: past intervals can never matter again
+            start, end = floor, floor + duration
+            out_port[:] = in_port[:] = [(start, end)]
+        else:
+            tables = (send_ports[src], recv_ports[dst]) if inside else \
+                (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
+            durations = (duration,) * len(tables)
+            if net is not None:
+                # a network message: α + latencies + hops + n·β_path, holding its route's
+                # links for the wire time n·β_path (ringcoll.network)
+                path = route(host[src], host[dst if mirror is None else send_item.peer])
+                latency, path_beta = path_cost(path)
+                wire = nbytes * path_beta
+                duration = alpha + latency + wire
+                if wire > 0:
+                    if canon is not None:
+                        path = tuple(canon[i] for i in path)
+                    tables = tables + tuple(link_lanes[i] for i in path)
+                    durations = (duration, duration) + (wire,) * len(path)
+                else:
+                    durations = (duration, duration)
+            if canon is not None and wire > 0:
+                # mirrored on a torus: exact only while no link makes a message wait (then
+                # every rank does what its representative does); else the caller runs all
+                start, chosen = slot(tables[:2], floor, durations[:2])
+                chosen = list(chosen)
+                if len(set(path)) != len(path):
+                    raise _Contended()
+                for i in path:
+                    lane = next((busy for busy in link_lanes[i]
+                                 if not any(b < start + wire and e > start for b, e in busy)), None)
+                    if lane is None:
+                        raise _Contended()
+                    chosen.append(lane)
+            elif single and all(not t[0] or t[0][-1][1] <= floor for t in tables):
+                start, chosen = floor, [t[0] for t in tables]
+            else:
+                start, chosen = slot(tables, floor, durations)
+            end = start + duration
+            for busy, held in zip(chosen, durations):
+                if busy and busy[-1][1] <= now:
+                    busy.clear()                    # past intervals can never matter again
+                else:
+                    while busy and busy[0][1] <= now:
+                        busy.pop(0)
+                bisect.insort(busy, (start, start + held))
+            if net is not None:
+                if wire > 0:
+                    for i in path:
+                        net_bytes[i] += nbytes
+                        net_busy[i] += wire
+                hop_bytes[0] += nbytes * len(path)
+                if group is not None and group[src] != group[dst if mirror is None else send_item.peer]:
+                    crossing[0] += 1
+        send_floor[src] = recv_floor[dst] = start
+        s_stats, d_stats = stats[src], stats[dst]
+        s_stats.messages += 1
+        s_stats.bytes_sent += nbytes
+        d_stats.bytes_received += nbytes
+        key = src * world + dst if mirror is None else src * peers + send_item.peer
+        link_bytes[key] = link_bytes.get(key, 0) + nbytes
+        if timeline is not None:
+            timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
+            if ports == 1:
+                timeline.ports.append((0, 0))
+            else:
+                timeline.ports.append((next(i for i, b in enumerate(send_ports[src]) if b is chosen[0]),
+                                       next(i for i, b in enumerate(recv_ports[dst]) if b is chosen[1])))
+        if post_chain[src] > depends[dst]:
+            depends[dst] = post_chain[src]
+        if post_chain[dst] > depends[src]:
+            depends[src] = post_chain[dst]
+        if end > step_end[src]:
+            step_end[src] = end
+        outstanding[src] -= 1
+        if not outstanding[src]:
+            wake(src, step_end[src] + reducing[src] * gamma)
+        if end > step_end[dst]:
+            step_end[dst] = end
+        outstanding[dst] -= 1
+        if not outstanding[dst]:
+            wake(dst, step_end[dst] + reducing[dst] * gamma)
+
+    def release(entry, now, forced=False):
+        """Book a matched message once it heads both its sender's sends and its receiver's
+        receives not yet booked, then the held messages that this lets through."""
+        stack = [(entry, True)]
+        while stack:
+            e, fresh = stack.pop()
+            spos, rpos, src, dst = e[0], e[1], e[2], e[3]
+            if not fresh and held_send[src].get(spos) is not e:
+                continue                        # booked already
+            if not forced and (send_order[src][0] != spos or recv_order[dst][0] != rpos):
+                held_send[src][spos] = e
+                held_recv[dst][rpos] = e
+                continue
+            forced = False
+            held_send[src].pop(spos, None)
+            held_recv[dst].pop(rpos, None)
+            send_order[src].remove(spos)
+            recv_order[dst].remove(rpos)
+            book(now, src, dst, e[4], e[5])
+            if send_order[src]:
+                after = held_send[src].get(send_order[src][0])
+                if after is not None:
+                    stack.append((after, False))
+            if recv_order[dst]:
+                after = held_recv[dst].get(recv_order[dst][0])
+                if after is not None:
+                    stack.append((after, False))
+
+    last = 0.0
+    while True:
+        if not times:
+            # messages of a step waiting on each other's order in a circle (a pathological
+            # schedule): the first by sender goes, at the last event's time
+            waiting = [e for table in held_send for e in table.values()]
+            if not waiting:
+                break
+            release(min(waiting, key=lambda e: (e[2], e[0])), last, forced=True)
+            continue
+        now = last = times[0]
         for rank in due[now]:       # a step that ends at once joins this list, and posts now
             finish = post(rank, now)
             if finish is not None:
@@ -532,85 +712,8 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             matched.sort()      # posting order: (send position, receive position, sender), never tied
         batch = matched.copy()
         matched.clear()
-        for _, _, src, dst, send_item, recv_item in batch:
-            sent, received = send_item.buf, recv_item.buf
-            numel = sent.stop - sent.start
-            if numel != received.stop - received.start:
-                raise ScheduleError(
-                    f"{where(src)} sends {send_item.buf!r} ({numel} elements) to rank {dst}, "
-                    f"whose matching receive at step {index[dst] + 1} is {recv_item.buf!r} "
-                    f"({recv_item.buf.numel} elements)")
-            if copy is not None:
-                copy(src, send_item, dst, recv_item)
-            nbytes = numel * itemsizes[src]
-            inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
-            duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
-            if not inside:
-                crossing[0] += 1
-            out_port, in_port = send_ports[src][0], recv_ports[dst][0]
-            if single and inside and net is None and (not out_port or out_port[-1][1] <= now) \
-                    and (not in_port or in_port[-1][1] <= now):
-                # both ports idle, the common case: past intervals can never matter again
-                start, end = now, now + duration
-                out_port[:] = in_port[:] = [(start, end)]
-            else:
-                tables = (send_ports[src], recv_ports[dst]) if inside else \
-                    (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
-                durations = (duration,) * len(tables)
-                if net is not None:
-                    # a network message: α + latencies + hops + n·β_path, holding its route's
-                    # links for the wire time n·β_path (ringcoll.network)
-                    path = route(host[src], host[dst if mirror is None else send_item.peer])
-                    latency, path_beta = path_cost(path)
-                    wire = nbytes * path_beta
-                    duration = alpha + latency + wire
-                    if wire > 0:
-                        tables = tables + tuple(link_lanes[i] for i in path)
-                        durations = (duration, duration) + (wire,) * len(path)
-                    else:
-                        durations = (duration, duration)
-                if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
-                    start, chosen = now, [t[0] for t in tables]
-                else:
-                    start, chosen = slot(tables, now, durations)
-                end = start + duration
-                for busy, held in zip(chosen, durations):
-                    if busy and busy[-1][1] <= now:
-                        busy.clear()                    # past intervals can never matter again
-                    else:
-                        while busy and busy[0][1] <= now:
-                            busy.pop(0)
-                    bisect.insort(busy, (start, start + held))
-                if net is not None:
-                    if wire > 0:
-                        for i in path:
-                            net_bytes[i] += nbytes
-                            net_busy[i] += wire
-                    hop_bytes[0] += nbytes * len(path)
-                    if group is not None and group[src] != group[dst]:
-                        crossing[0] += 1
-            s_stats, d_stats = stats[src], stats[dst]
-            s_stats.messages += 1
-            s_stats.bytes_sent += nbytes
-            d_stats.bytes_received += nbytes
-            key = src * world + dst if mirror is None else src * peers + send_item.peer
-            link_bytes[key] = link_bytes.get(key, 0) + nbytes
-            if timeline is not None:
-                timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
-            if post_chain[src] > depends[dst]:
-                depends[dst] = post_chain[src]
-            if post_chain[dst] > depends[src]:
-                depends[src] = post_chain[dst]
-            if end > step_end[src]:
-                step_end[src] = end
-            outstanding[src] -= 1
-            if not outstanding[src]:
-                wake(src, step_end[src] + reducing[src] * gamma)
-            if end > step_end[dst]:
-                step_end[dst] = end
-            outstanding[dst] -= 1
-            if not outstanding[dst]:
-                wake(dst, step_end[dst] + reducing[dst] * gamma)
+        for entry in batch:
+            release(entry, now)
 
     stuck = [r for r in range(world) if current[r] is not None]
     if stuck:
@@ -627,9 +730,13 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             lines.append(f"  ... and {len(stuck) - 16} more ranks")
         raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
     if mirror is not None:
-        return SimStats([replace(stats[rank % world]) for rank in range(peers)], max(post_chain),
-                        MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0],
-                        crossing=crossing[0] * (peers // world))
+        result = SimStats([replace(stats[rank % world]) for rank in range(peers)], max(post_chain),
+                          MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0],
+                          crossing=crossing[0] * (peers // world))
+        if net is not None:
+            result.network = NetworkStats(net, host, [net_bytes[c] for c in canon],
+                                          [net_busy[c] for c in canon], hop_bytes[0] * (peers // world))
+        return result
     result = SimStats(stats, max(post_chain, default=0), link_bytes, timeline, crossing=crossing[0])
     if net is not None:
         result.network = NetworkStats(net, host, net_bytes, net_busy, hop_bytes[0])

@@ -1,0 +1,63 @@
+"""How long a cost-only all_reduce takes to simulate on a 64x64 torus (4,096 ranks) with link
+sharing, for every registered all_reduce algorithm: ``python -m experiments.topology_scale``.
+
+Writes bench/results/study/topology_scale_64x64.json and .txt: per algorithm the simulated
+time, the wall-clock seconds of the run, whether the representatives' run stood for all
+(``mirrored``: a whole torus placed linearly, an algorithm symmetric under rotation, and no
+link ever making a message wait) and the link statistics. ``--quick`` runs an 8x8 torus."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+import ringcoll
+from ringcoll import registry
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "study")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", default="64,64")
+    parser.add_argument("--bytes", type=int, default=1 << 20, help="all_reduce size in bytes (float32)")
+    parser.add_argument("--algorithms", default=None, help="comma-separated (default: every all_reduce)")
+    parser.add_argument("--out", default=OUT)
+    args = parser.parse_args(argv)
+    dims = tuple(int(d) for d in args.dims.split(","))
+    machine = ringcoll.Machine.torus(dims)
+    world = machine.network.hosts
+    names = args.algorithms.split(",") if args.algorithms else list(registry.algorithms("all_reduce"))
+    rows = []
+    for name in names:
+        start = time.perf_counter()
+        sim = ringcoll.simulate("all_reduce", name, world=world, numel=args.bytes // 4, dtype=torch.float32,
+                                machine=machine, data=False, record=False)
+        wall = time.perf_counter() - start
+        net = sim.stats.network
+        rows.append({"algorithm": name, "simulated_us": sim.stats.time * 1e6, "wall_s": round(wall, 2),
+                     "mirrored": sim.stats.mirrored, "messages": sim.stats.messages,
+                     "max_link_MiB": net.max_link_bytes / 2 ** 20, "mean_link_MiB": net.mean_link_bytes / 2 ** 20,
+                     "hop_bytes_GiB": net.hop_bytes / 2 ** 30})
+        print(f"{name:20s} {sim.stats.time * 1e6:12.1f} us simulated  {wall:7.2f} s wall  "
+              f"mirrored={sim.stats.mirrored}  messages={sim.stats.messages}", flush=True)
+    tag = "x".join(str(d) for d in dims)
+    os.makedirs(args.out, exist_ok=True)
+    doc = {"machine": machine.describe(), "world": world, "bytes": args.bytes,
+           "host": f"{os.cpu_count()} cores (shared)", "rows": rows}
+    with open(os.path.join(args.out, f"topology_scale_{tag}.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(args.out, f"topology_scale_{tag}.txt"), "w") as f:
+        f.write(f"all_reduce of {args.bytes} B (float32), cost-only, on {machine.describe()}, p = {world}\n")
+        f.write(f"{'algorithm':20s} {'simulated us':>14s} {'wall s':>8s}  mirrored  messages  max link MiB  "
+                f"mean link MiB\n")
+        for r in rows:
+            f.write(f"{r['algorithm']:20s} {r['simulated_us']:14.1f} {r['wall_s']:8.2f}  {str(r['mirrored']):8s}  "
+                    f"{r['messages']:8d}  {r['max_link_MiB']:12.3f}  {r['mean_link_MiB']:13.3f}\n")
+
+
+if __name__ == "__main__":
+    main()
