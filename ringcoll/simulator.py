@@ -8,10 +8,13 @@ rank, the step and the peer.
 The clock (:mod:`ringcoll.machine`): each rank has ``machine.ports`` send ports and as many
 receive ports. A message of n bytes holds one send port of its sender and one receive port
 of its receiver (and, between nodes, a port of each node's NIC) for α + nβ, starting once
-both ends have posted it and every port it needs is free. Ports serve messages in the order
-they became ready, and messages that become ready together in their posting order, so a rank
-that posts k sends at once pays k(α + nβ). A step ends when its last transfer does, plus γ per
-byte its local operations reduce; the rank then posts its next step.
+both ends have posted it and every port it needs is free. A port serves a step's messages
+in the order the step posts them (a message starts no earlier than its sender's previous send
+and its receiver's previous receive of that step), so a rank that posts k sends at once pays
+k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
+network (:mod:`ringcoll.network`) a message also holds every link of its route for its wire
+time, each link serving messages first come first served. A step ends when its last transfer
+does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
 It is a discrete-event simulation ordered by time: its result does not depend on the order
 in which ranks are listed, and a run without data (``data=False``) streams each rank's
@@ -399,7 +402,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         group = groups
         route = net.route
         links = net.links
-        link_lanes = [[[] for _ in range(link.lanes)] for link in links]
+        link_free = [[0.0] * link.lanes for link in links]     # each lane's end of its last booking
         net_bytes = [0] * len(links)
         net_busy = [0.0] * len(links)
         hop_bytes = [0]
@@ -470,8 +473,8 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         depends[rank] = post_chain[rank]
         comms = st.comms
         outstanding[rank] = len(comms)
-        send_order[rank] = deque(pos for pos, item in enumerate(comms) if type(item) is Send)
-        recv_order[rank] = deque(pos for pos, item in enumerate(comms) if type(item) is Recv)
+        send_order[rank] = sending = deque()
+        recv_order[rank] = receiving = deque()
         send_floor[rank] = recv_floor[rank] = now
         reducing[rank] = reduced_bytes(st.local, itemsizes[rank]) if st.local else 0
         for pos, item in enumerate(comms):
@@ -480,6 +483,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 raise ScheduleError(f"{where(rank)} names peer {peer}, which is not "
                                     f"another rank of a world of {peers}")
             if type(item) is Send:
+                sending.append(pos)
                 if mirror is None:
                     key = rank * world + peer
                 elif rotation:
@@ -499,6 +503,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                         sends[key] = queue = deque()
                     queue.append((rank, item, pos))
             elif type(item) is Recv:
+                receiving.append(pos)
                 if mirror is None:
                     key = peer * world + rank
                 else:
@@ -586,32 +591,35 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
             durations = (duration,) * len(tables)
             if net is not None:
-                # a network message: α + latencies + hops + n·β_path, holding its route's
-                # links for the wire time n·β_path (ringcoll.network)
+                # a network message: α + latencies + hops + n·β_path; its route's links serve
+                # messages first come first served (in booking order), each for its wire
+                # time n·β_path (ringcoll.network)
                 path = route(host[src], host[dst if mirror is None else send_item.peer])
                 latency, path_beta = path_cost(path)
                 wire = nbytes * path_beta
                 duration = alpha + latency + wire
+                durations = (duration, duration)
+                lanes = []
+                ready = floor
                 if wire > 0:
                     if canon is not None:
                         path = tuple(canon[i] for i in path)
-                    tables = tables + tuple(link_lanes[i] for i in path)
-                    durations = (duration, duration) + (wire,) * len(path)
+                    for i in path:
+                        frees = link_free[i]
+                        j = 0 if len(frees) == 1 else frees.index(min(frees))
+                        lanes.append(j)
+                        if frees[j] > ready:
+                            ready = frees[j]
+                if single and all(not t[0] or t[0][-1][1] <= ready for t in tables):
+                    start, chosen = ready, [t[0] for t in tables]
                 else:
-                    durations = (duration, duration)
-            if canon is not None and wire > 0:
-                # mirrored on a torus: exact only while no link makes a message wait (then
-                # every rank does what its representative does); else the caller runs all
-                start, chosen = slot(tables[:2], floor, durations[:2])
-                chosen = list(chosen)
-                if len(set(path)) != len(path):
+                    start, chosen = slot(tables, ready, durations)
+                if canon is not None and wire > 0 and (ready > floor or len(set(path)) != len(path)):
+                    # mirrored on a torus: exact only while no link makes a message wait
+                    # (then every rank does what its representative does); else run all
                     raise _Contended()
-                for i in path:
-                    lane = next((busy for busy in link_lanes[i]
-                                 if not any(b < start + wire and e > start for b, e in busy)), None)
-                    if lane is None:
-                        raise _Contended()
-                    chosen.append(lane)
+                for i, j in zip(path, lanes):
+                    link_free[i][j] = start + wire
             elif single and all(not t[0] or t[0][-1][1] <= floor for t in tables):
                 start, chosen = floor, [t[0] for t in tables]
             else:

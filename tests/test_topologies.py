@@ -2,6 +2,8 @@
 small tori, meshes, fat-trees and dragonflies; link sharing on cases with known answers;
 placement and its errors; the flat clock unchanged; the port service order."""
 import json
+import os
+import re
 
 import pytest
 import torch
@@ -302,3 +304,16 @@ def test_trace_gives_each_port_its_own_lane(bidirectional):
     sends = {e["tid"] for e in events if e["name"].startswith("send")}
     recvs = {e["tid"] for e in events if e["name"].startswith("recv")}
     assert len(sends) == 2 and len(recvs) == 2 and not sends & recvs
+
+
+def test_readme_topology_example_runs_as_printed(tmp_path, monkeypatch, capsys):
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")) as f:
+        text = f.read()
+    code = re.search(r"<!-- example: topology -->\n```python\n(.*?)\n```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    for line in code.splitlines():
+        if line.startswith("# recursive_doubling") or line.startswith("# swing_bandwidth"):
+            assert line[2:] in printed, (line, printed)
+    assert (tmp_path / "links.png").exists()
