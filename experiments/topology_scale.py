@@ -26,12 +26,18 @@ def main(argv=None) -> None:
     parser.add_argument("--bytes", type=int, default=1 << 20, help="all_reduce size in bytes (float32)")
     parser.add_argument("--algorithms", default=None, help="comma-separated (default: every all_reduce)")
     parser.add_argument("--out", default=OUT)
+    parser.add_argument("--append", action="store_true", help="keep the other algorithms' rows already written")
     args = parser.parse_args(argv)
     dims = tuple(int(d) for d in args.dims.split(","))
     machine = ringcoll.Machine.torus(dims)
     world = machine.network.hosts
     names = args.algorithms.split(",") if args.algorithms else list(registry.algorithms("all_reduce"))
+    tag = "x".join(str(d) for d in dims)
+    json_path = os.path.join(args.out, f"topology_scale_{tag}.json")
     rows = []
+    if args.append and os.path.exists(json_path):
+        with open(json_path) as f:
+            rows = [r for r in json.load(f)["rows"] if r["algorithm"] not in names]
     for name in names:
         start = time.perf_counter()
         sim = ringcoll.simulate("all_reduce", name, world=world, numel=args.bytes // 4, dtype=torch.float32,
@@ -44,14 +50,20 @@ def main(argv=None) -> None:
                      "hop_bytes_GiB": net.hop_bytes / 2 ** 30})
         print(f"{name:20s} {sim.stats.time * 1e6:12.1f} us simulated  {wall:7.2f} s wall  "
               f"mirrored={sim.stats.mirrored}  messages={sim.stats.messages}", flush=True)
-    tag = "x".join(str(d) for d in dims)
+        write(args, machine, world, tag, rows)        # after every algorithm: a long one may be cut short
+
+
+def write(args, machine, world, tag, rows) -> None:
     os.makedirs(args.out, exist_ok=True)
     doc = {"machine": machine.describe(), "world": world, "bytes": args.bytes,
            "host": f"{os.cpu_count()} cores (shared)", "rows": rows}
+    rows = sorted(rows, key=lambda r: list(registry.algorithms("all_reduce")).index(r["algorithm"])
+                  if r["algorithm"] in registry.algorithms("all_reduce") else 99)
     with open(os.path.join(args.out, f"topology_scale_{tag}.json"), "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.join(args.out, f"topology_scale_{tag}.txt"), "w") as f:
-        f.write(f"all_reduce of {args.bytes} B (float32), cost-only, on {machine.describe()}, p = {world}\n")
+        f.write(f"all_reduce of {args.bytes} B (float32), cost-only, on {machine.describe()}, p = {world}; "
+                f"wall seconds on {os.cpu_count()} cores shared with other jobs (python -m experiments.topology_scale)\n")
         f.write(f"{'algorithm':20s} {'simulated us':>14s} {'wall s':>8s}  mirrored  messages  max link MiB  "
                 f"mean link MiB\n")
         for r in rows:

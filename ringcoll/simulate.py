@@ -55,6 +55,13 @@ class Simulation:
         from .study.bounds import ratios
         return ratios(self.collective, self.world, self.nbytes, self.stats)
 
+    def critical_path(self):
+        """The recorded run's chain of messages and reductions that ends last, earliest first
+        (:meth:`ringcoll.simulator.Timeline.critical_path`; needs ``record``)."""
+        if self.stats.timeline is None:
+            raise ValueError("this run kept no timeline: simulate(..., record=True)")
+        return self.stats.timeline.critical_path()
+
     def trace(self, path: str) -> str:
         """Write the run's Chrome-trace / Perfetto JSON to ``path`` (see ringcoll.study.pictures)."""
         from .study.pictures import write_trace

@@ -77,6 +77,49 @@ class Timeline:
     local: List[Tuple[int, int, float, float, int]] = field(default_factory=list)
     ports: List[Tuple[int, int]] = field(default_factory=list)   # (send port, receive port) per message
 
+    def critical_path(self) -> List[Tuple]:
+        """The chain of events that ends last, traced back to time 0: from the event that
+        ends last, repeatedly the event on one of its ranks that ended last no later than it
+        started (a rank's own reduction before a message of its next step wins a tie). Rows
+        ``("message", src, dst, nbytes, start, end, waited)`` and ``("local", rank, step,
+        bytes reduced, start, end, waited)``, earliest first; ``waited`` is the gap before
+        the event (a port or link busy with messages off the chain)."""
+        by_rank: Dict[int, List[Tuple[float, int, int]]] = {}
+        events = []
+        for src, dst, nbytes, start, end, _, _ in self.messages:
+            events.append(("message", src, dst, nbytes, start, end))
+            for r in (src, dst):
+                by_rank.setdefault(r, []).append((end, 0, len(events) - 1))
+        for rank, step, start, end, reduced in self.local:
+            events.append(("local", rank, step, reduced, start, end))
+            by_rank.setdefault(rank, []).append((end, 1, len(events) - 1))
+        if not events:
+            return []
+        for rows in by_rank.values():
+            rows.sort()
+        last = max(range(len(events)), key=lambda i: (events[i][5], events[i][0] == "local"))
+        chain, seen = [], set()
+        current = last
+        while current is not None and current not in seen:
+            seen.add(current)
+            event = events[current]
+            start = event[4]
+            ranks = (event[1], event[2]) if event[0] == "message" else (event[1],)
+            best = None
+            limit = start + 1e-12 * max(start, 1e-9)
+            for r in ranks:
+                rows = by_rank[r]
+                i = bisect.bisect_right(rows, (limit, 2, len(events))) - 1
+                while i >= 0 and rows[i][2] in seen:
+                    i -= 1
+                if i >= 0 and (best is None or rows[i][:2] > best[:2]):
+                    best = rows[i]
+            before = best[0] if best is not None else 0.0
+            chain.append(event + (max(0.0, start - before),))
+            current = best[2] if best is not None and start > 0 else None
+        chain.reverse()
+        return chain
+
 
 @dataclass
 class SimStats:

@@ -317,3 +317,35 @@ def test_readme_topology_example_runs_as_printed(tmp_path, monkeypatch, capsys):
         if line.startswith("# recursive_doubling") or line.startswith("# swing_bandwidth"):
             assert line[2:] in printed, (line, printed)
     assert (tmp_path / "links.png").exists()
+
+
+@pytest.mark.parametrize("dims, name, numel", [((4, 4), "ring", 1600), ((8,), "ring", 800),
+                                                ((2, 4), "ring", 800), ((4, 4), "direct", 160)])
+def test_mirrored_torus_run_equals_every_rank(dims, name, numel):
+    machine = ringcoll.Machine.torus(dims)
+    world = machine.network.hosts
+    fast = ringcoll.simulate("all_reduce", name, world=world, numel=numel, machine=machine, data=False, record=False)
+    full = ringcoll.simulate("all_reduce", name, world=world, numel=numel, machine=machine, data=False,
+                             symmetry=False)
+    assert fast.stats.time == full.stats.time
+    assert fast.stats.network.link_bytes == full.stats.network.link_bytes
+    assert fast.stats.network.hop_bytes == full.stats.network.hop_bytes
+    assert fast.stats.links == full.stats.links and fast.stats.messages == full.stats.messages
+    # the ring never waits on a link (mirrored); direct's messages share links (every rank runs)
+    assert fast.stats.mirrored == ("rotation" if name == "ring" else None)
+
+
+def test_critical_path_runs_from_zero_to_the_end():
+    p = 5
+    sim = ringcoll.simulate("all_reduce", "ring", world=p, numel=500)
+    path = sim.critical_path()
+    assert path[0][4] == 0 and path[-1][5] == sim.stats.time
+    assert [e[0] for e in path].count("message") == 2 * (p - 1)      # one message per ring step
+    assert [e[0] for e in path].count("local") == p - 1              # the scatter-reduce's reductions
+    assert all(later[4] >= earlier[5] - 1e-15 for earlier, later in zip(path, path[1:]))
+    # two messages on one link: the second waits for the first's wire time
+    shared = run_schedules(flows([(0, 2), (1, 3)], 4, 1000), shared_net(alpha=1e-6), record=True)
+    chain = shared.timeline.critical_path()
+    assert chain[-1][5] == shared.time and chain[-1][0] == "message"
+    with pytest.raises(ValueError, match="kept no timeline"):
+        ringcoll.simulate("all_reduce", "ring", world=4, numel=8, record=False).critical_path()
