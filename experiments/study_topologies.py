@@ -25,7 +25,7 @@ OUT = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "study")
 #: message at the ends, 100 ns per hop, reductions at 100 GB/s, one port per rank
 LINK = dict(alpha=1e-6, beta=1 / 50e9, gamma=1 / 100e9, hop_latency=1e-7)
 SIZES = [32, 1 << 10, 32 << 10, 1 << 20, 32 << 20, 1 << 30]
-BIG_SIZES = [32, 64 << 10, 16 << 20]          # the 64x64 torus: 4,096 ranks take longer
+BIG_SIZES = [64 << 10, 16 << 20]          # the 64x64 torus: 4,096 ranks take longer
 #: too many messages at 4,096 ranks for a study on two cores (p² or p·segments)
 SKIP_BIG = {"direct", "double_binary_tree", "hierarchical"}
 
@@ -99,8 +99,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite topologies.md from the topologies.json and pictures already in --out")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.report_only:
+        return report_only(args.out)
     names = [n for n in registry.algorithms("all_reduce")]
     results = {}
     pictures = []
@@ -123,12 +127,36 @@ def main(argv=None) -> None:
         plot_relative(rows, used, sizes if not args.quick else sizes[:4],
                       f"all_reduce on the {label}, p = {world}: time relative to the best",
                       os.path.join(args.out, f"topologies_{tag}.png"))
-        results[tag] = (label, machine, world, sizes if not args.quick else sizes[:4], rows, used)
-    with open(os.path.join(args.out, "topologies.json"), "w") as f:
-        json.dump({tag: {"machine": m.describe(), "world": w,
-                         "rows": [{"algorithm": a, "bytes": n, **cell} for (a, n), cell in rows.items()]}
-                   for tag, (_, m, w, _, rows, _) in results.items()}, f, indent=1)
-    write_report(results, pictures, os.path.join(args.out, "topologies.md"), time.time() - started)
+        results[tag] = (label, machine.describe(), world, sizes if not args.quick else sizes[:4], rows, used)
+        # written after every machine, so that a long run cut short keeps what it did
+        with open(os.path.join(args.out, "topologies.json"), "w") as f:
+            json.dump({tag: {"label": label, "machine": m, "world": w,
+                             "rows": [{"algorithm": a, "bytes": n, **cell} for (a, n), cell in rows.items()]}
+                       for tag, (label, m, w, _, rows, _) in results.items()}, f, indent=1)
+        write_report(results, pictures, os.path.join(args.out, "topologies.md"), time.time() - started)
+
+
+def report_only(out: str) -> None:
+    """topologies.md again from topologies.json and the link pictures in ``out``."""
+    with open(os.path.join(out, "topologies.json")) as f:
+        doc = json.load(f)
+    order = list(registry.algorithms("all_reduce"))
+    results = {}
+    for tag, entry in doc.items():
+        rows = {(r["algorithm"], r["bytes"]): r for r in entry["rows"]}
+        sizes = sorted({n for _, n in rows})
+        used = sorted({a for a, _ in rows}, key=lambda a: order.index(a) if a in order else len(order))
+        labels = {t: label for label, t, *_ in machines(False)}
+        results[tag] = (entry.get("label", labels.get(tag, tag)), entry["machine"], entry["world"], sizes, rows, used)
+    pictures = []
+    for name in sorted(os.listdir(out)):
+        if name.startswith("topologies_links_") and name.endswith(".png"):
+            for tag in results:
+                prefix = f"topologies_links_{tag}_"
+                if name.startswith(prefix):
+                    algorithm, mib = name[len(prefix):-len("MiB.png")].rsplit("_", 1)
+                    pictures.append((tag, algorithm, int(mib) << 20, name))
+    write_report(results, pictures, os.path.join(out, "topologies.md"), 0.0)
 
 
 #: link-load pictures: (machine tag, size, algorithm)
@@ -147,8 +175,9 @@ def ratio(rows, a, b, n):
 
 def write_report(results, pictures, path, seconds):
     lines = ["# all_reduce on network topologies (simulated)", "",
-             "Produced by `python -m experiments.study_topologies` (do not edit: rerun it; "
-             f"this run took {seconds / 60:.0f} min on two shared cores). Every registered all_reduce "
+             "Produced by `python -m experiments.study_topologies` (do not edit: rerun it"
+             + (f"; this run took {seconds / 60:.0f} min on two shared cores" if seconds else "")
+             + "). Every registered all_reduce "
              "algorithm runs cost-only on ringcoll's clock with link sharing "
              "([docs/simulator.md](../../../docs/simulator.md#networks-topologies-routing-link-sharing)): "
              "400 Gb/s links (β = 1/50 GB/s), α = 1 µs per message, 100 ns per hop, reductions at 100 GB/s, "
@@ -156,7 +185,7 @@ def write_report(results, pictures, path, seconds):
              "Links serve messages first come first served, each for its wire time (no packet "
              "interleaving), so a link shared by k messages at once stretches the step k-fold.", ""]
     for tag, (label, machine, world, sizes, rows, used) in results.items():
-        lines += [f"## {label} (p = {world})", "", f"Machine: {machine.describe()}.", "",
+        lines += [f"## {label} (p = {world})", "", f"Machine: {machine}.", "",
                   f"![time relative to the best](topologies_{tag}.png)", "",
                   "Time in µs (best per size in bold); below the table, the winner's link load.", "",
                   "| algorithm | " + " | ".join(size_name(n) for n in sizes) + " |",
@@ -246,6 +275,13 @@ PAPERS = [
     "doi 10.1145/3712285.3759835; arXiv 2508.17311): \"cutting global-link traffic by up to 33%\" and "
     "\"up to 5x speedups\" on Dragonfly, Dragonfly+, oversubscribed fat-tree and torus systems.", "",
     "How this study compares (the sentences under each topology give the computed ratios):", "",
+    "- ringcoll's `swing_bandwidth` and `swing_latency` are the 1-D schedules over rank numbers "
+    "(peers r ± ρ(s), ρ = 1, −1, 3, −5, 11, …). On a 2-D torus placed linearly the far peers leave "
+    "their row through the y links; the paper's multi-dimensional Swing alternates dimensions and "
+    "uses every port at once, which this study does not run, so the 2-D tori compare the 1-D "
+    "schedule only.",
+    "- Tied rows (swing_bandwidth and bine; ring and hierarchical, which without nodes is the ring) "
+    "draw on top of each other in the pictures.",
     "- The direction agrees with Swing: on the tori swing_bandwidth moves fewer hop-bytes than "
     "recursive doubling and Rabenseifner, and the time follows the busiest link. The size of the "
     "gain depends on the link model (here whole messages per link, first come first served, one port "

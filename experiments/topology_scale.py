@@ -2,7 +2,7 @@
 sharing, for every registered all_reduce algorithm: ``python -m experiments.topology_scale``.
 
 Writes bench/results/study/topology_scale_64x64.json and .txt: per algorithm the simulated
-time, the wall-clock seconds of the run, whether the representatives' run stood for all
+time, the run's CPU seconds (its cost, whatever else shares the cores) and wall seconds, whether the representatives' run stood for all
 (``mirrored``: a whole torus placed linearly, an algorithm symmetric under rotation, and no
 link ever making a message wait) and the link statistics. ``--quick`` runs an 8x8 torus."""
 from __future__ import annotations
@@ -39,16 +39,16 @@ def main(argv=None) -> None:
         with open(json_path) as f:
             rows = [r for r in json.load(f)["rows"] if r["algorithm"] not in names]
     for name in names:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         sim = ringcoll.simulate("all_reduce", name, world=world, numel=args.bytes // 4, dtype=torch.float32,
                                 machine=machine, data=False, record=False)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         net = sim.stats.network
-        rows.append({"algorithm": name, "simulated_us": sim.stats.time * 1e6, "wall_s": round(wall, 2),
+        rows.append({"algorithm": name, "simulated_us": sim.stats.time * 1e6, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                      "mirrored": sim.stats.mirrored, "messages": sim.stats.messages,
                      "max_link_MiB": net.max_link_bytes / 2 ** 20, "mean_link_MiB": net.mean_link_bytes / 2 ** 20,
                      "hop_bytes_GiB": net.hop_bytes / 2 ** 30})
-        print(f"{name:20s} {sim.stats.time * 1e6:12.1f} us simulated  {wall:7.2f} s wall  "
+        print(f"{name:20s} {sim.stats.time * 1e6:12.1f} us simulated  {wall:7.2f} s wall  {cpu:7.2f} s CPU  "
               f"mirrored={sim.stats.mirrored}  messages={sim.stats.messages}", flush=True)
         write(args, machine, world, tag, rows)        # after every algorithm: a long one may be cut short
 
@@ -64,10 +64,13 @@ def write(args, machine, world, tag, rows) -> None:
     with open(os.path.join(args.out, f"topology_scale_{tag}.txt"), "w") as f:
         f.write(f"all_reduce of {args.bytes} B (float32), cost-only, on {machine.describe()}, p = {world}; "
                 f"wall seconds on {os.cpu_count()} cores shared with other jobs (python -m experiments.topology_scale)\n")
-        f.write(f"{'algorithm':20s} {'simulated us':>14s} {'wall s':>8s}  mirrored  messages  max link MiB  "
-                f"mean link MiB\n")
+        f.write("CPU s is this process's processor time (what the run costs); wall s also counts the "
+                "time other jobs held the cores\n")
+        f.write(f"{'algorithm':20s} {'simulated us':>14s} {'CPU s':>8s} {'wall s':>8s}  mirrored  messages  "
+                f"max link MiB  mean link MiB\n")
         for r in rows:
-            f.write(f"{r['algorithm']:20s} {r['simulated_us']:14.1f} {r['wall_s']:8.2f}  {str(r['mirrored']):8s}  "
+            f.write(f"{r['algorithm']:20s} {r['simulated_us']:14.1f} {r.get('cpu_s', float('nan')):8.2f} "
+                    f"{r['wall_s']:8.2f}  {str(r['mirrored']):8s}  "
                     f"{r['messages']:8d}  {r['max_link_MiB']:12.3f}  {r['mean_link_MiB']:13.3f}\n")
 
 
