@@ -184,6 +184,22 @@ def write_report(results, pictures, path, seconds):
              "one send and one receive port per rank, ranks placed linearly (rank r on host r), float32. "
              "Links serve messages first come first served, each for its wire time (no packet "
              "interleaving), so a link shared by k messages at once stretches the step k-fold.", ""]
+    every = sorted({n for *_, sizes, _, _ in results.values() for n in sizes})
+    lines += ["## Who wins where", "", "The fastest algorithm per topology and size (ties: the first registered), "
+              "and its lead over the runner-up:", "",
+              "| topology | " + " | ".join(size_name(n) for n in every) + " |", "|---|" + "---|" * len(every)]
+    for tag, (label, _, world, sizes, rows, used) in results.items():
+        cells = []
+        for n in every:
+            present = sorted((rows[(o, n)]["us"], used.index(o), o) for o in used if (o, n) in rows)
+            if not present:
+                cells.append("–")
+                continue
+            runner = next((t for t, _, o in present[1:] if t > present[0][0]), None)
+            lead = f" ({runner / present[0][0]:.2f}×)" if runner else ""
+            cells.append(present[0][2] + lead)
+        lines.append(f"| {label}, p = {world} | " + " | ".join(cells) + " |")
+    lines += [""]
     for tag, (label, machine, world, sizes, rows, used) in results.items():
         lines += [f"## {label} (p = {world})", "", f"Machine: {machine}.", "",
                   f"![time relative to the best](topologies_{tag}.png)", "",
@@ -280,6 +296,10 @@ PAPERS = [
     "their row through the y links; the paper's multi-dimensional Swing alternates dimensions and "
     "uses every port at once, which this study does not run, so the 2-D tori compare the 1-D "
     "schedule only.",
+    "- Routing matters as much as peers: dimension order sends a distance of exactly k/2 the + way, "
+    "so recursive doubling's and Rabenseifner's exchanges at distance k/2 (every rank at once) load "
+    "each + link of that dimension twice while the − links idle (the bright + links in the 8x8 "
+    "pictures). Swing's peers at odd distances avoid ties.",
     "- Tied rows (swing_bandwidth and bine; ring and hierarchical, which without nodes is the ring) "
     "draw on top of each other in the pictures.",
     "- The direction agrees with Swing: on the tori swing_bandwidth moves fewer hop-bytes than "
