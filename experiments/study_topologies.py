@@ -252,9 +252,11 @@ def findings(tag, rows, sizes):
     for n in (small, big):
         present = [o for (o, m) in rows if m == n]
         ranked = sorted(present, key=lambda o: rows[(o, n)]["us"])
+        tied = [o for o in ranked if rows[(o, n)]["us"] == rows[(ranked[0], n)]["us"]]
+        ranked = tied[:1] + ranked[len(tied):]
         if len(ranked) > 1:
-            out.append(f"- At {size_name(n)} {ranked[0]} wins, {ranked[1]} is "
-                       f"{rows[(ranked[1], n)]['us'] / rows[(ranked[0], n)]['us']:.2f}× slower, "
+            out.append(f"- At {size_name(n)} {' and '.join(tied)} win{'s' if len(tied) == 1 else ''}, "
+                       f"{ranked[1]} is {rows[(ranked[1], n)]['us'] / rows[(ranked[0], n)]['us']:.2f}× slower, "
                        f"the slowest ({ranked[-1]}) {rows[(ranked[-1], n)]['us'] / rows[(ranked[0], n)]['us']:.3g}×.")
     sw = [(n, ratio(rows, "swing_bandwidth", "recursive_doubling", n)) for n in sizes]
     sw = [(n, r) for n, r in sw if r]
