@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -27,6 +28,8 @@ def main(argv=None) -> None:
     parser.add_argument("--algorithms", default=None, help="comma-separated (default: every all_reduce)")
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--append", action="store_true", help="keep the other algorithms' rows already written")
+    parser.add_argument("--cpu-limit", type=float, default=300.0,
+                        help="CPU seconds after which an algorithm's run is given up (recorded as unfinished)")
     args = parser.parse_args(argv)
     dims = tuple(int(d) for d in args.dims.split(","))
     machine = ringcoll.Machine.torus(dims)
@@ -40,8 +43,19 @@ def main(argv=None) -> None:
             rows = [r for r in json.load(f)["rows"] if r["algorithm"] not in names]
     for name in names:
         start, cpu = time.perf_counter(), time.process_time()
-        sim = ringcoll.simulate("all_reduce", name, world=world, numel=args.bytes // 4, dtype=torch.float32,
-                                machine=machine, data=False, record=False)
+        signal.signal(signal.SIGPROF, _give_up)
+        signal.setitimer(signal.ITIMER_PROF, args.cpu_limit)
+        try:
+            sim = ringcoll.simulate("all_reduce", name, world=world, numel=args.bytes // 4, dtype=torch.float32,
+                                    machine=machine, data=False, record=False)
+        except _OutOfTime:
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            rows.append({"algorithm": name, "unfinished": True, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
+            print(f"{name:20s} not finished after {cpu:.0f} s CPU", flush=True)
+            write(args, machine, world, tag, rows)
+            continue
+        finally:
+            signal.setitimer(signal.ITIMER_PROF, 0)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         net = sim.stats.network
         rows.append({"algorithm": name, "simulated_us": sim.stats.time * 1e6, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
@@ -51,6 +65,14 @@ def main(argv=None) -> None:
         print(f"{name:20s} {sim.stats.time * 1e6:12.1f} us simulated  {wall:7.2f} s wall  {cpu:7.2f} s CPU  "
               f"mirrored={sim.stats.mirrored}  messages={sim.stats.messages}", flush=True)
         write(args, machine, world, tag, rows)        # after every algorithm: a long one may be cut short
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def _give_up(signum, frame):
+    raise _OutOfTime()
 
 
 def write(args, machine, world, tag, rows) -> None:
@@ -69,6 +91,10 @@ def write(args, machine, world, tag, rows) -> None:
         f.write(f"{'algorithm':20s} {'simulated us':>14s} {'CPU s':>8s} {'wall s':>8s}  mirrored  messages  "
                 f"max link MiB  mean link MiB\n")
         for r in rows:
+            if r.get("unfinished"):
+                f.write(f"{r['algorithm']:20s} {'not finished':>14s} {r['cpu_s']:8.2f} {r['wall_s']:8.2f}  "
+                        f"(given up at --cpu-limit: every rank runs, p² or p·steps messages)\n")
+                continue
             f.write(f"{r['algorithm']:20s} {r['simulated_us']:14.1f} {r.get('cpu_s', float('nan')):8.2f} "
                     f"{r['wall_s']:8.2f}  {str(r['mirrored']):8s}  "
                     f"{r['messages']:8d}  {r['max_link_MiB']:12.3f}  {r['mean_link_MiB']:13.3f}\n")

@@ -441,8 +441,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             for link in net.links:
                 shift = link.src - link.src % world
                 canon.append(net.link(link.src - shift, (link.dst - shift) % peers))
-        groups = net.groups_of(host)
-        group = groups
+        group = net.groups_of(host)      # each rank's group (fat-tree leaf, dragonfly group) or None
         route = net.route
         links = net.links
         link_free = [[0.0] * link.lanes for link in links]     # each lane's end of its last booking
