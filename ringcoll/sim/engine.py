@@ -8,10 +8,13 @@ rank, the step and the peer.
 The clock (:mod:`ringcoll.sim.machine`): each rank has ``machine.ports`` send ports and as many
 receive ports. A message of n bytes holds one send port of its sender and one receive port
 of its receiver (and, between nodes, a port of each node's NIC) for α + nβ, starting once
-both ends have posted it and every port it needs is free. Ports serve messages in the order
-they became ready, and messages that become ready together in their posting order, so a rank
-that posts k sends at once pays k(α + nβ). A step ends when its last transfer does, plus γ per
-byte its local operations reduce; the rank then posts its next step.
+both ends have posted it and every port it needs is free. A port serves a step's messages
+in the order the step posts them (a message starts no earlier than its sender's previous send
+and its receiver's previous receive of that step), so a rank that posts k sends at once pays
+k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
+network (:mod:`ringcoll.network`) a message also holds every link of its route for its wire
+time, each link serving messages first come first served. A step ends when its last transfer
+does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
 It is a discrete-event simulation ordered by time: its result does not depend on the order
 in which ranks are listed, and a run without data (``data=False``) streams each rank's
@@ -34,6 +37,7 @@ import functools
 import gc
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -46,7 +50,7 @@ from .machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.vocabulary import Recv, Reduce, Send, extents
 
-__all__ = ["Machine", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
+__all__ = ["Machine", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
 
 
 class ScheduleError(RuntimeError):
@@ -71,6 +75,50 @@ class Timeline:
     world: int
     messages: List[Tuple[int, int, int, float, float, int, int]] = field(default_factory=list)
     local: List[Tuple[int, int, float, float, int]] = field(default_factory=list)
+    ports: List[Tuple[int, int]] = field(default_factory=list)   # (send port, receive port) per message
+
+    def critical_path(self) -> List[Tuple]:
+        """The chain of events that ends last, traced back to time 0: from the event that
+        ends last, repeatedly the event on one of its ranks that ended last no later than it
+        started (a rank's own reduction before a message of its next step wins a tie). Rows
+        ``("message", src, dst, nbytes, start, end, waited)`` and ``("local", rank, step,
+        bytes reduced, start, end, waited)``, earliest first; ``waited`` is the gap before
+        the event (a port or link busy with messages off the chain)."""
+        by_rank: Dict[int, List[Tuple[float, int, int]]] = {}
+        events = []
+        for src, dst, nbytes, start, end, _, _ in self.messages:
+            events.append(("message", src, dst, nbytes, start, end))
+            for r in (src, dst):
+                by_rank.setdefault(r, []).append((end, 0, len(events) - 1))
+        for rank, step, start, end, reduced in self.local:
+            events.append(("local", rank, step, reduced, start, end))
+            by_rank.setdefault(rank, []).append((end, 1, len(events) - 1))
+        if not events:
+            return []
+        for rows in by_rank.values():
+            rows.sort()
+        last = max(range(len(events)), key=lambda i: (events[i][5], events[i][0] == "local"))
+        chain, seen = [], set()
+        current = last
+        while current is not None and current not in seen:
+            seen.add(current)
+            event = events[current]
+            start = event[4]
+            ranks = (event[1], event[2]) if event[0] == "message" else (event[1],)
+            best = None
+            limit = start + 1e-12 * max(start, 1e-9)
+            for r in ranks:
+                rows = by_rank[r]
+                i = bisect.bisect_right(rows, (limit, 2, len(events))) - 1
+                while i >= 0 and rows[i][2] in seen:
+                    i -= 1
+                if i >= 0 and (best is None or rows[i][:2] > best[:2]):
+                    best = rows[i]
+            before = best[0] if best is not None else 0.0
+            chain.append(event + (max(0.0, start - before),))
+            current = best[2] if best is not None and start > 0 else None
+        chain.reverse()
+        return chain
 
 
 @dataclass
@@ -80,6 +128,8 @@ class SimStats:
     link_bytes: Dict[int, int] = field(default_factory=dict, repr=False)   # src * world + dst -> bytes
     timeline: Optional[Timeline] = field(default=None, repr=False)
     mirrored: Optional[str] = None      # "rotation" | "xor": representatives' run stood for every rank
+    crossing: int = 0           # messages between nodes (hierarchical) or a network's groups
+    network: Optional["NetworkStats"] = field(default=None, repr=False)  # per-link load on a network
 
     @property
     def world(self) -> int:
@@ -130,6 +180,48 @@ class SimStats:
         return max((r.time for r in self.ranks), default=0.0)
 
 
+@dataclass
+class NetworkStats:
+    """Traffic on a network machine's links (:mod:`ringcoll.network`): ``link_bytes[i]`` and
+    ``link_busy[i]`` (seconds the link carried data) for link ``network.links[i]``,
+    ``hop_bytes`` = Σ bytes × hops over messages, ``hosts[r]`` rank r's host."""
+
+    network: object
+    hosts: List[int]
+    link_bytes: List[int]
+    link_busy: List[float]
+    hop_bytes: int = 0
+
+    @property
+    def max_link_bytes(self) -> int:
+        return max(self.link_bytes, default=0)
+
+    @property
+    def mean_link_bytes(self) -> float:
+        """Bytes per link, over every link of the network (idle ones included)."""
+        return sum(self.link_bytes) / len(self.link_bytes) if self.link_bytes else 0.0
+
+    @property
+    def used_links(self) -> int:
+        return sum(1 for b in self.link_bytes if b)
+
+    def bottlenecks(self, count: int = 5) -> List[Tuple[int, int, int, str, int, float]]:
+        """The ``count`` busiest links, busiest first: ``(link id, src node, dst node, level,
+        bytes, busy seconds)`` (ties: the lower id first)."""
+        order = sorted(range(len(self.link_bytes)), key=lambda i: (-self.link_busy[i], i))[:count]
+        links = self.network.links
+        return [(i, links[i].src, links[i].dst, links[i].level, self.link_bytes[i], self.link_busy[i])
+                for i in order if self.link_bytes[i]]
+
+    def by_level(self) -> Dict[str, Tuple[int, int]]:
+        """Per link level ("x", "up1", "global" ...): (bytes, most bytes on one link)."""
+        out: Dict[str, Tuple[int, int]] = {}
+        for link, nbytes in zip(self.network.links, self.link_bytes):
+            total, most = out.get(link.level, (0, 0))
+            out[link.level] = (total + nbytes, max(most, nbytes))
+        return out
+
+
 def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool = True,
               record: bool = False, symmetry: bool = True) -> SimStats:
     """Run every rank's plan to completion; ``plans[r]`` is rank r's. With ``data=False``
@@ -145,9 +237,12 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
         if found is not None:
             kind, period = found
             first = plans[0]
-            return run_schedules([first.algorithm.schedule(rank, world, first.layout) for rank in range(period)],
-                                 machine, itemsizes[:period], describe=[first.describe] * period,
-                                 mirror=(kind, world))
+            try:
+                return run_schedules([first.algorithm.schedule(rank, world, first.layout) for rank in range(period)],
+                                     machine, itemsizes[:period], describe=[first.describe] * period,
+                                     mirror=(kind, world))
+            except _Contended:
+                pass                    # a link made a message wait: run every rank
         schedules = [plan.algorithm.schedule(plan.rank, plan.world, plan.layout) for plan in plans]
         return run_schedules(schedules, machine, itemsizes, record=record,
                              describe=[plan.describe for plan in plans])
@@ -221,6 +316,15 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
                             f"'rotation', 'xor', a period dividing the world ({world}) or None")
     if period == world:
         return None                      # every rank its own representative: nothing to save
+    if machine.network is not None:
+        # on a whole torus placed linearly, a shift of the ranks by hosts / (last dimension)
+        # is a translation of the torus, which maps routes onto routes
+        net = machine.network
+        if kind != "rotation" or net.kind != "torus" or net.placement is not None or world != net.hosts:
+            return None
+        period = math.lcm(period, net.hosts // net.params["dims"][-1])
+        if period == world:
+            return None
     if not machine.flat:
         per_node = machine.ranks_per_node
         if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
@@ -249,6 +353,11 @@ def reduced_bytes(local, itemsize: int) -> int:
 
 
 _INF = float("inf")
+
+
+class _Contended(Exception):
+    """A mirrored run on a network met a link that would make a message wait: by-rank
+    arbitration breaks the symmetry, so every rank must run."""
 
 
 def _choices(tables):
@@ -317,6 +426,38 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     nic_in = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
     send_ports = [[[] for _ in range(ports)] for _ in range(world)]
     recv_ports = [[[] for _ in range(ports)] for _ in range(world)]
+    net = machine.network
+    crossing = [0]              # messages between nodes, or between a network's groups
+    canon = None
+    if net is not None:
+        host = net.hosts_of(peers)
+        if mirror is not None:
+            if not rotation or net.kind != "torus" or net.placement is not None or peers != net.hosts \
+                    or world % (net.hosts // net.params["dims"][-1]):
+                raise ValueError("a mirrored run on a network needs a whole torus, linear placement and "
+                                 "representatives that a translation of the torus maps onto every rank")
+            # each link stands for its translates by multiples of the representatives' count
+            canon = []
+            for link in net.links:
+                shift = link.src - link.src % world
+                canon.append(net.link(link.src - shift, (link.dst - shift) % peers))
+        group = net.groups_of(host)      # each rank's group (fat-tree leaf, dragonfly group) or None
+        route = net.route
+        links = net.links
+        link_free = [[0.0] * link.lanes for link in links]     # each lane's end of its last booking
+        net_bytes = [0] * len(links)
+        net_busy = [0.0] * len(links)
+        hop_bytes = [0]
+        costs: Dict[Tuple[int, ...], Tuple[float, float]] = {}
+
+        def path_cost(path):
+            """(Σ link latencies + hops · hop latency, the slowest β on the path)."""
+            found = costs.get(path)
+            if found is None:
+                latency = sum(links[i].latency for i in path) + len(path) * net.hop_latency
+                found = (latency, max([beta] + [links[i].beta for i in path]))
+                costs[path] = found
+            return found
 
     stats = [RankStats() for _ in range(world)]
     current: List = [None] * world          # the step each rank is in
@@ -325,6 +466,15 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     step_end = [0.0] * world                # latest transfer end of the current step
     reducing = [0] * world                  # bytes the current step reduces
     post_chain = [0] * world                # critical-path length before the current step
+    # each port serves a step's messages in the order the step posts them: the positions of
+    # the step's sends and receives not yet booked, the matched messages waiting on an
+    # earlier one (by position), the start of the last booked send and receive
+    send_order = [deque() for _ in range(world)]
+    recv_order = [deque() for _ in range(world)]
+    held_send: List[Dict[int, tuple]] = [{} for _ in range(world)]
+    held_recv: List[Dict[int, tuple]] = [{} for _ in range(world)]
+    send_floor = [0.0] * world
+    recv_floor = [0.0] * world
     depends = [0] * world
     link_bytes: Dict[int, int] = {}
     timeline = Timeline(world) if record else None
@@ -365,6 +515,9 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         depends[rank] = post_chain[rank]
         comms = st.comms
         outstanding[rank] = len(comms)
+        send_order[rank] = sending = deque()
+        recv_order[rank] = receiving = deque()
+        send_floor[rank] = recv_floor[rank] = now
         reducing[rank] = reduced_bytes(st.local, itemsizes[rank]) if st.local else 0
         for pos, item in enumerate(comms):
             peer = item.peer
@@ -372,6 +525,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 raise ScheduleError(f"{where(rank)} names peer {peer}, which is not "
                                     f"another rank of a world of {peers}")
             if type(item) is Send:
+                sending.append(pos)
                 if mirror is None:
                     key = rank * world + peer
                 elif rotation:
@@ -391,6 +545,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                         sends[key] = queue = deque()
                     queue.append((rank, item, pos))
             elif type(item) is Recv:
+                receiving.append(pos)
                 if mirror is None:
                     key = peer * world + rank
                 else:
@@ -412,18 +567,18 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             return now + reducing[rank] * gamma
         return None
 
-    def slot(tables, start, duration):
-        """The earliest time >= start at which one port of each table is free for
-        ``duration``, the ports that are, and the time; a port's busy intervals are sorted
-        and a message may take a gap before a later-booked one (a port never idles while a
-        ready message could go)."""
+    def slot(tables, start, durations):
+        """The earliest time >= start at which one port (lane) of each table is free for its
+        duration (``durations[i]`` for ``tables[i]``), the ports that are, and the time; a
+        port's busy intervals are sorted and a message may take a gap before a later-booked
+        one (a port never idles while a ready message could go)."""
         best = None
         for choice in _choices(tables):
             t = start
             moved = True
             while moved:
                 moved = False
-                for busy in choice:
+                for busy, duration in zip(choice, durations):
                     # intervals of one port never overlap: sorted by start, so also by end
                     i = max(0, bisect.bisect_right(busy, (t, _INF)) - 1)
                     while i < len(busy):
@@ -448,8 +603,153 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         else:
             ranks.append(rank)
 
-    while times:
-        now = times[0]
+    def book(now, src, dst, send_item, recv_item):
+        """Put a matched message on the clock: its ports (and links) from the earliest time
+        they are free, no earlier than now or than the start of its sender's previous send
+        of this step (a rank's sends start in the order its step posts them)."""
+        sent, received = send_item.buf, recv_item.buf
+        numel = sent.stop - sent.start
+        if numel != received.stop - received.start:
+            raise ScheduleError(
+                f"{where(src)} sends {send_item.buf!r} ({numel} elements) to rank {dst}, "
+                f"whose matching receive at step {index[dst] + 1} is {recv_item.buf!r} "
+                f"({recv_item.buf.numel} elements)")
+        if copy is not None:
+            copy(src, send_item, dst, recv_item)
+        nbytes = numel * itemsizes[src]
+        inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
+        duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
+        if not inside:
+            crossing[0] += 1
+        out_port, in_port = send_ports[src][0], recv_ports[dst][0]
+        floor = max(now, send_floor[src], recv_floor[dst])
+        if single and inside and net is None and (not out_port or out_port[-1][1] <= floor) \
+                and (not in_port or in_port[-1][1] <= floor):
+            # both ports idle, the common case: past intervals can never matter again
+            start, end = floor, floor + duration
+            out_port[:] = in_port[:] = [(start, end)]
+        else:
+            tables = (send_ports[src], recv_ports[dst]) if inside else \
+                (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
+            durations = (duration,) * len(tables)
+            if net is not None:
+                # a network message: α + latencies + hops + n·β_path; its route's links serve
+                # messages first come first served (in booking order), each for its wire
+                # time n·β_path (ringcoll.network)
+                path = route(host[src], host[dst if mirror is None else send_item.peer])
+                latency, path_beta = path_cost(path)
+                wire = nbytes * path_beta
+                duration = alpha + latency + wire
+                durations = (duration, duration)
+                lanes = []
+                ready = floor
+                if wire > 0:
+                    if canon is not None:
+                        path = tuple(canon[i] for i in path)
+                    for i in path:
+                        frees = link_free[i]
+                        j = 0 if len(frees) == 1 else frees.index(min(frees))
+                        lanes.append(j)
+                        if frees[j] > ready:
+                            ready = frees[j]
+                if single and all(not t[0] or t[0][-1][1] <= ready for t in tables):
+                    start, chosen = ready, [t[0] for t in tables]
+                else:
+                    start, chosen = slot(tables, ready, durations)
+                if canon is not None and wire > 0 and (ready > floor or len(set(path)) != len(path)):
+                    # mirrored on a torus: exact only while no link makes a message wait
+                    # (then every rank does what its representative does); else run all
+                    raise _Contended()
+                for i, j in zip(path, lanes):
+                    link_free[i][j] = start + wire
+            elif single and all(not t[0] or t[0][-1][1] <= floor for t in tables):
+                start, chosen = floor, [t[0] for t in tables]
+            else:
+                start, chosen = slot(tables, floor, durations)
+            end = start + duration
+            for busy, held in zip(chosen, durations):
+                if busy and busy[-1][1] <= now:
+                    busy.clear()                    # past intervals can never matter again
+                else:
+                    while busy and busy[0][1] <= now:
+                        busy.pop(0)
+                bisect.insort(busy, (start, start + held))
+            if net is not None:
+                if wire > 0:
+                    for i in path:
+                        net_bytes[i] += nbytes
+                        net_busy[i] += wire
+                hop_bytes[0] += nbytes * len(path)
+                if group is not None and group[src] != group[dst if mirror is None else send_item.peer]:
+                    crossing[0] += 1
+        send_floor[src] = recv_floor[dst] = start
+        s_stats, d_stats = stats[src], stats[dst]
+        s_stats.messages += 1
+        s_stats.bytes_sent += nbytes
+        d_stats.bytes_received += nbytes
+        key = src * world + dst if mirror is None else src * peers + send_item.peer
+        link_bytes[key] = link_bytes.get(key, 0) + nbytes
+        if timeline is not None:
+            timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
+            if ports == 1:
+                timeline.ports.append((0, 0))
+            else:
+                timeline.ports.append((next(i for i, b in enumerate(send_ports[src]) if b is chosen[0]),
+                                       next(i for i, b in enumerate(recv_ports[dst]) if b is chosen[1])))
+        if post_chain[src] > depends[dst]:
+            depends[dst] = post_chain[src]
+        if post_chain[dst] > depends[src]:
+            depends[src] = post_chain[dst]
+        if end > step_end[src]:
+            step_end[src] = end
+        outstanding[src] -= 1
+        if not outstanding[src]:
+            wake(src, step_end[src] + reducing[src] * gamma)
+        if end > step_end[dst]:
+            step_end[dst] = end
+        outstanding[dst] -= 1
+        if not outstanding[dst]:
+            wake(dst, step_end[dst] + reducing[dst] * gamma)
+
+    def release(entry, now, forced=False):
+        """Book a matched message once it heads both its sender's sends and its receiver's
+        receives not yet booked, then the held messages that this lets through."""
+        stack = [(entry, True)]
+        while stack:
+            e, fresh = stack.pop()
+            spos, rpos, src, dst = e[0], e[1], e[2], e[3]
+            if not fresh and held_send[src].get(spos) is not e:
+                continue                        # booked already
+            if not forced and (send_order[src][0] != spos or recv_order[dst][0] != rpos):
+                held_send[src][spos] = e
+                held_recv[dst][rpos] = e
+                continue
+            forced = False
+            held_send[src].pop(spos, None)
+            held_recv[dst].pop(rpos, None)
+            send_order[src].remove(spos)
+            recv_order[dst].remove(rpos)
+            book(now, src, dst, e[4], e[5])
+            if send_order[src]:
+                after = held_send[src].get(send_order[src][0])
+                if after is not None:
+                    stack.append((after, False))
+            if recv_order[dst]:
+                after = held_recv[dst].get(recv_order[dst][0])
+                if after is not None:
+                    stack.append((after, False))
+
+    last = 0.0
+    while True:
+        if not times:
+            # messages of a step waiting on each other's order in a circle (a pathological
+            # schedule): the first by sender goes, at the last event's time
+            waiting = [e for table in held_send for e in table.values()]
+            if not waiting:
+                break
+            release(min(waiting, key=lambda e: (e[2], e[0])), last, forced=True)
+            continue
+        now = last = times[0]
         for rank in due[now]:       # a step that ends at once joins this list, and posts now
             finish = post(rank, now)
             if finish is not None:
@@ -462,62 +762,8 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             matched.sort()      # posting order: (send position, receive position, sender), never tied
         batch = matched.copy()
         matched.clear()
-        for _, _, src, dst, send_item, recv_item in batch:
-            sent, received = send_item.buf, recv_item.buf
-            numel = sent.stop - sent.start
-            if numel != received.stop - received.start:
-                raise ScheduleError(
-                    f"{where(src)} sends {send_item.buf!r} ({numel} elements) to rank {dst}, "
-                    f"whose matching receive at step {index[dst] + 1} is {recv_item.buf!r} "
-                    f"({recv_item.buf.numel} elements)")
-            if copy is not None:
-                copy(src, send_item, dst, recv_item)
-            nbytes = numel * itemsizes[src]
-            inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
-            duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
-            out_port, in_port = send_ports[src][0], recv_ports[dst][0]
-            if single and inside and (not out_port or out_port[-1][1] <= now) \
-                    and (not in_port or in_port[-1][1] <= now):
-                # both ports idle, the common case: past intervals can never matter again
-                start, end = now, now + duration
-                out_port[:] = in_port[:] = [(start, end)]
-            else:
-                tables = (send_ports[src], recv_ports[dst]) if inside else \
-                    (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
-                if single and all(not t[0] or t[0][-1][1] <= now for t in tables):
-                    start, chosen = now, [t[0] for t in tables]
-                else:
-                    start, chosen = slot(tables, now, duration)
-                end = start + duration
-                for busy in chosen:
-                    if busy and busy[-1][1] <= now:
-                        busy.clear()                    # past intervals can never matter again
-                    else:
-                        while busy and busy[0][1] <= now:
-                            busy.pop(0)
-                    bisect.insort(busy, (start, end))
-            s_stats, d_stats = stats[src], stats[dst]
-            s_stats.messages += 1
-            s_stats.bytes_sent += nbytes
-            d_stats.bytes_received += nbytes
-            key = src * world + dst if mirror is None else src * peers + send_item.peer
-            link_bytes[key] = link_bytes.get(key, 0) + nbytes
-            if timeline is not None:
-                timeline.messages.append((src, dst, nbytes, start, end, index[src], index[dst]))
-            if post_chain[src] > depends[dst]:
-                depends[dst] = post_chain[src]
-            if post_chain[dst] > depends[src]:
-                depends[src] = post_chain[dst]
-            if end > step_end[src]:
-                step_end[src] = end
-            outstanding[src] -= 1
-            if not outstanding[src]:
-                wake(src, step_end[src] + reducing[src] * gamma)
-            if end > step_end[dst]:
-                step_end[dst] = end
-            outstanding[dst] -= 1
-            if not outstanding[dst]:
-                wake(dst, step_end[dst] + reducing[dst] * gamma)
+        for entry in batch:
+            release(entry, now)
 
     stuck = [r for r in range(world) if current[r] is not None]
     if stuck:
@@ -534,9 +780,17 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             lines.append(f"  ... and {len(stuck) - 16} more ranks")
         raise ScheduleError("deadlock: no rank can make progress\n" + "\n".join(lines))
     if mirror is not None:
-        return SimStats([replace(stats[rank % world]) for rank in range(peers)], max(post_chain),
-                        MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0])
-    return SimStats(stats, max(post_chain, default=0), link_bytes, timeline)
+        result = SimStats([replace(stats[rank % world]) for rank in range(peers)], max(post_chain),
+                          MirroredLinks(link_bytes, mirror[0], peers, world), mirrored=mirror[0],
+                          crossing=crossing[0] * (peers // world))
+        if net is not None:
+            result.network = NetworkStats(net, host, [net_bytes[c] for c in canon],
+                                          [net_busy[c] for c in canon], hop_bytes[0] * (peers // world))
+        return result
+    result = SimStats(stats, max(post_chain, default=0), link_bytes, timeline, crossing=crossing[0])
+    if net is not None:
+        result.network = NetworkStats(net, host, net_bytes, net_busy, hop_bytes[0])
+    return result
 
 
 class MirroredLinks(Mapping):

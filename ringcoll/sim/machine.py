@@ -8,12 +8,20 @@ sit on nodes (``ranks_per_node`` each, in blocks, or as ``placement`` says); a m
 between nodes takes the inter-node α and β and also holds one of ``nic_ports`` send ports of
 the source node's NIC and one receive port of the destination node's NIC, which all the
 ranks of a node share. A step's local reductions take γ per byte reduced.
+
+A machine with a **network** (``Machine.torus``, ``.mesh``, ``.fat_tree``, ``.dragonfly``,
+``.from_graph``; :mod:`ringcoll.network`) also routes every message over links: it takes
+α + Σ link latencies + hops·hop_latency + n·β_path (β_path: the slowest of its links and the
+machine's β) and holds every link of its route for n·β_path, so messages crossing one link at
+the same time queue for it.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence, Tuple
+
+from .network import Network, network as _network
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class Machine:
     inter_beta: Optional[float] = None
     nic_ports: int = 1              # send and receive ports of a node's NIC, shared by its ranks
     placement: Optional[Tuple[int, ...]] = None     # node of each rank; None: blocks
+    network: Optional[Network] = None       # links and routes (ringcoll.network); None: none
 
     def __post_init__(self):
         for name in ("alpha", "beta", "gamma"):
@@ -56,6 +65,11 @@ class Machine:
             object.__setattr__(self, "placement", tuple(int(n) for n in self.placement))
             if self.ranks_per_node is None:
                 raise ValueError("placement needs a hierarchical machine (Machine.hierarchical)")
+        if self.network is not None:
+            if not isinstance(self.network, Network):
+                raise TypeError(f"network must be a ringcoll.network.Network, got {type(self.network).__name__}")
+            if self.ranks_per_node is not None:
+                raise ValueError("a machine has either nodes (Machine.hierarchical) or a network, not both")
 
     @classmethod
     def hierarchical(cls, ranks_per_node: int, intra: Tuple[float, float], inter: Tuple[float, float],
@@ -68,8 +82,76 @@ class Machine:
                    ranks_per_node=ranks_per_node, inter_alpha=inter[0], inter_beta=inter[1],
                    nic_ports=nic_ports, placement=None if placement is None else tuple(placement))
 
+    # -- networks (ringcoll.network): α is each message's software latency at the ends, β
+    # the hosts' injection rate (the links' own β bounds it further) ----------------------
+    @classmethod
+    def _on(cls, kind, alpha, beta, gamma, ports, placement, hop_latency, **params) -> "Machine":
+        return cls(alpha=alpha, beta=beta, gamma=gamma, ports=ports,
+                   network=_network(kind, placement=placement, hop_latency=hop_latency, beta=beta, **params))
+
+    @classmethod
+    def torus(cls, dims: Sequence[int], *, alpha: float = 5e-6, beta: float = 1 / 10e9,
+              gamma: float = 1 / 20e9, ports: int = 1, latency: float = 0.0,
+              hop_latency: float = 1e-7, placement=None) -> "Machine":
+        """A k-ary n-cube: one host per point of ``dims`` (any number of dimensions), a link
+        each way to each neighbour, wrap-around; every link ``latency`` s and β s/B, each hop
+        ``hop_latency`` s more; dimension-order routing, the shorter way round (+ on a tie).
+        ``placement``: "linear" (rank r on host r, dimension 0 fastest), ("random", seed) or
+        each rank's host.
+
+        >>> ringcoll.Machine.torus((8, 8), alpha=2e-6, beta=1 / 25e9)"""
+        return cls._on("torus", alpha, beta, gamma, ports, placement, hop_latency, dims=tuple(dims),
+                       latency=latency)
+
+    @classmethod
+    def mesh(cls, dims: Sequence[int], *, alpha: float = 5e-6, beta: float = 1 / 10e9,
+             gamma: float = 1 / 20e9, ports: int = 1, latency: float = 0.0,
+             hop_latency: float = 1e-7, placement=None) -> "Machine":
+        """A mesh: the torus without wrap-around links; dimension-order routing."""
+        return cls._on("mesh", alpha, beta, gamma, ports, placement, hop_latency, dims=tuple(dims),
+                       latency=latency)
+
+    @classmethod
+    def fat_tree(cls, radix: int, *, levels: int = 2, oversubscription: float = 1.0,
+                 alpha: float = 5e-6, beta: float = 1 / 10e9, gamma: float = 1 / 20e9, ports: int = 1,
+                 latency: float = 0.0, hop_latency: float = 1e-7, placement=None) -> "Machine":
+        """A fat-tree of ``radix``-port switches: 2 levels (radix leaves of radix/2 hosts,
+        radix/2 spines: radix²/2 hosts) or 3 (radix pods of radix/2 edge and radix/2
+        aggregation switches, (radix/2)² cores: radix³/4 hosts). ``oversubscription`` r: every
+        link above the leaves has 1/r of the host links' bandwidth (tapered). Up-down routing,
+        the up-link chosen by the destination host (D-mod-k)."""
+        return cls._on("fat_tree", alpha, beta, gamma, ports, placement, hop_latency, radix=radix,
+                       levels=levels, oversubscription=oversubscription, latency=latency)
+
+    @classmethod
+    def dragonfly(cls, groups: int, routers: int, hosts: int, global_links: int, *,
+                  alpha: float = 5e-6, beta: float = 1 / 10e9, gamma: float = 1 / 20e9, ports: int = 1,
+                  latency: float = 0.0, global_latency: float = 0.0, global_beta: Optional[float] = None,
+                  hop_latency: float = 1e-7, placement=None) -> "Machine":
+        """A dragonfly: ``groups`` groups of ``routers`` routers, all-to-all local links in a
+        group, ``hosts`` hosts per router, ``global_links`` global links per router spread
+        evenly over the other groups (routers · global_links must be a multiple of groups −
+        1). Minimal routing: local, global, local hop. ``global_beta`` (default β) and
+        ``global_latency`` price the global links."""
+        return cls._on("dragonfly", alpha, beta, gamma, ports, placement, hop_latency, groups=groups,
+                       routers=routers, hosts=hosts, global_links=global_links, latency=latency,
+                       global_latency=global_latency, global_beta=global_beta)
+
+    @classmethod
+    def from_graph(cls, links, routes=None, *, hosts: Optional[int] = None, alpha: float = 5e-6,
+                   beta: float = 1 / 10e9, gamma: float = 1 / 20e9, ports: int = 1,
+                   hop_latency: float = 0.0, placement=None) -> "Machine":
+        """Any network: ``links`` directed ``(src, dst, latency, beta[, lanes])`` between
+        nodes 0, 1, ...; nodes 0 .. hosts − 1 are hosts (default: every node), the others
+        switches. ``routes`` ``{(src host, dst host): [node, ...]}``, else shortest paths in
+        hops (ties: smallest node ids)."""
+        return cls(alpha=alpha, beta=beta, gamma=gamma, ports=ports,
+                   network=_network("graph", placement=placement, hop_latency=hop_latency,
+                                    links=[tuple(link) for link in links], hosts=hosts, routes=routes))
+
     @property
     def flat(self) -> bool:
+        """No nodes (a network machine is flat in this sense: its links are in ``network``)."""
         return self.ranks_per_node is None
 
     def node_of(self, rank: int) -> int:
@@ -89,7 +171,10 @@ class Machine:
         return self.inter_alpha, self.inter_beta, True
 
     def worst_link(self) -> Tuple[float, float]:
-        """The slowest link's (α, β): what the flat closed forms assume for every message."""
+        """The slowest link's (α, β): what the flat closed forms assume for every message
+        (on a network: α and the slowest link's β; hops and sharing are the clock's)."""
+        if self.network is not None:
+            return self.alpha, max([self.beta] + [link.beta for link in self.network.links])
         if self.ranks_per_node is None:
             return self.alpha, self.beta
         return max(self.alpha, self.inter_alpha), max(self.beta, self.inter_beta)
@@ -109,6 +194,8 @@ class Machine:
 
         reduced = f"{1 / self.gamma / 1e9:.3g} GB/s reduced" if self.gamma else "free reductions"
         ports = f"{self.ports} port{'s' if self.ports > 1 else ''}"
+        if self.network is not None:
+            return f"{self.network.describe()}: {link(self.alpha, self.beta)} at the hosts, {reduced}, {ports}"
         if self.ranks_per_node is None:
             return f"flat: {link(self.alpha, self.beta)}, {reduced}, {ports}"
         where = "placed" if self.placement is not None else "blocks"
@@ -118,9 +205,10 @@ class Machine:
 
     # -- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        data = asdict(self)
+        data = asdict(replace(self, network=None))
         if data["placement"] is not None:
             data["placement"] = list(data["placement"])
+        data["network"] = None if self.network is None else self.network.to_dict()
         return data
 
     @classmethod
@@ -129,6 +217,8 @@ class Machine:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"a Machine has the fields {sorted(known)}, got unknown {sorted(unknown)}")
+        if data.get("network") is not None:
+            data = {**data, "network": Network.from_dict(data["network"])}
         return cls(**data)
 
     def save(self, path: str) -> None:

@@ -7,10 +7,17 @@ and per step's local operations (rank, step, start, end, bytes reduced).
 from __future__ import annotations
 
 import json
+import math
 from typing import Dict, List
 
 SEND, RECV, LOCAL = 0, 1, 2
 _LANES = {SEND: "send port", RECV: "receive port", LOCAL: "local (reduce/copy)"}
+
+
+def _lane(base: int, port: int) -> int:
+    """The trace lane (tid) of send or receive port ``port``: ports 0 keep lanes 0 and 1,
+    port k > 0 gets 2k + 1 (send) and 2k + 2 (receive), after the local lane (2)."""
+    return base if port == 0 else 2 * port + 1 + base
 
 
 def _timeline(sim):
@@ -25,21 +32,30 @@ def trace_events(sim) -> List[Dict]:
     (tid); one complete event on each end of every message, joined by a flow arrow, and one
     per step's local operations."""
     timeline = _timeline(sim)
+    ports = getattr(sim.machine, "ports", 1)
     events: List[Dict] = []
     for rank in range(timeline.world):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
         for tid, name in _LANES.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-    for i, (src, dst, nbytes, start, end, src_step, dst_step) in enumerate(timeline.messages):
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                           "args": {"name": name + (" 0" if ports > 1 and tid != LOCAL else "")}})
+        for port in range(1, ports):
+            for base, name in ((SEND, "send port"), (RECV, "receive port")):
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _lane(base, port),
+                               "args": {"name": f"{name} {port}"}})
+    used = timeline.ports or [(0, 0)] * len(timeline.messages)
+    for i, ((src, dst, nbytes, start, end, src_step, dst_step), (out, into)) in \
+            enumerate(zip(timeline.messages, used)):
         ts, dur = start * 1e6, (end - start) * 1e6
         args = {"bytes": nbytes, "src": src, "dst": dst, "src_step": src_step + 1, "dst_step": dst_step + 1}
+        send_tid, recv_tid = _lane(SEND, out), _lane(RECV, into)
         events.append({"ph": "X", "name": f"send {nbytes} B to {dst}", "cat": "message", "pid": src,
-                       "tid": SEND, "ts": ts, "dur": dur, "args": args})
+                       "tid": send_tid, "ts": ts, "dur": dur, "args": args})
         events.append({"ph": "X", "name": f"recv {nbytes} B from {src}", "cat": "message", "pid": dst,
-                       "tid": RECV, "ts": ts, "dur": dur, "args": args})
-        events.append({"ph": "s", "id": i, "name": "message", "cat": "flow", "pid": src, "tid": SEND, "ts": ts})
+                       "tid": recv_tid, "ts": ts, "dur": dur, "args": args})
+        events.append({"ph": "s", "id": i, "name": "message", "cat": "flow", "pid": src, "tid": send_tid, "ts": ts})
         events.append({"ph": "f", "bp": "e", "id": i, "name": "message", "cat": "flow", "pid": dst,
-                       "tid": RECV, "ts": ts + dur})
+                       "tid": recv_tid, "ts": ts + dur})
     for rank, step, start, end, reduced in timeline.local:
         events.append({"ph": "X", "name": "reduce" if reduced else "copy", "cat": "local", "pid": rank,
                        "tid": LOCAL, "ts": start * 1e6, "dur": max(end - start, 0) * 1e6,
@@ -105,6 +121,97 @@ def plot_timeline(sim, path: str, detail_limit: int = 16) -> str:
         ax.set_ylabel("rank")
     ax.set_xlabel("time (µs)")
     ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _layout(net):
+    """Where to draw each node of a network: a 1-D torus or mesh on a circle or a line, a
+    grid's first two dimensions, a fat-tree by level (hosts at the bottom), a dragonfly's
+    groups on a circle with their routers around each, any other graph on a circle."""
+    import math
+
+    kind = net.kind
+    if kind in ("torus", "mesh") and len(net.params["dims"]) == 1 and kind == "torus":
+        k = net.params["dims"][0]
+        return {h: (math.cos(2 * math.pi * h / k), math.sin(2 * math.pi * h / k)) for h in range(k)}
+    if kind in ("torus", "mesh", "fat_tree"):
+        return dict(net.position)
+    nodes = sorted({link.src for link in net.links} | {link.dst for link in net.links})
+    if kind == "dragonfly":
+        p = net.params
+        groups, routers, per = p["groups"], p["routers"], p["hosts"]
+        pos = {}
+        for node in nodes:
+            if node >= net.hosts:
+                g, a = divmod(node - net.hosts, routers)
+                radius = 1.0
+            else:
+                g, rest = divmod(node, routers * per)
+                a = rest // per + (rest % per - (per - 1) / 2) * 0.6 / per
+                radius = 1.35
+            centre = 2 * math.pi * g / groups
+            angle = centre + (a - (routers - 1) / 2) * (2 * math.pi / groups) * 0.8 / max(routers, 1)
+            pos[node] = (radius * math.cos(angle), radius * math.sin(angle))
+        return pos
+    return {n: (math.cos(2 * math.pi * i / len(nodes)), math.sin(2 * math.pi * i / len(nodes)))
+            for i, n in enumerate(nodes)}
+
+
+def plot_links(sim, path: str) -> str:
+    """A PNG of the bytes each link of the machine's network carried (``sim.stats.network``):
+    every directed link a line from its source towards its destination, offset to its own
+    side so both directions show, coloured by bytes; a torus as a grid (wrap-around links as
+    stubs leaving the grid; a ring as a circle), a fat-tree by level, a dragonfly's groups
+    around a circle."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    stats = sim.stats.network
+    if stats is None:
+        raise ValueError("plot_links needs a run on a machine with a network (Machine.torus, .fat_tree, ...)")
+    net = stats.network
+    pos = _layout(net)
+    segments, loads = [], []
+    for link, nbytes in zip(net.links, stats.link_bytes):
+        (x0, y0), (x1, y1) = pos[link.src], pos[link.dst]
+        dx, dy = x1 - x0, y1 - y0
+        if net.kind == "torus" and len(net.params["dims"]) > 1 and (abs(dx) > 1.5 or abs(dy) > 1.5):
+            # a wrap-around link: a stub leaving the grid the way the message travels
+            dx = -0.45 if dx > 0 else 0.45 if dx < 0 else 0.0
+            dy = -0.45 if dy > 0 else 0.45 if dy < 0 else 0.0
+            x1, y1 = x0 + dx, y0 + dy
+        norm = math.hypot(dx, dy) or 1.0
+        off = 0.06 if net.kind in ("torus", "mesh") and len(net.params["dims"]) > 1 else 0.012
+        ox, oy = -dy / norm * off, dx / norm * off
+        segments.append([(x0 + ox, y0 + oy), (x1 + ox, y1 + oy)])
+        loads.append(nbytes)
+    fig, ax = plt.subplots(figsize=(9, 8) if net.kind != "fat_tree" else (12, 5))
+    most = max(loads, default=0) or 1
+    lines = LineCollection(segments, cmap="viridis", linewidths=[0.6 + 2.4 * b / most for b in loads])
+    lines.set_array([b / 2 ** 20 for b in loads])
+    lines.set_clim(0, most / 2 ** 20)
+    ax.add_collection(lines)
+    fig.colorbar(lines, ax=ax, label="MiB carried")
+    hosts = [pos[h] for h in range(net.hosts) if h in pos]
+    ax.scatter([x for x, _ in hosts], [y for _, y in hosts], s=8, color="black", zorder=3)
+    others = [xy for node, xy in pos.items() if node >= net.hosts]
+    if others:
+        ax.scatter([x for x, _ in others], [y for _, y in others], s=30, marker="s", color="tab:gray", zorder=3)
+    ax.autoscale()
+    ax.set_aspect("equal" if net.kind != "fat_tree" else "auto")
+    top = stats.bottlenecks(1)
+    title = (f"{sim.collective}/{sim.algorithm.name}, p = {sim.world}, {sim.nbytes} B\n{net.describe()}\n"
+             f"{sim.stats.time * 1e6:.1f} µs; link bytes max {stats.max_link_bytes / 2 ** 20:.3g} MiB, "
+             f"mean {stats.mean_link_bytes / 2 ** 20:.3g} MiB"
+             + (f"; busiest {top[0][1]}→{top[0][2]} ({top[0][3]})" if top else ""))
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

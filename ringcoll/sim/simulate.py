@@ -48,6 +48,13 @@ class Simulation:
         from .bounds import ratios
         return ratios(self.collective, self.world, self.nbytes, self.stats)
 
+    def critical_path(self):
+        """The recorded run's chain of messages and reductions that ends last, earliest first
+        (:meth:`ringcoll.simulator.Timeline.critical_path`; needs ``record``)."""
+        if self.stats.timeline is None:
+            raise ValueError("this run kept no timeline: simulate(..., record=True)")
+        return self.stats.timeline.critical_path()
+
     def trace(self, path: str) -> str:
         """Write the run's Chrome-trace / Perfetto JSON to ``path`` (see ringcoll.sim.pictures)."""
         from .pictures import write_trace
@@ -57,6 +64,12 @@ class Simulation:
         """Write a PNG timeline of the run to ``path`` (see ringcoll.sim.pictures)."""
         from .pictures import plot_timeline
         return plot_timeline(self, path)
+
+    def plot_links(self, path: str) -> str:
+        """Write a PNG of the bytes on every link of the machine's network to ``path`` (a
+        torus as a grid, a fat-tree by level; see ringcoll.sim.pictures.plot_links)."""
+        from .pictures import plot_links
+        return plot_links(self, path)
 
 
 def _clone(value):

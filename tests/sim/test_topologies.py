@@ -1,0 +1,351 @@
+"""Networks in the simulator (ringcoll.sim.network): routes and per-link loads counted by hand on
+small tori, meshes, fat-trees and dragonflies; link sharing on cases with known answers;
+placement and its errors; the flat clock unchanged; the port service order."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll.sim.network import Network
+from ringcoll.schedules.vocabulary import Buf, Recv, Send, chunks, reduce, step
+from ringcoll.sim.engine import run_schedules
+
+
+def ends(net, path):
+    return [(net.links[i].src, net.links[i].dst) for i in path]
+
+
+# -- routes ----------------------------------------------------------------------------
+def test_torus_routes_dimension_order_shorter_way():
+    net = ringcoll.Machine.torus((4, 4)).network
+    assert net.hosts == 16 and len(net.links) == 64          # 4 links per host
+    assert ends(net, net.route(0, 5)) == [(0, 1), (1, 5)]    # x first, then y
+    assert ends(net, net.route(0, 3)) == [(0, 3)]            # the wrap-around, 1 hop not 3
+    assert ends(net, net.route(0, 2)) == [(0, 1), (1, 2)]    # a tie (k/2) goes +
+    assert ends(net, net.route(15, 0)) == [(15, 12), (12, 0)]
+    assert net.route(7, 7) == ()
+    ring = ringcoll.Machine.torus((5,)).network
+    assert ends(ring, ring.route(1, 4)) == [(1, 0), (0, 4)]
+    cube = ringcoll.Machine.torus((2, 2, 2)).network
+    assert len(cube.links) == 8 * 3                          # a wrapped 2: one link each way
+    assert ends(cube, cube.route(0, 7)) == [(0, 1), (1, 3), (3, 7)]
+
+
+def test_mesh_routes_have_no_wrap():
+    net = ringcoll.Machine.mesh((4, 3)).network
+    assert len(net.links) == 2 * (3 * 3 + 4 * 2)             # 17 edges, both ways
+    assert ends(net, net.route(0, 3)) == [(0, 1), (1, 2), (2, 3)]
+    assert ends(net, net.route(11, 0)) == [(11, 10), (10, 9), (9, 8), (8, 4), (4, 0)]
+
+
+def test_fat_tree_up_down_routes():
+    net = ringcoll.Machine.fat_tree(4).network               # 4 leaves of 2 hosts, 2 spines
+    assert net.hosts == 8
+    leaf, spine = 8, 12
+    assert ends(net, net.route(0, 1)) == [(0, leaf), (leaf, 1)]
+    assert ends(net, net.route(0, 2)) == [(0, leaf), (leaf, spine), (spine, leaf + 1), (leaf + 1, 2)]
+    assert ends(net, net.route(0, 3)) == [(0, leaf), (leaf, spine + 1), (spine + 1, leaf + 1), (leaf + 1, 3)]
+    big = ringcoll.Machine.fat_tree(4, levels=3).network     # 4 pods x 2 edges x 2 hosts
+    assert big.hosts == 16 and len(big.route(0, 1)) == 2 and len(big.route(0, 2)) == 4
+    assert len(big.route(0, 15)) == 6
+    tapered = ringcoll.Machine.fat_tree(4, oversubscription=2, beta=1e-9).network
+    assert {link.beta for link in tapered.links if link.level == "up1"} == {2e-9}
+
+
+def test_dragonfly_minimal_routes():
+    # 3 groups of 2 routers, 1 host each, 1 global link per router: one link per pair of groups
+    net = ringcoll.Machine.dragonfly(3, 2, 1, 1).network
+    assert net.hosts == 6
+    assert sum(1 for link in net.links if link.level == "global") == 2 * 3
+    assert [net.links[i].level for i in net.route(0, 1)] == ["host", "local", "host"]
+    for a in range(6):
+        for b in range(6):
+            levels = [net.links[i].level for i in net.route(a, b)]
+            if net.group[a] != net.group[b]:
+                assert levels.count("global") == 1 and levels.count("local") <= 2
+                assert ends(net, net.route(a, b))[0][0] == a and ends(net, net.route(a, b))[-1][1] == b
+
+
+def test_graph_routes_given_or_shortest():
+    links = [(0, 2, 0, 1e-9), (2, 1, 0, 1e-9), (0, 3, 0, 1e-9), (3, 1, 0, 1e-9)]
+    net = ringcoll.Machine.from_graph(links, hosts=2).network
+    assert ends(net, net.route(0, 1)) == [(0, 2), (2, 1)]           # ties: the smaller node
+    given = ringcoll.Machine.from_graph(links, {(0, 1): [0, 3, 1]}, hosts=2).network
+    assert ends(given, given.route(0, 1)) == [(0, 3), (3, 1)]
+    with pytest.raises(ValueError, match="no path from host 1 to host 0"):
+        net.route(1, 0)
+    with pytest.raises(ValueError, match="routes gives no path"):
+        given.route(1, 0)
+
+
+# -- per-link loads ----------------------------------------------------------------------
+def test_ring_all_reduce_loads_each_right_link_by_hand():
+    p, numel = 6, 600                                        # int64: 4800 B, chunks of 800 B
+    sim = ringcoll.simulate("all_reduce", "ring", world=p, numel=numel, machine=ringcoll.Machine.torus((p,)))
+    net, stats = sim.stats.network.network, sim.stats.network
+    for i, link in enumerate(net.links):
+        want = 2 * (p - 1) * 800 if link.dst == (link.src + 1) % p else 0
+        assert stats.link_bytes[i] == want, link
+    assert stats.hop_bytes == sum(stats.link_bytes) == p * 2 * (p - 1) * 800
+    assert stats.max_link_bytes == 2 * (p - 1) * 800
+    assert stats.mean_link_bytes == pytest.approx(2 * (p - 1) * 800 / 2)
+
+
+def test_recursive_doubling_hop_bytes_on_a_ring_of_8():
+    n = 8 * 100                                              # bytes per message (int64, 100 elements)
+    sim = ringcoll.simulate("all_reduce", "recursive_doubling", world=8, numel=100,
+                            machine=ringcoll.Machine.torus((8,)))
+    stats = sim.stats.network
+    assert stats.hop_bytes == 8 * n * (1 + 2 + 4) == sum(stats.link_bytes)
+    # link s -> s+1 carries: every rank's distance-4 message (a tie, routed +, 4 hops: 4 of
+    # them cross each + link), rank s's distance-1 one if s is even (r ^ 1 = r + 1), and the
+    # distance-2 ones of ranks s - 1 and s whose bit 1 is clear (r ^ 2 = r + 2)
+    for link, nbytes in zip(stats.network.links, stats.link_bytes):
+        s = link.src
+        if link.dst == (s + 1) % 8:
+            want = 4 + (s % 2 == 0) + sum(1 for r in (s, (s - 1) % 8) if not r & 2)
+        else:
+            want = (s % 2 == 1) + sum(1 for r in (s, (s + 1) % 8) if r & 2)
+        assert nbytes == n * want, (link, nbytes / n, want)
+
+
+def test_fat_tree_boundary_messages_and_levels():
+    sim = ringcoll.simulate("all_reduce", "ring", world=8, numel=800, machine=ringcoll.Machine.fat_tree(4))
+    # the ring crosses a leaf at ranks 1->2, 3->4, 5->6, 7->0: 4 of 8 messages per step, 14 steps
+    assert sim.stats.crossing == 4 * 14
+    levels = sim.stats.network.by_level()
+    assert levels["up1"][0] == 4 * 14 * 800 * 2              # chunks of 800 B, up and down
+    top = sim.stats.network.bottlenecks(1)[0]
+    assert top[4] == max(sim.stats.network.link_bytes)
+
+
+# -- link sharing --------------------------------------------------------------------------
+def shared_net(alpha=0.0):
+    # hosts 0, 1 -> switch 4 -> switch 5 -> hosts 2, 3; every link 1 ns/B, no latency
+    links = [(0, 4, 0, 1e-9), (1, 4, 0, 1e-9), (4, 5, 0, 1e-9), (5, 2, 0, 1e-9), (5, 3, 0, 1e-9)]
+    return ringcoll.Machine.from_graph(links, hosts=4, alpha=alpha, beta=1e-9, gamma=0)
+
+
+def flows(pairs, world, nbytes):
+    schedules = [[] for _ in range(world)]
+    for src, dst in pairs:
+        schedules[src].append(step([Send(dst, Buf("data", 0, nbytes))]))
+        schedules[dst].append(step([Recv(src, Buf("data", 0, nbytes))]))
+    return schedules
+
+
+def test_two_flows_on_one_link_take_twice_as_long():
+    n = 1000
+    alone = run_schedules(flows([(0, 2)], 4, n), shared_net())
+    both = run_schedules(flows([(0, 2), (1, 3)], 4, n), shared_net())
+    assert alone.time == pytest.approx(n * 1e-9, rel=1e-12)
+    assert both.time == pytest.approx(2 * n * 1e-9, rel=1e-12)
+    busy = both.network.bottlenecks(1)[0]
+    assert (busy[1], busy[2], busy[4]) == (4, 5, 2 * n)      # the shared link is the bottleneck
+    # with α: the second waits for the first's wire time only, then pays its own α
+    timed = run_schedules(flows([(0, 2), (1, 3)], 4, n), shared_net(alpha=5e-6))
+    assert timed.time == pytest.approx(5e-6 + 2 * n * 1e-9, rel=1e-12)
+
+
+def test_disjoint_flows_do_not_slow_each_other():
+    machine = ringcoll.Machine.torus((4,), alpha=1e-6, beta=1e-9, gamma=0, hop_latency=1e-7)
+    one = run_schedules(flows([(0, 1)], 4, 1000), machine)
+    two = run_schedules(flows([(0, 1), (2, 3)], 4, 1000), machine)
+    assert one.time == two.time == pytest.approx(1e-6 + 1e-7 + 1000e-9, rel=1e-12)
+
+
+def test_two_hop_route_pays_per_hop_latency():
+    machine = ringcoll.Machine.torus((8,), alpha=1e-6, beta=1e-9, gamma=0, latency=2e-8, hop_latency=1e-7)
+    far = run_schedules(flows([(0, 2)], 8, 1000), machine)
+    assert far.time == pytest.approx(1e-6 + 2 * (2e-8 + 1e-7) + 1000e-9, rel=1e-12)
+    assert far.network.hop_bytes == 2000
+
+
+def test_two_level_machine_as_a_graph_gives_identical_times():
+    # nodes of 4 ranks; exact binary fractions so that α + latency is exact. The NIC has a
+    # lane per rank, so nothing queues on it in either model (an oversubscribed NIC differs
+    # by design: the hierarchical NIC port is held for α too, a link for the wire time).
+    a, b, a2, b2 = 2.0 ** -20, 2.0 ** -33, 2.0 ** -20 + 2.0 ** -19, 2.0 ** -30
+    nodes = ringcoll.Machine.hierarchical(4, intra=(a, b), inter=(a2, b2), nic_ports=4, gamma=2.0 ** -34)
+    links = []
+    for h in range(8):
+        links += [(h, 8 + h // 4, 0, b), (8 + h // 4, h, 0, b)]
+    links += [(8, 9, 2.0 ** -19, b2, 4), (9, 8, 2.0 ** -19, b2, 4)]
+    graph = ringcoll.Machine.from_graph(links, hosts=8, alpha=a, beta=b, gamma=2.0 ** -34)
+    for name in ("ring", "rabenseifner", "recursive_doubling", "double_binary_tree"):
+        want = ringcoll.simulate("all_reduce", name, world=8, numel=1001, machine=nodes, data=False,
+                                 symmetry=False).stats
+        got = ringcoll.simulate("all_reduce", name, world=8, numel=1001, machine=graph, data=False).stats
+        assert got.time == want.time, name
+        assert got.crossing == 0 and want.crossing > 0
+
+
+# -- placement -----------------------------------------------------------------------------
+def test_placement_linear_random_and_map():
+    assert ringcoll.Machine.torus((4, 4)).network.hosts_of(5) == [0, 1, 2, 3, 4]
+    seeded = ringcoll.Machine.torus((4, 4), placement=("random", 7)).network
+    again = ringcoll.Machine.torus((4, 4), placement=("random", 7)).network
+    assert seeded.placement == again.placement and sorted(seeded.placement) == list(range(16))
+    assert seeded.placement != ringcoll.Machine.torus((4, 4), placement=("random", 8)).network.placement
+    mapped = ringcoll.Machine.torus((4,), placement=[3, 2, 1, 0])
+    sim = ringcoll.simulate("all_reduce", "ring", world=4, numel=40, machine=mapped)
+    plus = [b for link, b in zip(sim.stats.network.network.links, sim.stats.network.link_bytes)
+            if link.dst == (link.src - 1) % 4]               # rank r+1 sits one host to the left
+    assert set(plus) == {6 * 80}
+    # the placement changes the clock (rank order against the ring's direction is the same
+    # distance; a random one is not)
+    far = ringcoll.simulate("all_reduce", "ring", world=16, numel=1600, data=False,
+                            machine=ringcoll.Machine.torus((16,), placement=("random", 1)))
+    near = ringcoll.simulate("all_reduce", "ring", world=16, numel=1600, data=False,
+                             machine=ringcoll.Machine.torus((16,)))
+    assert far.stats.network.hop_bytes > near.stats.network.hop_bytes
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: ringcoll.Machine.torus((4,), placement=[0, 1, 1]), "ranks 1 and 2 on host 1"),
+    (lambda: ringcoll.Machine.torus((4,), placement=[0, 1, 2, 3, 0]), "placement"),
+    (lambda: ringcoll.Machine.torus((4,), placement=[0, 4]), r"placement\[1\] must be a host in 0 .. 3"),
+    (lambda: ringcoll.Machine.torus((4,), placement="spiral"), "placement must be"),
+    (lambda: ringcoll.Machine.torus((4,), placement=("random", "x")), "int seed"),
+    (lambda: ringcoll.Machine.torus((4, 0)), "dims must be a positive int, got 0"),
+    (lambda: ringcoll.Machine.torus(()), "at least one dimension"),
+    (lambda: ringcoll.Machine.mesh((2.5,)), "dims must be a positive int"),
+    (lambda: ringcoll.Machine.fat_tree(5), "radix must be an even int"),
+    (lambda: ringcoll.Machine.fat_tree(4, levels=4), "levels must be 2 or 3"),
+    (lambda: ringcoll.Machine.fat_tree(4, oversubscription=0.5), "oversubscription must be"),
+    (lambda: ringcoll.Machine.dragonfly(4, 2, 1, 1), "multiple of groups - 1"),
+    (lambda: ringcoll.Machine.torus((4,), hop_latency=-1), "hop_latency must be a non-negative"),
+    (lambda: ringcoll.Machine.from_graph([(0, 0, 0, 1e-9)]), "joins node 0 to itself"),
+    (lambda: ringcoll.Machine.from_graph([(0, 1, 0)]), r"links\[0\] must be"),
+])
+def test_bad_networks_are_value_errors(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_world_must_fit_the_placement():
+    with pytest.raises(ValueError, match="world 5 does not fit"):
+        ringcoll.simulate("all_reduce", "ring", world=5, numel=10, machine=ringcoll.Machine.torus((2, 2)))
+    with pytest.raises(ValueError, match="placement gives the hosts of 3 ranks, the world has 4"):
+        ringcoll.simulate("all_reduce", "ring", world=4, numel=10,
+                          machine=ringcoll.Machine.torus((8,), placement=[0, 2, 4]))
+
+
+def test_network_machine_json_round_trip_and_hash(tmp_path):
+    for machine in (ringcoll.Machine.torus((4, 4), placement=("random", 3)), ringcoll.Machine.fat_tree(4),
+                    ringcoll.Machine.dragonfly(3, 2, 1, 1), shared_net()):
+        path = str(tmp_path / "m.json")
+        machine.save(path)
+        json.load(open(path))
+        loaded = ringcoll.Machine.load(path)
+        assert loaded == machine and hash(loaded) == hash(machine)
+        assert loaded.network.route(0, 2) == machine.network.route(0, 2)
+    assert ringcoll.Machine.torus((4,)) != ringcoll.Machine.torus((4,), hop_latency=0)
+    with pytest.raises(ValueError, match="either nodes"):
+        ringcoll.Machine(ranks_per_node=2, inter_alpha=1e-6, inter_beta=1e-9, network=Network("torus", {"dims": (4,)}))
+
+
+def test_plot_links_draws_each_kind(tmp_path):
+    for machine in (ringcoll.Machine.torus((4, 4)), ringcoll.Machine.fat_tree(4), ringcoll.Machine.dragonfly(3, 2, 1, 1)):
+        sim = ringcoll.simulate("all_reduce", "ring", world=6, numel=60, machine=machine)
+        path = sim.plot_links(str(tmp_path / f"{machine.network.kind}.png"))
+        assert open(path, "rb").read(4) == b"\x89PNG"
+    with pytest.raises(ValueError, match="needs a run on a machine with a network"):
+        ringcoll.simulate("all_reduce", "ring", world=4, numel=8).plot_links(str(tmp_path / "x.png"))
+
+
+# -- the port service order ------------------------------------------------------------------
+def bidirectional_ring(rank, world, layout):
+    """All-reduce on two rings at once: the first half of the vector to the right, the
+    second to the left, every step sending and receiving on both."""
+    n = layout.numel
+    half = n // 2
+    first, second = chunks("data", half, world), chunks("data", n - half, world, offset=half)
+    room = max(first[0].numel, second[0].numel)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for s in range(world - 1):
+        ta, tb = first[(rank - s - 1) % world], second[(rank + s + 1) % world]
+        ra, rb = Buf("scratch", 0, ta.numel), Buf("scratch", room, room + tb.numel)
+        yield step((Send(right, first[(rank - s) % world]), Recv(left, ra),
+                    Send(left, second[(rank + s) % world]), Recv(right, rb)), (reduce(ta, ra), reduce(tb, rb)))
+    for s in range(world - 1):
+        yield step((Send(right, first[(rank + 1 - s) % world]), Recv(left, first[(rank - s) % world]),
+                    Send(left, second[(rank - 1 + s) % world]), Recv(right, second[(rank + s) % world])))
+
+
+@pytest.fixture
+def bidirectional():
+    ringcoll.register("all_reduce", "bidirectional_ring_test",
+                      cost=lambda p, n: ringcoll.Cost(4 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n))(
+        bidirectional_ring)
+    yield "bidirectional_ring_test"
+    ringcoll.schedules.registry.unregister("all_reduce", "bidirectional_ring_test")
+
+
+def test_port_order_does_not_flip_on_tiny_asymmetries(bidirectional):
+    # one port: each step's two sends queue; ready order used to flip them on one-element
+    # differences between the halves' chunks (16001: 208 us, against the model's 154)
+    times = {}
+    for numel in (16000, 16001, 16003):
+        sim = ringcoll.simulate("all_reduce", bidirectional, world=8, numel=numel, dtype=torch.float32)
+        times[numel] = sim.stats.time
+    assert times[16000] == pytest.approx(154e-6, rel=1e-12)
+    assert times[16001] == pytest.approx(154e-6, rel=1e-4)
+    assert times[16003] == pytest.approx(154e-6, rel=1e-4)
+
+
+def test_trace_gives_each_port_its_own_lane(bidirectional):
+    sim = ringcoll.simulate("all_reduce", bidirectional, world=4, numel=400, machine=ringcoll.Machine(ports=2))
+    from ringcoll.sim.pictures import trace_events
+    events = [e for e in trace_events(sim) if e.get("cat") == "message" and e["pid"] == 0]
+    sends = {e["tid"] for e in events if e["name"].startswith("send")}
+    recvs = {e["tid"] for e in events if e["name"].startswith("recv")}
+    assert len(sends) == 2 and len(recvs) == 2 and not sends & recvs
+
+
+def test_readme_topology_example_runs_as_printed(tmp_path, monkeypatch, capsys):
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")) as f:
+        text = f.read()
+    code = re.search(r"<!-- example: topology -->\n```python\n(.*?)\n```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    for line in code.splitlines():
+        if line.startswith("# recursive_doubling") or line.startswith("# swing_bandwidth"):
+            assert line[2:] in printed, (line, printed)
+    assert (tmp_path / "links.png").exists()
+
+
+@pytest.mark.parametrize("dims, name, numel", [((4, 4), "ring", 1600), ((8,), "ring", 800),
+                                                ((2, 4), "ring", 800), ((4, 4), "direct", 160)])
+def test_mirrored_torus_run_equals_every_rank(dims, name, numel):
+    machine = ringcoll.Machine.torus(dims)
+    world = machine.network.hosts
+    fast = ringcoll.simulate("all_reduce", name, world=world, numel=numel, machine=machine, data=False, record=False)
+    full = ringcoll.simulate("all_reduce", name, world=world, numel=numel, machine=machine, data=False,
+                             symmetry=False)
+    assert fast.stats.time == full.stats.time
+    assert fast.stats.network.link_bytes == full.stats.network.link_bytes
+    assert fast.stats.network.hop_bytes == full.stats.network.hop_bytes
+    assert fast.stats.links == full.stats.links and fast.stats.messages == full.stats.messages
+    # the ring never waits on a link (mirrored); direct's messages share links (every rank runs)
+    assert fast.stats.mirrored == ("rotation" if name == "ring" else None)
+
+
+def test_critical_path_runs_from_zero_to_the_end():
+    p = 5
+    sim = ringcoll.simulate("all_reduce", "ring", world=p, numel=500)
+    path = sim.critical_path()
+    assert path[0][4] == 0 and path[-1][5] == sim.stats.time
+    assert [e[0] for e in path].count("message") == 2 * (p - 1)      # one message per ring step
+    assert [e[0] for e in path].count("local") == p - 1              # the scatter-reduce's reductions
+    assert all(later[4] >= earlier[5] - 1e-15 for earlier, later in zip(path, path[1:]))
+    # two messages on one link: the second waits for the first's wire time
+    shared = run_schedules(flows([(0, 2), (1, 3)], 4, 1000), shared_net(alpha=1e-6), record=True)
+    chain = shared.timeline.critical_path()
+    assert chain[-1][5] == shared.time and chain[-1][0] == "message"
+    with pytest.raises(ValueError, match="kept no timeline"):
+        ringcoll.simulate("all_reduce", "ring", world=4, numel=8, record=False).critical_path()
