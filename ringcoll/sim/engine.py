@@ -12,7 +12,7 @@ both ends have posted it and every port it needs is free. A port serves a step's
 in the order the step posts them (a message starts no earlier than its sender's previous send
 and its receiver's previous receive of that step), so a rank that posts k sends at once pays
 k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
-network (:mod:`ringcoll.network`) a message also holds every link of its route for its wire
+network (:mod:`ringcoll.sim.network`) a message also holds every link of its route for its wire
 time, each link serving messages first come first served. A step ends when its last transfer
 does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
@@ -182,7 +182,7 @@ class SimStats:
 
 @dataclass
 class NetworkStats:
-    """Traffic on a network machine's links (:mod:`ringcoll.network`): ``link_bytes[i]`` and
+    """Traffic on a network machine's links (:mod:`ringcoll.sim.network`): ``link_bytes[i]`` and
     ``link_busy[i]`` (seconds the link carried data) for link ``network.links[i]``,
     ``hop_bytes`` = Σ bytes × hops over messages, ``hosts[r]`` rank r's host."""
 
@@ -635,7 +635,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             if net is not None:
                 # a network message: α + latencies + hops + n·β_path; its route's links serve
                 # messages first come first served (in booking order), each for its wire
-                # time n·β_path (ringcoll.network)
+                # time n·β_path (ringcoll.sim.network)
                 path = route(host[src], host[dst if mirror is None else send_item.peer])
                 latency, path_beta = path_cost(path)
                 wire = nbytes * path_beta

@@ -10,7 +10,7 @@ the source node's NIC and one receive port of the destination node's NIC, which 
 ranks of a node share. A step's local reductions take γ per byte reduced.
 
 A machine with a **network** (``Machine.torus``, ``.mesh``, ``.fat_tree``, ``.dragonfly``,
-``.from_graph``; :mod:`ringcoll.network`) also routes every message over links: it takes
+``.from_graph``; :mod:`ringcoll.sim.network`) also routes every message over links: it takes
 α + Σ link latencies + hops·hop_latency + n·β_path (β_path: the slowest of its links and the
 machine's β) and holds every link of its route for n·β_path, so messages crossing one link at
 the same time queue for it.
@@ -42,7 +42,7 @@ class Machine:
     inter_beta: Optional[float] = None
     nic_ports: int = 1              # send and receive ports of a node's NIC, shared by its ranks
     placement: Optional[Tuple[int, ...]] = None     # node of each rank; None: blocks
-    network: Optional[Network] = None       # links and routes (ringcoll.network); None: none
+    network: Optional[Network] = None       # links and routes (ringcoll.sim.network); None: none
 
     def __post_init__(self):
         for name in ("alpha", "beta", "gamma"):
@@ -67,7 +67,7 @@ class Machine:
                 raise ValueError("placement needs a hierarchical machine (Machine.hierarchical)")
         if self.network is not None:
             if not isinstance(self.network, Network):
-                raise TypeError(f"network must be a ringcoll.network.Network, got {type(self.network).__name__}")
+                raise TypeError(f"network must be a ringcoll.sim.network.Network, got {type(self.network).__name__}")
             if self.ranks_per_node is not None:
                 raise ValueError("a machine has either nodes (Machine.hierarchical) or a network, not both")
 
@@ -82,7 +82,7 @@ class Machine:
                    ranks_per_node=ranks_per_node, inter_alpha=inter[0], inter_beta=inter[1],
                    nic_ports=nic_ports, placement=None if placement is None else tuple(placement))
 
-    # -- networks (ringcoll.network): α is each message's software latency at the ends, β
+    # -- networks (ringcoll.sim.network): α is each message's software latency at the ends, β
     # the hosts' injection rate (the links' own β bounds it further) ----------------------
     @classmethod
     def _on(cls, kind, alpha, beta, gamma, ports, placement, hop_latency, **params) -> "Machine":

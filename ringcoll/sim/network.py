@@ -18,7 +18,7 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
 
 **Placement** maps ranks to hosts: ``None`` or ``"linear"`` (rank r on host r), ``("random",
 seed)`` (a seeded permutation of the hosts), or a sequence giving each rank's host (distinct
-hosts). How the clock uses links (:mod:`ringcoll.simulator`): a message holds every link of
+hosts). How the clock uses links (:mod:`ringcoll.sim.engine`): a message holds every link of
 its route for its wire time n·β_path (β_path the slowest of its links and the machine's own β),
 first come first served per lane, while the message as a whole takes α + Σ link latencies +
 hops · ``hop_latency`` + n·β_path.

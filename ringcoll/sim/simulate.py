@@ -50,7 +50,7 @@ class Simulation:
 
     def critical_path(self):
         """The recorded run's chain of messages and reductions that ends last, earliest first
-        (:meth:`ringcoll.simulator.Timeline.critical_path`; needs ``record``)."""
+        (:meth:`ringcoll.sim.engine.Timeline.critical_path`; needs ``record``)."""
         if self.stats.timeline is None:
             raise ValueError("this run kept no timeline: simulate(..., record=True)")
         return self.stats.timeline.critical_path()
