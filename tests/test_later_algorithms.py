@@ -18,11 +18,11 @@ from ringcoll.simulate import BUILDER_OF, rank_data
 R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 LATER = {
-    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine", "torus2d", "hierarchical"),
+    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "bine", "torus2d", "hierarchical", "rabenseifner_far"),
     "reduce_scatter": ("direct", "pat", "hierarchical"),
     "all_gather": ("direct", "pat", "hierarchical"),
-    "broadcast": ("bine", "hierarchical"),
-    "reduce": ("bine", "hierarchical"),
+    "broadcast": ("bine", "bine_near", "hierarchical"),
+    "reduce": ("bine", "bine_near", "hierarchical"),
 }
 #: a machine whose α, β and γ are of the same order at the sizes below, so a wrong term shows
 MACHINE = dict(alpha=5e-6, beta=1e-9, gamma=3e-10)
@@ -105,15 +105,15 @@ def test_float_all_reduce_bitwise_identical(algorithm, world):
 
 
 def test_swing_pairs_nest_and_bine_trees_span():
-    from ringcoll.schedules.bine import bine_tree
+    from ringcoll.schedules.bine import bine_tree, bine_tree_near
     from ringcoll.schedules.swing import swing_blocks, swing_peer
 
     assert [swing_peer(0, s, 1024) for s in range(5)] == [1, 1023, 3, 1019, 11]
     for k in range(1, 11):
         blocks = swing_blocks(1 << k)
         assert sorted(b[-1] for b in blocks) == [(i, i + 1) for i in range(1 << k)]
-    for world in range(1, 300):
-        parent, _ = bine_tree(world)
+    for world, tree in ((w, t) for w in range(1, 300) for t in (bine_tree, bine_tree_near)):
+        parent, _ = tree(world)
         for vrank in range(world):          # every vrank reaches the root
             seen, up = 0, vrank
             while parent[up] is not None:
