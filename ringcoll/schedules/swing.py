@@ -20,6 +20,19 @@ reaches the same by remapping block indices).
 A world that is not a power of two folds its remainder in first (MPICH's fold,
 :mod:`.fold`): the algorithm runs on the pof2 folded ranks, with peers taken modulo pof2,
 and costs 2α + 2nβ + nγ more.
+
+Against the paper (checked in tests/test_orders.py): the peers are the paper's ρ(s), even
+ranks adding and odd ones subtracting, mod p, and ``swing_bandwidth`` runs the paper's order
+(reduce-scatter s = 0 .. lg p - 1, all-gather the reverse). Where ringcoll departs:
+
+- ``swing_latency`` runs the steps far partner first (s = lg p - 1 .. 0), not s = 0 first,
+  so every rank reduces the same operands in the same order (bitwise-identical floats);
+  the pairs and the cost are the paper's;
+- a non-power-of-two p takes MPICH's fold, not the paper's own scheme for such p;
+- one dimension only: the paper's multi-dimensional (torus) form, which runs one Swing per
+  dimension and direction at once on a share of the vector, is not built;
+- blocks are numbered depth-first along the nested reach sets rather than by libswing's
+  remapping (the same messages, each one contiguous chunk).
 """
 from __future__ import annotations
 
