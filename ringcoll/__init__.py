@@ -15,7 +15,8 @@ plan, schedules) < runtime (kernels, local, transport, work, executor; the simul
 (simulate, study's sweep) < entry points (this package, the launcher, the command lines) <
 the benchmark (ringcoll.bench). Nothing here imports the checkout's tools/ or experiments/.
 """
-from .registry import Cost, algorithms, register
+from .registry import Cost, algorithms
+from .study.trust import register
 from .machine import Machine
 from .cluster import launch
 from . import collectives

@@ -49,7 +49,7 @@ LAYERS = {
     "ringcoll.work": 3, "ringcoll.executor": 3, "ringcoll.simulator": 3,
     "ringcoll.topology": 4, "ringcoll.selection": 4, "ringcoll.study.fit": 4,
     "ringcoll.collectives": 5, "ringcoll.hooks": 5, "ringcoll.backend": 5,
-    "ringcoll.simulate": 6, "ringcoll.study.sweep": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6,
+    "ringcoll.simulate": 6, "ringcoll.study.sweep": 6, "ringcoll.study.trust": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6,
     "ringcoll": 7, "ringcoll.cluster": 7, "ringcoll.study.cli": 7, "ringcoll.msccl.__main__": 7,
     "ringcoll.kernels.testing": 7, "ringcoll.kernels.measure_cpu": 7,
     "ringcoll.bench": 8,
