@@ -36,6 +36,7 @@ class Simulation:
     plans: List[Plan] = field(repr=False, default_factory=list)
     machine: Machine = field(default_factory=Machine)
     nbytes: int = 0               # the n of the cost model
+    dtype: Optional[torch.dtype] = None   # the element type of the run (numel=: int64 unless dtype= says)
 
     @property
     def schedules(self) -> List[Sequence[Step]]:
@@ -137,8 +138,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
     or a tuple of positional arguments), or rank-valued data of ``numel`` elements of
-    ``dtype`` (the n of the cost model: see :func:`numel_call`), or ``call(rank) -> (args,
-    kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
+    ``dtype`` (default ``torch.int64``, exact under every op; the cost model's n is ``numel``
+    times its 8 bytes: pass ``dtype=torch.float32`` for 4-byte elements; see
+    :func:`numel_call`), or ``call(rank) -> (args, kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
     bytes per rank and per link, time on ``machine``'s port-limited clock; None: the default
     ``Machine()``), the algorithm's cost model and every rank's plan. ``algorithm="auto"``
@@ -225,7 +227,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
                  local_size=model_local_size(nodes))
     sim = Simulation(collective, first.algorithm, world,
-                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes)
+                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype)
     if check:
         from .study.check import check_results
         check_results(collective, before, after)

@@ -12,6 +12,10 @@ checks every one against the clock), so importing ringcoll costs no simulation.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 import warnings
 from typing import Callable, List, Optional, Sequence
 
@@ -86,3 +90,32 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         return schedule
 
     return decorate
+
+
+def import_module(name: str):
+    """The user module ``name``: an importable dotted name, or a path to a ``.py`` file (loaded
+    under its file's stem). Imported once per process, so a module that registers algorithms
+    with ``ringcoll.register`` registers them once, in the parent and in every rank alike."""
+    if name.endswith((".xml", ".xml.gz")):         # ringcoll-bench --msccl: an MSCCL-IR algorithm
+        from .. import msccl
+        return msccl.load(name)
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    path = os.path.abspath(name)
+    if not os.path.isfile(path):
+        raise ImportError(f"no file {path}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    loaded = sys.modules.get(stem)
+    if loaded is not None:
+        if os.path.abspath(getattr(loaded, "__file__", None) or "") == path:
+            return loaded
+        raise ImportError(f"a module named {stem!r} is already imported from {loaded.__file__!r}")
+    spec = importlib.util.spec_from_file_location(stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[stem] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[stem]
+        raise
+    return module
