@@ -1,7 +1,6 @@
 """``ringcoll.simulate``: run a collective on every rank of a world in one process."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -193,6 +192,15 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
     plans, before, after = [], [], []
     for rank in range(world):
+        if plans and not data and call is None and inputs is None:
+            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
+            # is a layout parameter), so one builder call serves, not world of them (a
+            # shallow copy: a million ranks in seconds)
+            plan = object.__new__(Plan)         # a shallow copy, without copy.copy's overhead
+            plan.__dict__.update(first_fields)
+            plan.rank = rank
+            plans.append(plan)
+            continue
         if call is not None:
             args, extra = call(rank)
             extra = {**kwargs, **extra}
@@ -208,16 +216,12 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
         extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
-        if plans and not data and call is None and inputs is None:
-            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
-            # is a layout parameter), so one builder call serves, not world of them
-            plans.append(dataclasses.replace(plans[0], rank=rank))
-            continue
         if check:
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
         plans.append(build(Context(rank, world, nodes=nodes, machine=chosen_on), *args, **extra))
+        first_fields = vars(plans[0])
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]

@@ -118,3 +118,18 @@ def _against_builtins():
 def test_new_orders_match_builtins_on_gloo(clusters, world):
     for rank, problems in enumerate(clusters(world).run(_against_builtins)):
         assert not problems, f"rank {rank}: {problems}"
+
+
+@pytest.mark.parametrize("algorithm", ["swing_latency", "swing_bandwidth", "bine"])
+@pytest.mark.parametrize("world", [64, 256])
+def test_swing_and_bine_mirrored_runs_equal_the_full_runs(algorithm, world):
+    """Swing's pairs are rank 0's (even ranks) or rank 1's (odd) moved by a rotation: the
+    cost-only run of ranks 0 and 1 alone gives every rank's statistics and time exactly."""
+    machine = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11)
+    run = dict(numel=world * 8, dtype=torch.float32, data=False, record=False, machine=machine)
+    mirrored = ringcoll.simulate("all_reduce", algorithm, world, **run).stats
+    full = ringcoll.simulate("all_reduce", algorithm, world, symmetry=False, **run).stats
+    assert mirrored.mirrored == "rotation" and full.mirrored is None
+    assert (mirrored.time, mirrored.steps, mirrored.rank_steps, dict(mirrored.link_bytes)) == \
+        (full.time, full.steps, full.rank_steps, full.link_bytes)
+    assert [vars(r) for r in mirrored.ranks] == [vars(r) for r in full.ranks]

@@ -27,7 +27,7 @@ from typing import Iterator, List, Optional, Tuple
 from . import broadcast, reduce  # noqa: F401 - the classic algorithms register (and are listed) first
 from ..registry import Cost, register
 from ..schedule import Buf, Layout, Recv, Send, Step, reduce, step
-from .swing import _rabenseifner_cost, butterfly, swing_peer
+from .swing import _rabenseifner_cost, butterfly, even_odd_rotation_when_even, swing_peer
 from .trees import rooted
 
 
@@ -239,7 +239,7 @@ def reduce_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     return _tree_reduce(bine_tree_near, rank, world, layout)
 
 
-@register("all_reduce", "bine", cost=_rabenseifner_cost)
+@register("all_reduce", "bine", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even)
 def all_reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bine butterfly all-reduce: a reduce-scatter with partners at negabinary distances
     (1, 1, 3, 5 ... doubling), then an all-gather on the same pairs in reverse order
