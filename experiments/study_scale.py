@@ -26,16 +26,16 @@ LOG_STEPS = {"recursive_doubling", "rabenseifner", "bruck", "binomial", "recursi
              "dissemination", "double_binary_tree", "swing_latency", "swing_bandwidth", "bine", "pat"}
 
 
-def child(collective: str, algorithm: str, world: int, symmetry: bool = True) -> dict:
+def child(collective: str, algorithm: str, world: int, symmetry: bool = True, numel: int = NBYTES // 8) -> dict:
     import ringcoll
     from ringcoll.sim.simulate import BUILDER_OF
 
     start, cpu = time.perf_counter(), time.process_time()
     sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
-                            numel=NBYTES // 8, data=False, record=False, symmetry=symmetry,
+                            numel=numel, data=False, record=False, symmetry=symmetry,
                             local_size=LOCAL_SIZE if algorithm == "hierarchical" else None)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {"collective": collective, "algorithm": algorithm, "world": world, "nbytes": NBYTES,
+    return {"collective": collective, "algorithm": algorithm, "world": world, "nbytes": numel * 8,
             "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
             "simulated_s": sim.stats.time, "predicted_s": sim.predicted, "critical_path": sim.stats.steps,
             "messages": sim.stats.messages, "mirrored": sim.stats.mirrored,

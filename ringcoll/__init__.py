@@ -22,7 +22,8 @@ from . import _moved
 
 _moved.install()
 
-from .schedules.registry import Cost, algorithms, register
+from .schedules.registry import Cost, algorithms
+from .sim.trust import register
 from .sim.machine import Machine
 from .cluster import launch
 from . import api

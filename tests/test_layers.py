@@ -51,7 +51,7 @@ LAYERS = {
     "ringcoll.runtime.streams": 3, "ringcoll.runtime.transport.stream": 3, "ringcoll.runtime.watchdog": 3,
     "ringcoll.runtime.nodes": 4, "ringcoll.selection": 4, "ringcoll.sim.fit": 4,
     "ringcoll.api": 5, "ringcoll.backend.hooks": 5, "ringcoll.backend": 5,
-    "ringcoll.sim.simulate": 6, "ringcoll.sim.sweep": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6, "ringcoll.msccl.program": 6,
+    "ringcoll.sim.simulate": 6, "ringcoll.sim.sweep": 6, "ringcoll.sim.trust": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6, "ringcoll.msccl.program": 6,
     "ringcoll": 7, "ringcoll.cluster": 7, "ringcoll.sim.cli": 7, "ringcoll.msccl.__main__": 7,
     "ringcoll.kernels.testing": 7, "ringcoll.kernels.measure_cpu": 7,
     "ringcoll.bench": 8,

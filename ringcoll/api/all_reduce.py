@@ -53,7 +53,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
             or one of ``ringcoll.algorithms("all_reduce")``: ``ring``,
             ``recursive_doubling``, ``rabenseifner``, ``double_binary_tree``,
             ``swing_latency``, ``swing_bandwidth``, ``bine``, ``direct``, ``hierarchical``,
-            ``torus2d``.
+            ``torus2d``, ``rabenseifner_far``.
 
     Returns:
         Async work handle, if async_op is set to True. None, if not async_op or if not part

@@ -47,7 +47,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
             or one of ``ringcoll.algorithms("broadcast")``: ``binomial``, ``linear``,
             ``pipelined_chain``, ``scatter_allgather``, ``double_binary_tree``, ``bine``,
-            ``hierarchical``.
+            ``bine_near``, ``hierarchical``.
 
     Returns:
         Async work handle, if async_op is set to True. None, if not async_op or if not part

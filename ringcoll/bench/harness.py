@@ -25,11 +25,7 @@ floor's own row reads 100 and the percentage compares rounds taken under the sam
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 import statistics
-import sys
 import time
 import traceback
 import warnings
@@ -37,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Dict, List, Optional, Tuple
 
+from ..study.trust import import_module  # noqa: F401 - the ranks import user modules through it
 from .specs import P2P_FLOOR, SPECS, Case, Spec
 
 BUILTIN = "built-in"
@@ -79,35 +76,6 @@ class Job:
     @property
     def spec(self) -> Spec:
         return SPECS[self.collective]
-
-
-def import_module(name: str):
-    """The user module ``name``: an importable dotted name, or a path to a ``.py`` file (loaded
-    under its file's stem). Imported once per process, so a module that registers algorithms
-    with ``ringcoll.register`` registers them once, in the parent and in every rank alike."""
-    if name.endswith((".xml", ".xml.gz")):         # ringcoll-bench --msccl: an MSCCL-IR algorithm
-        from ringcoll import msccl
-        return msccl.load(name)
-    if not name.endswith(".py"):
-        return importlib.import_module(name)
-    path = os.path.abspath(name)
-    if not os.path.isfile(path):
-        raise ImportError(f"no file {path}")
-    stem = os.path.splitext(os.path.basename(path))[0]
-    loaded = sys.modules.get(stem)
-    if loaded is not None:
-        if os.path.abspath(getattr(loaded, "__file__", None) or "") == path:
-            return loaded
-        raise ImportError(f"a module named {stem!r} is already imported from {loaded.__file__!r}")
-    spec = importlib.util.spec_from_file_location(stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[stem] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[stem]
-        raise
-    return module
 
 
 def torch_dtype(name: str):

@@ -104,28 +104,50 @@ def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
 
 @register("all_reduce", "rabenseifner", cost=_rabenseifner_cost, symmetry=xor_when_even)
 def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """Rabenseifner: a recursive-halving reduce-scatter then a recursive-doubling all-gather.
+    """Rabenseifner as MPICH runs it (``MPIR_Allreduce_intra_reduce_scatter_allgather``): a
+    reduce-scatter by vector halving and distance doubling, then an all-gather by vector
+    doubling and distance halving.
 
     The vector is cut into pof2 chunks. Reduce-scatter: at each step, with the distance
-    halving from pof2/2 to 1, a rank and its partner (folded rank xor distance) each keep half
-    of the chunks they still share, send the other half and reduce the half they keep; the
-    folded rank q ends owning chunk q. All-gather: the same pairs in reverse order swap what
-    they own, doubling it each step. A non-power-of-two world folds in first (MPICH).
+    doubling from 1 to pof2/2, a rank and its partner (folded rank xor distance) each keep half
+    of the chunks they still share (the lower half the lower rank), send the other half and
+    reduce the half they keep: the largest halves travel between neighbours, the smallest
+    pieces farthest. All-gather: the same pairs in reverse order swap what they own, doubling
+    it each step. A non-power-of-two world folds in first (MPICH).
 
     Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus 2α + 2nβ + nγ when p is not a power of two.
     """
+    pof2 = largest_pof2(world)
+    return halving_doubling(rank, world, layout, [1 << k for k in range(ceil_log2(pof2))])
+
+
+@register("all_reduce", "rabenseifner_far", cost=_rabenseifner_cost, symmetry=xor_when_even, auto=False)
+def all_reduce_rabenseifner_far(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Rabenseifner, far partner first: :func:`all_reduce_rabenseifner` with the distances
+    of the reduce-scatter halving from pof2/2 to 1 (and doubling back in the all-gather), so
+    the largest halves travel farthest. Same α-β-γ cost; on a ring of 64 about 10× the
+    hop-bytes. Kept for comparison (ringcoll's earlier order); ``auto`` never picks it.
+
+    Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus 2α + 2nβ + nγ when p is not a power of two.
+    """
+    pof2 = largest_pof2(world)
+    return halving_doubling(rank, world, layout, [pof2 >> (k + 1) for k in range(ceil_log2(pof2))])
+
+
+def halving_doubling(rank: int, world: int, layout: Layout, distances) -> Iterator[Step]:
+    """Fold in, then a reduce-scatter over pof2 chunks that halves the shared range at each
+    of ``distances`` (partner: folded rank xor distance; the lower rank keeps the lower
+    half), then an all-gather over the same pairs in reverse order; then fold out."""
     data = Buf("data", 0, layout.numel)
     yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
     me = folded_rank(rank, world)
     if me is not None:
         pof2 = largest_pof2(world)
         data_chunks = chunks("data", layout.numel, pof2)
-
         lo, hi = 0, pof2
-        distance = pof2 // 2
         history = []
         # scatter-reduce
-        while distance >= 1:
+        for distance in distances:
             peer = real_rank(me ^ distance, world)
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
@@ -134,7 +156,6 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
                        [reduce(span(data_chunks, *keep), recv_buf)])
             history.append((peer, keep, give))
             lo, hi = keep
-            distance //= 2
         # allgather
         for peer, keep, give in reversed(history):
             yield step(sendrecv(peer, span(data_chunks, *keep), peer, span(data_chunks, *give)))

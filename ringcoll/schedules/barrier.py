@@ -13,14 +13,20 @@ from __future__ import annotations
 from typing import Iterator
 
 from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, step
-from .registry import Cost, register, rotation_when_even
+from .registry import Cost, register
 
 
 def _dissemination_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world), ceil_log2(world), 0)     # one one-byte token per step
 
 
-@register("barrier", "dissemination", cost=_dissemination_cost, symmetry=rotation_when_even)
+def _rotation(world: int, layout: Layout) -> str:
+    """Every rank sends and receives one-element tokens at the same distances: symmetric by
+    rotation at any p (the token's size does not depend on the world)."""
+    return "rotation"
+
+
+@register("barrier", "dissemination", cost=_dissemination_cost, symmetry=_rotation)
 def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Dissemination (Hensgen, Finkel and Manber 1988): at step k each rank sends the token
     to (rank + 2^k) % p and receives one from (rank - 2^k) % p. After ⌈lg p⌉ steps every rank

@@ -2,17 +2,19 @@
 Communication Locality", SC'25, arXiv 2508.17311): binomial trees and butterflies whose
 partners follow negabinary distances, so that they sit close together in modulo distance.
 
-The Bine tree on vranks (``vrank = (rank - root) % p``, the root vrank 0): at step
-s = 0 .. ⌊lg p⌋ - 1 every vrank that holds the data sends it to its step-s partner, vrank +
-(-1)^s·d_s when the vrank is even and vrank - (-1)^s·d_s when odd, with d = 1, 1, 3, 5, 11,
-21 ... = |ρ(s)| (Swing's distances, :func:`.swing.swing_peer`); a vrank reached at step s
-starts sending at step s + 1. For even p these steps reach 2^⌊lg p⌋ distinct vranks
-(checked for every even p up to 4096 by :func:`bine_tree`); when p is not a power of two
-each vrank left over hangs below its partner of step ⌊lg p⌋, which therefore gets a last
-child (so a few ranks may send twice in the last round). Odd p: the tree of p - 1 vranks,
-and vrank p - 1 (the root's ring neighbour) the root's last child. Same number of rounds as the binomial tree, with partners
-at distances 1, 1, 3, 5 ... instead of 1, 2, 4, 8 ... (the binomial tree's far-first order
-reversed: here the near partners come first).
+``bine`` broadcast and reduce run the tree as the authors' MPICH code does
+(``MPIR_Bcast_intra_bine_lat``): distance halving, far partner first. On vranks (``vrank =
+(rank - root) % p``, the root vrank 0) of the largest power of two pof2 ≤ p, with nb(v) the
+negabinary digits of v: at step s = 0 .. lg pof2 - 1, with mask = pof2 / 2^(s+1), vrank v's
+partner is nb⁻¹(nb(v) xor (2·mask - 1)) mod pof2; a vrank that holds the data sends to it,
+and a vrank that does not receives from it when its nb(v)'s low lg(2·mask) digits are all 0
+or all 1. At p = 64 the root serves 43, 11, 59, 3, 63, 1, and the parent-child ring
+distances sum to 135 (binomial: 192). A world that is not a power of two ends with one
+round more: vrank pof2 + v receives from vrank v once v's tree sends are done (MPICH's).
+
+``bine_near`` keeps ringcoll's earlier order (the same negabinary distances run near first:
+step s pairs vrank v with v ± ρ(s), ρ = 1, -1, 3, -5 ..., Swing's pairs; vranks left over
+hang below their partner of step ⌊lg p⌋); its parent-child distances sum to 903 at p = 64.
 
 The Bine butterfly all-reduce exchanges with the very pairs of Swing's bandwidth-optimal
 all-reduce; ringcoll runs that one schedule for both names.
@@ -25,19 +27,61 @@ from typing import Iterator, List, Optional, Tuple
 from . import broadcast, reduce  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
 from .vocabulary import Buf, Layout, Recv, Send, Step, reduce, step
-from .swing import _rabenseifner_cost, butterfly, swing_peer
+from .swing import _rabenseifner_cost, butterfly, even_odd_rotation_when_even, swing_peer
 from .trees import rooted
+
+
+def negabinary(value: int) -> int:
+    """The negabinary digits of ``value`` (base -2) as the bits of an int."""
+    mask = 0xAAAAAAAAAAAAAAAA
+    return (value + mask) ^ mask
+
+
+def from_negabinary(digits: int) -> int:
+    """The value of negabinary ``digits`` (the inverse of :func:`negabinary`)."""
+    mask = 0xAAAAAAAAAAAAAAAA
+    return (digits ^ mask) - mask
 
 
 @functools.lru_cache(maxsize=64)
 def bine_tree(world: int) -> Tuple[Tuple[Optional[int], ...], Tuple[Tuple[int, ...], ...]]:
-    """(parent, children) of every vrank in the Bine tree rooted at vrank 0 (module
-    docstring); each vrank's children in the order it serves them. The parity rule needs an
-    even p (modulo an odd p, r and r + p differ in parity and the rounds collide): for odd
-    p the tree is built over the first p - 1 vranks, and vrank p - 1, the root's neighbour
-    on the ring, becomes the root's last child."""
+    """(parent, children) of every vrank in the distance-halving Bine tree rooted at vrank 0
+    (module docstring, ``MPIR_Bcast_intra_bine_lat``), each vrank's children in the order it
+    serves them: far partner first, and vrank pof2 + v, when there is one, last."""
+    pof2 = 1 << (world.bit_length() - 1) if world else 0
+    parent: List[Optional[int]] = [None] * world
+    children: List[List[int]] = [[] for _ in range(world)]
+    for vrank in range(min(pof2, world)):
+        digits = negabinary(vrank)
+        held = vrank == 0
+        mask = pof2 >> 1
+        while mask:
+            low = (mask << 1) - 1
+            partner = from_negabinary(digits ^ low) % pof2
+            if held:
+                children[vrank].append(partner)
+            elif digits & low in (0, low):
+                parent[vrank], held = partner, True
+            mask >>= 1
+    for vrank in range(pof2, world):
+        parent[vrank] = vrank - pof2
+        children[vrank - pof2].append(vrank)
+    for vrank in range(1, world):
+        if parent[vrank] is None or vrank not in children[parent[vrank]]:
+            raise AssertionError(f"bine: vrank {vrank} is not served by its parent at world {world}")
+    return tuple(parent), tuple(tuple(c) for c in children)
+
+
+@functools.lru_cache(maxsize=64)
+def bine_tree_near(world: int) -> Tuple[Tuple[Optional[int], ...], Tuple[Tuple[int, ...], ...]]:
+    """(parent, children) of every vrank in the near-first tree of ``bine_near`` (module
+    docstring). The parity rule needs an even p (modulo an odd p, r and r + p differ in
+    parity and the rounds collide): for odd p the tree is built over the first p - 1 vranks,
+    and vrank p - 1, the root's neighbour on the ring, becomes the root's last child. For even
+    p the ⌊lg p⌋ rounds reach 2^⌊lg p⌋ distinct vranks (checked for every even p up to 4096);
+    each vrank left over hangs below its partner of step ⌊lg p⌋."""
     if world % 2 and world > 1:
-        parent, children = bine_tree(world - 1)
+        parent, children = bine_tree_near(world - 1)
         return parent + (0,), (children[0] + (world - 1,),) + children[1:] + ((),)
     parent: List[Optional[int]] = [None] * world
     children: List[List[int]] = [[] for _ in range(world)]
@@ -64,12 +108,18 @@ def bine_tree(world: int) -> Tuple[Tuple[Optional[int], ...], Tuple[Tuple[int, .
     return tuple(parent), tuple(tuple(c) for c in children)
 
 
-@functools.lru_cache(maxsize=64)
-def _rounds(world: int, reducing: bool) -> int:
-    """The critical path of the Bine tree in messages under one send and one receive port:
-    a vrank serves its children one after the other (broadcast), or takes its children's
-    results one after the other, last served first, once each is ready (reduce)."""
-    parent, children = bine_tree(world)
+def distance_sum(tree, world: int) -> int:
+    """Sum over the tree's edges of the ring distance between parent and child."""
+    parent, _ = tree
+    return sum(min((v - u) % world, (u - v) % world) for v, u in enumerate(parent) if u is not None)
+
+
+@functools.lru_cache(maxsize=128)
+def _rounds(tree_of, world: int, reducing: bool) -> int:
+    """The critical path of a tree in messages under one send and one receive port: a vrank
+    serves its children one after the other (broadcast), or takes its children's results one
+    after the other, last served first, once each is ready (reduce)."""
+    parent, children = tree_of(world)
     if not reducing:
         arrive = [0] * world
         for vrank in _top_down(children):
@@ -93,49 +143,35 @@ def _top_down(children) -> List[int]:
     return order
 
 
-def _broadcast_cost(world: int, nbytes: int) -> Cost:
-    rounds = _rounds(world, False) if world > 1 else 0
+def _broadcast_cost(world: int, nbytes: int, tree_of=bine_tree) -> Cost:
+    rounds = _rounds(tree_of, world, False) if world > 1 else 0
     return Cost(rounds, rounds * nbytes, 0)
 
 
-@register("broadcast", "bine", cost=_broadcast_cost)
-def broadcast_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """Bine-tree broadcast: a vrank receives the vector from its Bine parent, then sends it
-    to its children in the order they were reached (module docstring), one send per step.
-    Data is only copied: every rank ends with the root's bits. Any p.
-
-    Cost: ⌈lg p⌉(α + nβ) for powers of two; otherwise r(α + nβ) with r the tree's critical
-    path in messages (⌊lg p⌋ + 1 or + 2: a few vranks take a last child).
-    """
-    root = layout["root"]
-    yield from rooted(_broadcast((rank - root) % world, world, Buf("data", 0, layout.numel)), root, world)
-
-
-def _broadcast(vrank: int, world: int, data: Buf) -> Iterator[Step]:
-    parent, children = bine_tree(world)
-    if parent[vrank] is not None:
-        yield step([Recv(parent[vrank], data)])
-    for child in children[vrank]:
-        yield step([Send(child, data)])
-
-
-def _reduce_cost(world: int, nbytes: int) -> Cost:
-    rounds = _rounds(world, True) if world > 1 else 0
+def _reduce_cost(world: int, nbytes: int, tree_of=bine_tree) -> Cost:
+    rounds = _rounds(tree_of, world, True) if world > 1 else 0
     return Cost(rounds, rounds * nbytes, rounds * nbytes)
 
 
-@register("reduce", "bine", cost=_reduce_cost)
-def reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """Bine-tree reduce, the broadcast's tree run backwards: a vrank receives its children's
-    partial results, the last-reached child (smallest subtree, ready first) first, reducing
-    each into its own vector, then sends the result to its parent. Any p.
-
-    Cost: ⌈lg p⌉(α + nβ + nγ) for powers of two; otherwise r(α + nβ + nγ) with r the tree's
-    critical path in messages.
-    """
+def _tree_broadcast(tree_of, rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Receive the vector from the tree parent, then send it to the children in order, one
+    send per step; data is only copied, so every rank ends with the root's bits."""
     root = layout["root"]
     vrank = (rank - root) % world
-    parent, children = bine_tree(world)
+    parent, children = tree_of(world)
+    data = Buf("data", 0, layout.numel)
+    steps = [step([Recv(parent[vrank], data)])] if parent[vrank] is not None else []
+    steps += [step([Send(child, data)]) for child in children[vrank]]
+    yield from rooted(steps, root, world)
+
+
+def _tree_reduce(tree_of, rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """The broadcast's tree run backwards: receive the children's partial results, the last
+    served (smallest subtree, ready first) first, reducing each into the own vector, then
+    send the result to the parent."""
+    root = layout["root"]
+    vrank = (rank - root) % world
+    parent, children = tree_of(world)
     data = Buf("data", 0, layout.numel)
     scratch = Buf("scratch", 0, layout.numel)
     steps = [step([Recv(child, scratch)], [reduce(data, scratch)]) for child in reversed(children[vrank])]
@@ -144,7 +180,66 @@ def reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     yield from rooted(steps, root, world)
 
 
-@register("all_reduce", "bine", cost=_rabenseifner_cost)
+@register("broadcast", "bine", cost=_broadcast_cost)
+def broadcast_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Bine-tree broadcast as its authors wrote it (``MPIR_Bcast_intra_bine_lat``, module
+    docstring): distance halving, far partner first. A vrank receives the vector from its
+    parent, then sends it to its children, one send per step, partners at negabinary masks
+    halving from pof2/2 to 1; when p is not a power of two, vrank v < p - pof2 then sends it
+    to vrank pof2 + v. Data is only copied: every rank ends with the root's bits. Any p.
+
+    Cost: ⌈lg p⌉(α + nβ) (lg pof2 rounds, one more when p is not a power of two).
+    """
+    return _tree_broadcast(bine_tree, rank, world, layout)
+
+
+@register("reduce", "bine", cost=_reduce_cost)
+def reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Bine-tree reduce: :func:`broadcast_bine`'s tree run backwards. A vrank first takes
+    vrank pof2 + v's vector (when p is not a power of two), then its tree children's partial
+    results from the nearest partner (mask 1) to the farthest, reducing each into its own,
+    then sends the result to its parent. Any p.
+
+    Cost: ⌈lg p⌉(α + nβ + nγ).
+    """
+    return _tree_reduce(bine_tree, rank, world, layout)
+
+
+def _near_broadcast_cost(world: int, nbytes: int) -> Cost:
+    return _broadcast_cost(world, nbytes, bine_tree_near)
+
+
+def _near_reduce_cost(world: int, nbytes: int) -> Cost:
+    return _reduce_cost(world, nbytes, bine_tree_near)
+
+
+@register("broadcast", "bine_near", cost=_near_broadcast_cost, auto=False)
+def broadcast_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Bine-tree broadcast, near partner first (ringcoll's earlier order, module docstring):
+    at step s a vrank that holds the data sends it to vrank ± ρ(s) (Swing's pairs, distances
+    1, 1, 3, 5 ...); a vrank reached at step s starts sending at step s + 1; vranks left over
+    hang below their partner of step ⌊lg p⌋. Kept for comparison with ``bine``; ``auto``
+    never picks it. Any p.
+
+    Cost: ⌈lg p⌉(α + nβ) for powers of two; otherwise r(α + nβ) with r the tree's critical
+    path in messages (⌊lg p⌋ + 1 or + 2: a few vranks take a last child).
+    """
+    return _tree_broadcast(bine_tree_near, rank, world, layout)
+
+
+@register("reduce", "bine_near", cost=_near_reduce_cost, auto=False)
+def reduce_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """:func:`broadcast_bine_near`'s tree run backwards: a vrank receives its children's
+    partial results, the last-reached child first, reducing each into its own vector, then
+    sends the result to its parent. ``auto`` never picks it. Any p.
+
+    Cost: ⌈lg p⌉(α + nβ + nγ) for powers of two; otherwise r(α + nβ + nγ) with r the tree's
+    critical path in messages.
+    """
+    return _tree_reduce(bine_tree_near, rank, world, layout)
+
+
+@register("all_reduce", "bine", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even)
 def all_reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bine butterfly all-reduce: a reduce-scatter with partners at negabinary distances
     (1, 1, 3, 5 ... doubling), then an all-gather on the same pairs in reverse order

@@ -69,7 +69,7 @@ version = 0
 
 def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
              symmetry: Optional[Callable[[int, Layout], object]] = None, world: Optional[int] = None,
-             auto: bool = True):
+             auto: Optional[bool] = None):
     """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
 
     ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
@@ -85,8 +85,12 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     0's with every peer moved to ``q ^ r``); None where it is not. Cost-only simulations then
     run ranks 0 .. L - 1 alone for every rank (checked on sampled ranks; tests/sim/test_study.py
     checks every rank). ``world`` fixes the one world size it runs at (other groups get a
-    ValueError when they ask for it); ``auto=False`` keeps ``algorithm="auto"`` from picking
-    it (ringcoll.msccl registers its loaded programs so).
+    ValueError when they ask for it). ``auto``: whether ``algorithm="auto"`` may pick it;
+    by default only ringcoll's own schedules (defined in a ``ringcoll.`` module) join auto,
+    and an algorithm registered from anywhere else runs only when asked for by name until
+    registered with ``auto=True`` (ringcoll.msccl registers its loaded programs with
+    ``auto=False``). ``ringcoll.register`` (ringcoll.sim.trust) is this plus a check of the
+    declared cost against the simulator's clock.
 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
@@ -110,11 +114,17 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         global version
         if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
             raise TypeError(f"world must be None or a positive int, got {world!r}")
-        table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, bool(auto))
+        joins = is_builtin(schedule) if auto is None else bool(auto)
+        table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, joins)
         version += 1
         return schedule
 
     return decorate
+
+
+def is_builtin(schedule) -> bool:
+    """Whether ``schedule`` is one of ringcoll's own (defined in a ``ringcoll.`` module)."""
+    return (getattr(schedule, "__module__", None) or "").startswith("ringcoll.")
 
 
 def unregister(collective: str, name: str) -> None:

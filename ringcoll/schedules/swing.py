@@ -20,11 +20,26 @@ reaches the same by remapping block indices).
 A world that is not a power of two folds its remainder in first (MPICH's fold,
 :mod:`.fold`): the algorithm runs on the pof2 folded ranks, with peers taken modulo pof2,
 and costs 2α + 2nβ + nγ more.
+
+Against the paper (checked in tests/test_orders.py): the peers are the paper's ρ(s), even
+ranks adding and odd ones subtracting, mod p, and ``swing_bandwidth`` runs the paper's order
+(reduce-scatter s = 0 .. lg p - 1, all-gather the reverse). Where ringcoll departs:
+
+- ``swing_latency`` runs the steps far partner first (s = lg p - 1 .. 0), not s = 0 first,
+  so every rank reduces the same operands in the same order (bitwise-identical floats);
+  the pairs and the cost are the paper's;
+- a non-power-of-two p takes MPICH's fold, not the paper's own scheme for such p;
+- one dimension only: the paper's multi-dimensional (torus) form, which runs one Swing per
+  dimension and direction at once on a share of the vector, is not built;
+- blocks are numbered depth-first along the nested reach sets rather than by libswing's
+  remapping (the same messages, each one contiguous chunk).
 """
 from __future__ import annotations
 
 import functools
-from typing import Iterator, List, Tuple
+from typing import Iterator, Tuple
+
+import numpy as np
 
 from .registry import register
 from .vocabulary import Buf, Layout, Step, chunks, reduce, sendrecv, span, step
@@ -42,41 +57,79 @@ def swing_peer(rank: int, s: int, world: int) -> int:
     return (rank + rho(s)) % world if rank % 2 == 0 else (rank - rho(s)) % world
 
 
-@functools.lru_cache(maxsize=64)
-def swing_blocks(world: int) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
+class SwingBlocks:
+    """``blocks[r][s]``: the range [lo, hi) of block positions rank r keeps after step s of
+    the reduce-scatter (:func:`swing_blocks`); ``starts[s, r]`` its lo, hi = lo + p / 2^(s+1)."""
+
+    def __init__(self, starts: np.ndarray):
+        self.starts = starts
+        self.world = starts.shape[1] if starts.ndim == 2 else 1
+
+    def __len__(self) -> int:
+        return self.world
+
+    def __getitem__(self, rank: int) -> Tuple[Tuple[int, int], ...]:
+        if not 0 <= rank < self.world:
+            raise IndexError(rank)
+        return tuple((int(lo), int(lo) + (self.world >> (s + 1))) for s, lo in enumerate(self.starts[:, rank]))
+
+    def __iter__(self):
+        return (self[rank] for rank in range(self.world))
+
+
+@functools.lru_cache(maxsize=8)
+def swing_blocks(world: int) -> SwingBlocks:
     """For a power-of-two world: ``blocks[r][s]`` is the range [lo, hi) of block positions
     that rank r keeps after step s of the reduce-scatter, i.e. the blocks of the ranks it
     reaches over steps s+1 .. lg p - 1 (the last step leaves it one block). Positions are
     given depth-first: the set a step splits is cut into the half of its smallest member,
-    then the other half."""
+    then the other half.
+
+    Computed for all ranks at once in O(p lg p) array operations (a million ranks in about a
+    second): the smallest member of the set rank r reaches over steps s+1 .. is the smaller of
+    the smallest members its own and its step-(s+1) partner's sets reach over steps s+2 ..;
+    rank r's half at step s is the first one iff its set's smallest member is its parent
+    set's. Checked as built: every step pairs each rank with one in the other half of the
+    same parent set, and the sets halve (AssertionError otherwise)."""
     steps = world.bit_length() - 1
-    blocks: List[List[Tuple[int, int]]] = [[(0, 0)] * steps for _ in range(world)]
+    ranks = np.arange(world, dtype=np.int64)
+    even = ranks % 2 == 0
 
-    def reach(rank: int, s: int) -> List[int]:
-        members = {rank}
-        for t in range(s + 1, steps):
-            members |= {swing_peer(x, t, world) for x in members}
-        return sorted(members)
+    def partners(s: int) -> np.ndarray:
+        return np.where(even, ranks + rho(s), ranks - rho(s)) % world
 
-    def place(members: List[int], s: int, lo: int) -> None:
-        if s == steps:
-            return
-        first = reach(members[0], s)
-        taken = set(first)
-        second = [x for x in members if x not in taken]
-        if len(second) != len(first) or swing_peer(members[0], s, world) not in set(second):
-            raise AssertionError(f"swing: step {s} does not halve {members} at world {world}")
-        half = len(first)
-        for group, start in ((first, lo), (second, lo + half)):
-            for x in group:
-                blocks[x][s] = (start, start + half)
-            place(group, s + 1, start)
-
-    place(list(range(world)), 0, 0)
-    return tuple(tuple(b) for b in blocks)
+    smallest = [ranks]                       # smallest[i]: over steps k - i .. (k = steps)
+    for s in range(steps - 1, 0, -1):
+        smallest.append(np.minimum(smallest[-1], smallest[-1][partners(s)]))
+    smallest.reverse()                       # smallest[s]: the set reached over steps s+1 ..
+    starts = np.zeros((steps, world), dtype=np.int64)
+    parent, lo = np.zeros(world, dtype=np.int64), np.zeros(world, dtype=np.int64)
+    for s in range(steps):
+        peer = partners(s)
+        lo = lo + np.where(smallest[s] == parent, 0, world >> (s + 1))
+        sizes = np.bincount(smallest[s], minlength=world)
+        sizes = sizes[sizes > 0]
+        if np.any(parent[peer] != parent) or np.any(lo[peer] == lo) or np.any(sizes != world >> (s + 1)):
+            raise AssertionError(f"swing: step {s} does not halve the sets of step {s - 1} at world {world}")
+        starts[s], parent = lo, smallest[s]
+    return SwingBlocks(starts)
 
 
-@register("all_reduce", "swing_latency", cost=_recursive_doubling_cost)
+def even_odd_rotation(world: int, layout: Layout):
+    """``symmetry`` of the Swing pairs (period 2): on a power-of-two world, even rank r's
+    partners are rank 0's moved by r, odd rank r's are rank 1's moved by r - 1 (ρ(s) is added
+    by the even, subtracted by the odd ranks), and every message has the same size as its
+    representative's."""
+    return 2 if world >= 2 and world & (world - 1) == 0 else None
+
+
+def even_odd_rotation_when_even(world: int, layout: Layout):
+    """:func:`even_odd_rotation` where the pof2 blocks are equal (``numel`` a multiple of the
+    world), as the butterfly's messages then are."""
+    return even_odd_rotation(world, layout) if layout.numel % world == 0 else None
+
+
+@register("all_reduce", "swing_latency", cost=_recursive_doubling_cost, symmetry=even_odd_rotation)
 def all_reduce_swing_latency(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing, latency-optimal: lg p steps, at each of which a rank exchanges its whole vector
     with its Swing partner (rank ± ρ(s), module docstring) and reduces it in. The steps run
@@ -119,7 +172,7 @@ def butterfly(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     yield from fold_out(rank, world, data)
 
 
-@register("all_reduce", "swing_bandwidth", cost=_rabenseifner_cost)
+@register("all_reduce", "swing_bandwidth", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even)
 def all_reduce_swing_bandwidth(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing, bandwidth-optimal: a reduce-scatter then an all-gather on Swing's pairs. The
     vector is cut into pof2 blocks numbered depth-first along the nested reach sets

@@ -23,7 +23,7 @@ messages in one step: its latency is in its port time, which the clock counts).
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Sequence
 
 from ..schedules.vocabulary import ceil_log2
 
@@ -44,6 +44,39 @@ def lower_bounds(collective: str, world: int, nbytes: float) -> Bounds:
     bandwidth = {"broadcast": nbytes, "reduce": nbytes, "all_reduce": 2 * share, "barrier": 0.0}.get(family, share)
     compute = share if family in ("reduce", "reduce_scatter", "all_reduce") else 0.0
     return Bounds(lg, bandwidth, compute)
+
+
+def node_bounds(collective: str, world: int, nbytes: float, nodes: Sequence[int], nic_ports: int = 1) -> Bounds:
+    """The bounds across the node boundary of a 2-level machine, ranks on ``nodes[rank]``:
+    what some node's NIC must carry, and the inter-node rounds. Each node is one process of
+    the same collective among the N nodes (its ranks' data pre-combined for free), so the
+    bounds above hold with N for p: all_reduce 2(N-1)/N·n through a NIC (Patarasuk & Yuan's
+    bound for N processes); all_gather and reduce_scatter (p - L_k)/p·n into (out of) node k
+    of L_k ranks; broadcast and reduce n; gather and scatter (p - L_root)/p·n, at least
+    (p - L_max)/p·n whatever the root; all_to_all L_k(p - L_k)/p·n. In one inter-node α a NIC of
+    k ports sends k messages, so the nodes that know a piece grow at most (1 + k)-fold:
+    ⌈log_(1+k) N⌉ rounds. No compute bound (the flat one holds). A single node: zero."""
+    family = _FAMILY.get(collective, collective)
+    sizes: Dict[int, int] = {}
+    for node in nodes[:world]:
+        sizes[node] = sizes.get(node, 0) + 1
+    count = len(sizes)
+    if count < 2 or family == "barrier":
+        return Bounds(0 if count < 2 else _rounds(count, nic_ports), 0.0, 0.0)
+    outside = max(world - size for size in sizes.values()) / world * nbytes
+    moved = {"all_reduce": 2 * (count - 1) / count * nbytes, "broadcast": nbytes, "reduce": nbytes,
+             "gather": (world - max(sizes.values())) / world * nbytes,
+             "scatter": (world - max(sizes.values())) / world * nbytes,
+             "all_to_all": max(size * (world - size) for size in sizes.values()) / world * nbytes,
+             }.get(family, outside)
+    return Bounds(_rounds(count, nic_ports), moved / nic_ports, 0.0)
+
+
+def _rounds(count: int, ports: int) -> int:
+    rounds, reach = 0, 1
+    while reach < count:
+        reach, rounds = reach * (1 + ports), rounds + 1
+    return rounds
 
 
 def ratios(collective: str, world: int, nbytes: float, stats) -> Dict[str, Optional[float]]:

@@ -3,11 +3,14 @@
     ringcoll-study sweep --collective all_reduce --worlds 4,8,16,32,64 -b 1K -e 64M
     ringcoll-study sweep --hierarchical 8 --intra 2,100 --inter 10,10     # µs, GB/s
     ringcoll-study sweep --machine bench/results/RUN.json                  # fitted to a run
+    ringcoll-study sweep --import mine.py --algorithms mine,ring --ports 2 # a user's algorithms
     ringcoll-study validate bench/results/RUN.json [--machine m.json]
 
-``sweep`` writes a table (CSV), the crossover sizes (text) and a best-algorithm map (PNG)
-per collective into ``--out``. ``validate`` prints predicted and measured times side by side
-(the machine fitted to the run itself unless one is given).
+``sweep`` writes a table (CSV, each cell's source: simulated or closed form), the crossover
+sizes and ties (text) and a best-algorithm map (PNG: ``*`` closed form, ``=`` tie) per
+collective into ``--out``. ``validate`` prints predicted and measured times side by side on
+the machine fitted to the run itself, or on the given one, labelled as given (not fitted),
+with the error bands of that machine's predictions.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from typing import List, Optional
 
 from .machine import Machine
@@ -30,19 +34,23 @@ def _sizes(lo: int, hi: int, factor: int) -> List[int]:
 
 
 def _machine(args) -> Machine:
+    ports = getattr(args, "ports", None)
     if args.hierarchical:
         (ia, ib), (oa, ob) = ([float(x) for x in spec.split(",")] for spec in (args.intra, args.inter))
         return Machine.hierarchical(args.hierarchical, intra=(ia * 1e-6, 1 / (ib * 1e9)),
                                     inter=(oa * 1e-6, 1 / (ob * 1e9)), gamma=1 / (args.gamma_gbps * 1e9),
-                                    nic_ports=args.nic_ports)
+                                    nic_ports=args.nic_ports, ports=ports or 1)
     if args.machine:
         with open(args.machine) as f:
             doc = json.load(f)
         if "rows" in doc:                                   # a ringcoll-bench run: fit it
             from .fit import fit
-            return fit([args.machine])
-        return Machine.from_dict(doc)
-    return Machine()
+            machine = fit([args.machine])
+        else:
+            machine = Machine.from_dict(doc)
+    else:
+        machine = Machine()
+    return replace(machine, ports=ports) if ports else machine
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,6 +69,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("-e", "--maxbytes", type=parse_size, default="64M")
     s.add_argument("-f", "--stepfactor", type=int, default=4)
     s.add_argument("--simulate-up-to", type=int, default=256, help="closed forms above this many ranks")
+    s.add_argument("--import", action="append", dest="imports", default=[], metavar="MODULE",
+                   help="import MODULE (a module name, or a path to a .py file) first, so the algorithms it "
+                        "registers with ringcoll.register join the sweep; repeatable")
+    s.add_argument("--ports", type=int, default=None,
+                   help="send and receive ports per rank (default: the machine's, 1 unless it says)")
     s.add_argument("--out", default=None,
                    help="directory of the tables and maps (default: a fresh study-<UTC time> under the "
                         "current directory, so a run never overwrites committed results)")
@@ -76,14 +89,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
     if args.command == "validate":
         from .fit import fit_samples, samples_from_bench
         samples = samples_from_bench([args.run])
-        fitted = fit_samples(samples)
-        machine = _machine(args) if (args.machine or args.hierarchical) else fitted.machine
-        result = fit_samples(samples) if machine == fitted.machine else fitted
-        result.machine = machine
+        result = fit_samples(samples)
+        if args.machine or args.hierarchical:
+            given = args.machine or (f"--hierarchical {args.hierarchical} --intra {args.intra} "
+                                     f"--inter {args.inter}")
+            result = result.on(_machine(args), label=given)
         print(f"{'collective':<16}{'algorithm':<20}{'p':>4}{'bytes':>11}{'measured us':>13}{'predicted us':>14}{'ratio':>7}")
         for s in samples:
             predicted = result.predict(s)
@@ -91,11 +106,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{predicted * 1e6:>14.1f}{predicted / s.seconds:>7.2f}")
         print(result.report())
         return 0
-    from .sweep import crossovers, plot_map, sweep, write_table
+    from ..schedules import registry
+    from .sweep import check_algorithms, crossover_lines, plot_map, sweep, write_table
+    if args.ports is not None and args.ports < 1:
+        cli.error(f"--ports must be a positive int, got {args.ports}")
+    if args.imports:
+        from .trust import import_module
+        for name in args.imports:
+            try:
+                import_module(os.path.abspath(name) if name.endswith(".py") else name)
+            except Exception as error:  # noqa: BLE001 - any failure of the user's module is an option error
+                cli.error(f"--import {name}: cannot import it: {type(error).__name__}: {error}")
     machine = _machine(args)
-    if args.out is None:
-        args.out = time.strftime("study-%Y%m%dT%H%M%SZ", time.gmtime())
-    os.makedirs(args.out, exist_ok=True)
     worlds = [int(w) for w in args.worlds.split(",")]
     sizes = _sizes(args.minbytes, args.maxbytes, args.stepfactor)
     algorithms = args.algorithms.split(",") if args.algorithms else None
@@ -104,11 +126,32 @@ def main(argv: Optional[List[str]] = None) -> int:
         loaded = [msccl.load(path) for path in args.msccl]
         if algorithms is not None:
             algorithms += loaded
-    for collective in args.collective.split(","):
-        cells = sweep([collective], worlds, sizes, machine, algorithms, args.simulate_up_to)
+    collectives = args.collective.split(",")
+    try:
+        check_algorithms(collectives, algorithms)
+    except ValueError as error:
+        cli.error(f"--algorithms: {error}")
+    if args.out is None:
+        args.out = time.strftime("study-%Y%m%dT%H%M%SZ", time.gmtime())
+    os.makedirs(args.out, exist_ok=True)
+    for collective in collectives:
+        chosen = algorithms
+        if algorithms is not None:
+            chosen = [a for a in algorithms if a in registry.algorithms(collective)]
+            if not chosen:
+                print(f"{collective}: none of --algorithms is registered for it, skipped")
+                continue
+        cells = sweep([collective], worlds, sizes, machine, chosen, args.simulate_up_to)
+        if not cells:
+            print(f"{collective}: no cell to run (an algorithm fixed to another world size?), skipped")
+            continue
         table = write_table(cells, os.path.join(args.out, f"study_{collective}.csv"))
         picture = plot_map(cells, collective, os.path.join(args.out, f"study_map_{collective}.png"))
-        lines = [f"{c}: p={w}: from {n} B {a} -> {b}" for c, w, n, a, b in crossovers(cells)]
+        lines = crossover_lines(cells)
+        closed = sum(c.source != "simulated" for c in cells)
+        if closed:
+            lines.append(f"{collective}: {closed} of {len(cells)} cells are closed forms (above "
+                         f"--simulate-up-to {args.simulate_up_to} ranks), {len(cells) - closed} simulated")
         text = os.path.join(args.out, f"study_crossovers_{collective}.txt")
         with open(text, "w") as f:
             f.write(f"machine: {json.dumps(machine.to_dict())}\n" + "\n".join(lines) + "\n")

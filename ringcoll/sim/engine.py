@@ -231,7 +231,7 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
     representatives' run stands for all.
     ``record`` keeps the :class:`Timeline` of every message and local operation."""
     world = len(plans)
-    itemsizes = [torch.empty((), dtype=plan.dtype).element_size() for plan in plans]
+    itemsizes = [plan.dtype.itemsize for plan in plans]
     if not data:
         found = symmetric(plans, machine) if symmetry and not record else None
         if found is not None:
@@ -303,8 +303,9 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
     algorithm = first.algorithm
     if world < 2 or algorithm.symmetry is None:
         return None
-    for plan in plans:
-        if plan.algorithm is not algorithm or plan.layout != first.layout or plan.dtype != first.dtype:
+    for plan in plans:          # copies of one plan (simulate's numel= runs) pass on identity
+        if plan.algorithm is not algorithm or (plan.layout is not first.layout and plan.layout != first.layout) \
+                or (plan.buffers is not first.buffers and plan.dtype != first.dtype):
             return None
     declared = algorithm.symmetry(world, first.layout)
     if declared is None:

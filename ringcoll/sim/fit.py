@@ -8,17 +8,22 @@ count as much as 64 MiB ones). β and γ are collinear in the reducing collectiv
 (all_reduce alone has b = 2c for ring and Rabenseifner): the copy-only collectives (broadcast,
 all_gather, gather, scatter, all_to_all) pin β, and when the rows cannot tell β from γ apart
 (their columns nearly parallel) γ is tied to β by ``gamma_ratio`` and the report says so.
+A fit with no more rows than free parameters, or whose rows cannot tell the parameters
+apart (rank below their number), fits its rows exactly by construction: its error bands say
+nothing, and the fit warns (``UserWarning``) and its report says so.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..schedules import registry
+from ..schedules.registry import Cost
 from .machine import Machine
 from ..selection import segment_bytes
 
@@ -46,20 +51,47 @@ class Fit:
     samples: List[Sample]
     tied: bool                              # γ tied to β (collinear)
     bands: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    #: what the machine is: "fitted" (to these samples) or where a given machine came from
+    label: str = "fitted"
+    #: why the error bands may say nothing (an under-determined fit), for the report
+    warnings: List[str] = field(default_factory=list)
 
     def predict(self, sample: Sample) -> float:
-        a, b, c = sample.coefficients
-        return a * self.machine.alpha + b * self.machine.beta + c * self.machine.gamma
+        """The sample's time on the machine (every message at its slowest link)."""
+        return Cost(*sample.coefficients).on(self.machine)
+
+    def on(self, machine: Machine, label: str) -> "Fit":
+        """These samples' predictions and error bands on another ``machine`` (a given one,
+        not fitted to them), labelled ``label``."""
+        other = Fit(machine, self.samples, False, label=label)
+        other.bands = error_bands(other)
+        return other
 
     def report(self) -> str:
         m = self.machine
-        lines = [f"fitted α = {m.alpha * 1e6:.3g} µs, β = {1 / m.beta / 1e9 if m.beta else float('inf'):.3g} GB/s, "
+        kind = "fitted" if self.label == "fitted" else f"given machine ({self.label}), not fitted:"
+        lines = [f"{kind} α = {m.alpha * 1e6:.3g} µs, β = {1 / m.beta / 1e9 if m.beta else float('inf'):.3g} GB/s, "
                  f"γ = {1 / m.gamma / 1e9 if m.gamma else float('inf'):.3g} GB/s reduced"
-                 f"{' (γ tied to β: collinear in these rows)' if self.tied else ''}, from {len(self.samples)} rows"]
+                 f"{' (γ tied to β: collinear in these rows)' if self.tied else ''}, "
+                 f"{'from' if self.label == 'fitted' else 'against'} {len(self.samples)} rows"]
+        if not m.flat:
+            lines.append(f"  {m.describe()}")
         for band, row in self.bands.items():
             lines.append(f"  {band:>15}: {row['rows']:4d} rows, median |error| {row['median'] * 100:5.1f} %, "
                          f"90th percentile {row['p90'] * 100:5.1f} %")
+        lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def error_bands(result: Fit) -> Dict[str, Dict[str, float]]:
+    """Rows, median and 90th percentile of |predicted / measured - 1| per size band."""
+    bands = {}
+    for lo, hi, name in BANDS:
+        errors = [abs(result.predict(s) / s.seconds - 1) for s in result.samples if lo <= s.nbytes < hi]
+        if errors:
+            bands[name] = {"rows": len(errors), "median": float(np.median(errors)),
+                           "p90": float(np.percentile(errors, 90))}
+    return bands
 
 
 def samples_from_bench(paths: Iterable[str]) -> List[Sample]:
@@ -124,11 +156,18 @@ def fit_samples(samples: Sequence[Sample], gamma_ratio: float = 0.5, collinear: 
     else:
         alpha, beta, gamma = _nnls(weighted, ones)
     result = Fit(Machine(alpha=float(alpha), beta=float(beta), gamma=float(gamma)), samples, tied)
-    for lo, hi, name in BANDS:
-        errors = [abs(result.predict(s) / s.seconds - 1) for s in samples if lo <= s.nbytes < hi]
-        if errors:
-            result.bands[name] = {"rows": len(errors), "median": float(np.median(errors)),
-                                  "p90": float(np.percentile(errors, 90))}
+    result.bands = error_bands(result)
+    parameters = 2 if tied else 3
+    columns = joint if tied else weighted
+    rank = int(np.linalg.matrix_rank(columns)) if len(samples) else 0
+    if len(samples) <= parameters:
+        result.warnings.append(f"under-determined: {len(samples)} rows for {parameters} parameters, so the fit "
+                               f"matches its rows by construction and the error bands say nothing")
+    elif rank < parameters:
+        result.warnings.append(f"under-determined: the {len(samples)} rows give {rank} independent equations "
+                               f"for {parameters} parameters (too few distinct algorithms, sizes or worlds)")
+    for text in result.warnings:
+        warnings.warn(f"ringcoll fit: {text}", UserWarning, stacklevel=2)
     return result
 
 

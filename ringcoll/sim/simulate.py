@@ -1,7 +1,6 @@
 """``ringcoll.simulate``: run a collective on every rank of a world in one process."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -29,6 +28,7 @@ class Simulation:
     plans: List[Plan] = field(repr=False, default_factory=list)
     machine: Machine = field(default_factory=Machine)
     nbytes: int = 0               # the n of the cost model
+    dtype: Optional[torch.dtype] = None   # the element type of the run (numel=: int64 unless dtype= says)
 
     @property
     def schedules(self) -> List[Sequence[Step]]:
@@ -90,8 +90,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
     or a tuple of positional arguments), or rank-valued data of ``numel`` elements of
-    ``dtype`` (the n of the cost model: see :func:`numel_call`), or ``call(rank) -> (args,
-    kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
+    ``dtype`` (default ``torch.int64``, exact under every op; the cost model's n is ``numel``
+    times its 8 bytes: pass ``dtype=torch.float32`` for 4-byte elements; see
+    :func:`numel_call`), or ``call(rank) -> (args, kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
     bytes per rank and per link, time on ``machine``'s port-limited clock; None: the default
     ``Machine()``), the algorithm's cost model and every rank's plan. ``algorithm="auto"``
@@ -144,6 +145,15 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
     plans, before, after = [], [], []
     for rank in range(world):
+        if plans and not data and call is None and inputs is None:
+            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
+            # is a layout parameter), so one builder call serves, not world of them (a
+            # shallow copy: a million ranks in seconds)
+            plan = object.__new__(Plan)         # a shallow copy, without copy.copy's overhead
+            plan.__dict__.update(first_fields)
+            plan.rank = rank
+            plans.append(plan)
+            continue
         if call is not None:
             args, extra = call(rank)
             extra = {**kwargs, **extra}
@@ -159,16 +169,12 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
         extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
-        if plans and not data and call is None and inputs is None:
-            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
-            # is a layout parameter), so one builder call serves, not world of them
-            plans.append(dataclasses.replace(plans[0], rank=rank))
-            continue
         if check:
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
         plans.append(build(Context(rank, world, nodes=nodes, machine=chosen_on), *args, **extra))
+        first_fields = vars(plans[0])
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
@@ -178,7 +184,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
                  local_size=model_local_size(nodes))
     sim = Simulation(collective, first.algorithm, world,
-                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes)
+                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype)
     if check:
         from .check import check_results
         check_results(collective, before, after)

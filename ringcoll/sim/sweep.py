@@ -4,9 +4,13 @@ machine, the best algorithm of each cell, the sizes where the best changes, and 
 Up to ``simulate_up_to`` ranks every cell is a cost-only simulation on the machine's clock
 (ports, nodes and NICs included); beyond, the closed forms serve, on the machine's slowest
 link and, for the node-aware algorithms, its nodes (they equal the clock on a flat
-single-port machine, validated up to 1024 ranks by the tests and bench/study_scale.py). Each
-cell also carries its ratio to the lower bound
-T_lb = ⌈lg p⌉α + (bandwidth bound)β + (compute bound)γ on the machine's fastest link.
+single-port machine, validated up to 1024 ranks by the tests and bench/study_scale.py); each
+cell says which (``source``), and the crossovers and maps mark the closed-form ones. Each
+cell also carries its ratio to the lower bound (:func:`bound_time`): on a flat machine
+T_lb = ⌈lg p⌉α + (bandwidth bound)β + (compute bound)γ; on a 2-level machine the larger of
+that at the fastest link and the bound across the node boundary at the inter-node link
+(:func:`ringcoll.sim.bounds.node_bounds`). Cells within :data:`TIE` of the best are ties,
+flagged on the maps and in the crossovers.
 """
 from __future__ import annotations
 
@@ -18,11 +22,10 @@ from ..schedules import registry
 from ..selection import segment_bytes
 from .machine import Machine
 from ..runtime.nodes import model_local_size
-from .bounds import lower_bounds
+from .bounds import lower_bounds, node_bounds
 
-#: the builder each registry collective is simulated through
-_BUILDER = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-            "all_to_all": "all_to_all_single"}
+#: relative difference in time below which two algorithms tie in a cell
+TIE = 1e-9
 
 
 @dataclass
@@ -37,21 +40,28 @@ class Cell:
 
 
 def bound_time(collective: str, world: int, nbytes: int, machine: Machine) -> float:
+    """The lower bound on ``machine``: Chan et al.'s at the fastest link, and on a 2-level
+    machine at least the node boundary's (inter-node rounds and NIC bytes at the inter-node
+    α and β), whichever is larger."""
     bound = lower_bounds(collective, world, nbytes)
     alpha = min(machine.alpha, machine.inter_alpha) if not machine.flat else machine.alpha
     beta = min(machine.beta, machine.inter_beta) if not machine.flat else machine.beta
-    return bound.steps * alpha + bound.bytes_moved * beta / machine.ports + bound.bytes_reduced * machine.gamma
+    flat = bound.steps * alpha + bound.bytes_moved * beta / machine.ports + bound.bytes_reduced * machine.gamma
+    if machine.flat:
+        return flat
+    across = node_bounds(collective, world, nbytes, [machine.node_of(r) for r in range(world)], machine.nic_ports)
+    return max(flat, across.steps * machine.inter_alpha + across.bytes_moved * machine.inter_beta)
 
 
 def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: Machine,
              simulate_up_to: int = 256) -> Cell:
-    from .simulate import simulate
+    from .simulate import BUILDER_OF, simulate
 
     # on a hierarchical machine the node-aware algorithms and their closed forms see the
     # machine's own nodes
     nodes = None if machine.flat else tuple(machine.node_of(rank) for rank in range(world))
     if world <= simulate_up_to:
-        sim = simulate(_BUILDER.get(collective, collective), algorithm, world, numel=max(nbytes // 4, 0),
+        sim = simulate(BUILDER_OF.get(collective, collective), algorithm, world, numel=max(nbytes // 4, 0),
                        dtype=__import__("torch").float32, data=False, machine=machine, record=False,
                        local_size=nodes)
         seconds, source = sim.stats.time, "simulated"
@@ -63,9 +73,24 @@ def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: 
     return Cell(collective, algorithm, world, nbytes, seconds, seconds / lb if lb else float("nan"), source)
 
 
+def check_algorithms(collectives: Sequence[str], algorithms: Optional[Sequence[str]]) -> None:
+    """ValueError naming the unknown ones and the known ones unless every name of
+    ``algorithms`` (None: all) is registered for at least one of ``collectives``."""
+    if algorithms is None:
+        return
+    known = sorted({name for collective in collectives for name in registry.algorithms(collective)})
+    unknown = [name for name in algorithms if name not in known]
+    if unknown or not algorithms:
+        raise ValueError(f"algorithms must name registered algorithms of {', '.join(collectives)}: "
+                         f"unknown {', '.join(unknown) or repr(list(algorithms))}; known: {', '.join(known)}")
+
+
 def sweep(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int], machine: Machine,
           algorithms: Optional[Sequence[str]] = None, simulate_up_to: int = 256,
           progress=None) -> List[Cell]:
+    """Every (collective, world, size, algorithm) cell; ``algorithms`` restricts the names
+    (:func:`check_algorithms`)."""
+    check_algorithms(collectives, algorithms)
     cells = []
     for collective in collectives:
         names = [a for a in registry.algorithms(collective) if algorithms is None or a in algorithms]
@@ -90,6 +115,20 @@ def best(cells: Iterable[Cell]) -> Dict[Tuple[str, int, int], Cell]:
     return winners
 
 
+def ties(cells: Iterable[Cell]) -> Dict[Tuple[str, int, int], List[str]]:
+    """Each (collective, world, nbytes) whose best time is shared, within :data:`TIE`, by
+    several algorithms: their names, the winner of :func:`best` first."""
+    cells = list(cells)
+    winners = best(cells)
+    out: Dict[Tuple[str, int, int], List[str]] = {}
+    for cell in cells:
+        key = (cell.collective, cell.world, cell.nbytes)
+        top = winners[key]
+        if cell is not top and abs(cell.seconds - top.seconds) <= TIE * max(top.seconds, 1e-300):
+            out.setdefault(key, [top.algorithm]).append(cell.algorithm)
+    return out
+
+
 def crossovers(cells: Iterable[Cell]) -> List[Tuple[str, int, int, str, str]]:
     """(collective, world, first size of the new winner, old winner, new winner) wherever the
     best algorithm changes as the size grows."""
@@ -102,6 +141,23 @@ def crossovers(cells: Iterable[Cell]) -> List[Tuple[str, int, int, str, str]]:
             if a.algorithm != b.algorithm:
                 out.append((collective, world, after, a.algorithm, b.algorithm))
     return out
+
+
+def crossover_lines(cells: Sequence[Cell]) -> List[str]:
+    """:func:`crossovers` as text, each line marking a closed-form cell and a tie, then one
+    line per tied cell."""
+    cells = list(cells)
+    winners, tied = best(cells), ties(cells)
+    lines = []
+    for collective, world, nbytes, a, b in crossovers(cells):
+        key = (collective, world, nbytes)
+        marks = ([" (closed form)"] if winners[key].source != "simulated" else []) + \
+                ([f" (tie: {' = '.join(tied[key])})"] if key in tied else [])
+        lines.append(f"{collective}: p={world}: from {nbytes} B {a} -> {b}{''.join(marks)}")
+    for (collective, world, nbytes), names in sorted(tied.items()):
+        how = winners[(collective, world, nbytes)].source
+        lines.append(f"{collective}: p={world}: at {nbytes} B tie ({how}): {' = '.join(names)}")
+    return lines
 
 
 def write_table(cells: Sequence[Cell], path: str) -> str:
@@ -122,7 +178,8 @@ def _size_label(nbytes: int) -> str:
 
 def plot_map(cells: Sequence[Cell], collective: str, path: str, title: str = "") -> str:
     """Heatmap over world size (rows) and message size (columns): the best algorithm's
-    colour, each cell marked with its time's ratio to the lower bound."""
+    colour, each cell marked with its time's ratio to the lower bound, ``*`` where the time
+    is the closed form's (not simulated) and ``=`` where another algorithm ties."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -130,6 +187,7 @@ def plot_map(cells: Sequence[Cell], collective: str, path: str, title: str = "")
     from matplotlib.patches import Patch
 
     winners = {k: v for k, v in best(cells).items() if k[0] == collective}
+    tied = ties(cells)
     worlds = sorted({w for _, w, _ in winners})
     sizes = sorted({n for _, _, n in winners})
     names = sorted({c.algorithm for c in winners.values()})
@@ -140,7 +198,9 @@ def plot_map(cells: Sequence[Cell], collective: str, path: str, title: str = "")
               aspect="auto", origin="lower")
     for i, w in enumerate(worlds):
         for j, n in enumerate(sizes):
-            ax.text(j, i, f"{winners[(collective, w, n)].bound_ratio:.2g}", ha="center", va="center", fontsize=7)
+            cell = winners[(collective, w, n)]
+            mark = ("*" if cell.source != "simulated" else "") + ("=" if (collective, w, n) in tied else "")
+            ax.text(j, i, f"{cell.bound_ratio:.2g}{mark}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(sizes)))
     ax.set_xticklabels([_size_label(n) for n in sizes], rotation=45)
     ax.set_yticks(range(len(worlds)))
@@ -149,7 +209,8 @@ def plot_map(cells: Sequence[Cell], collective: str, path: str, title: str = "")
     ax.set_ylabel("ranks")
     ax.legend(handles=[Patch(color=colours[i], label=name) for i, name in enumerate(names)],
               loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    ax.set_title(title or f"{collective}: best algorithm (number: time / lower bound)", fontsize=10)
+    ax.set_title(title or f"{collective}: best algorithm (number: time / lower bound; "
+                          f"* closed form, = tie)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -93,8 +93,10 @@ def test_a_two_level_group_takes_what_the_simulator_says_wins(clusters, plain_en
 def test_simulate_auto_picks_the_simulated_winner(plain_env, collective, world, local_size):
     """On a two-level machine whose nodes are the simulated ones, ``simulate(..., "auto",
     machine=M)`` runs an algorithm whose simulated time on M is the least of all, at sizes
-    from nothing to 16 MiB; on 8 ranks as nodes of 4 the all_reduce takes hierarchical at
-    16 MiB (the issue's case, where the model at the slowest link took rabenseifner)."""
+    from nothing to 16 MiB; on 8 ranks as nodes of 4 the all_reduce at 16 MiB takes one that
+    keeps its large messages inside the nodes: hierarchical, or Rabenseifner in MPICH's order
+    (its halves of n/2 and n/4 go to ranks 1 and 2 away, on the node), which the closed form
+    at the slowest link prices as if every message crossed nodes."""
     registry_name = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
                      "all_to_all_single": "all_to_all"}.get(collective, collective)
     per_node = local_size or 2
@@ -106,7 +108,9 @@ def test_simulate_auto_picks_the_simulated_winner(plain_env, collective, world, 
         assert times[sim.algorithm.name] == pytest.approx(min(times.values()), rel=1e-9), \
             (numel, sim.algorithm.name, sorted(times.items(), key=lambda kv: kv[1])[:3])
     if (collective, world) == ("all_reduce", 8):
-        assert sim.algorithm.name == "hierarchical"
+        assert sim.algorithm.name in ("hierarchical", "rabenseifner")
+        slowest = ringcoll.schedules.registry.model(sim.algorithm, world, 4 << 22).on(machine)
+        assert times[sim.algorithm.name] < slowest
 
 
 def test_without_a_machine_the_measured_rules_still_decide(plain_env, tmp_path):
@@ -115,22 +119,26 @@ def test_without_a_machine_the_measured_rules_still_decide(plain_env, tmp_path):
     name, why = selection.choose("all_reduce", "auto", 1 << 23, 4)
     assert (name, why.split(":")[1].strip()) == ("rabenseifner", "rule measured up to p=4")
     name, why = selection.choose("all_reduce", "auto", 1 << 23, 4, machine=TWO_LEVEL, nodes=(0, 0, 1, 1))
-    assert name == "hierarchical" and why.startswith("auto: model (given machine): simulated"), why
+    # on 2 nodes of 2, MPICH's Rabenseifner (halves to the node neighbour first) is hierarchical's
+    # schedule in effect: they tie, and the tie goes to the classic algorithm
+    assert name in ("hierarchical", "rabenseifner") and why.startswith("auto: model (given machine): simulated"), why
     path = tmp_path / "machine.json"
     TWO_LEVEL.save(str(path))
     plain_env.setenv("RINGCOLL_MACHINE", str(path))
     name, why = selection.choose("all_reduce", "auto", 1 << 23, 4)           # the machine's own nodes
-    assert name == "hierarchical" and why.startswith(f"auto: model ({path}): simulated on nodes of 2"), why
+    assert name in ("hierarchical", "rabenseifner"), why          # they tie on 2 nodes of 2 (above)
+    assert why.startswith(f"auto: model ({path}): simulated on nodes of 2"), why
 
 
 def test_the_groups_layout_not_the_machines_decides_the_schedule(plain_env):
     """The model simulates the node-aware candidates with the layout they will run with:
     the same machine on one node (the layout a group on one host has) makes hierarchical the
-    ring, which then never wins over it, while nodes of 2 make it the winner."""
+    ring, which then never wins over it, while 3 nodes of 2 make it the winner (on 2 nodes
+    of 2 MPICH's Rabenseifner ties with it)."""
     big = 1 << 23
-    one_node = selection.choose("all_reduce", "auto", big, 4, machine=TWO_LEVEL, nodes=(0, 0, 0, 0))[0]
+    one_node = selection.choose("all_reduce", "auto", big, 6, machine=TWO_LEVEL, nodes=(0,) * 6)[0]
     assert one_node != "hierarchical"
-    assert selection.choose("all_reduce", "auto", big, 4, machine=TWO_LEVEL, nodes=lambda: (0, 0, 1, 1))[0] \
+    assert selection.choose("all_reduce", "auto", big, 6, machine=TWO_LEVEL, nodes=lambda: (0, 0, 1, 1, 2, 2))[0] \
         == "hierarchical"
     with pytest.raises(ValueError, match="nodes must give the node of each of the 4 ranks, got 3"):
         selection.choose("all_reduce", "auto", big, 4, machine=TWO_LEVEL, nodes=(0, 0, 1))
@@ -145,7 +153,7 @@ def test_a_decision_is_simulated_once_per_band_and_machine(plain_env, monkeypatc
     nodes = (0, 0, 1, 1)
     selection.choose("all_reduce", "auto", 1 << 20, 4, machine=TWO_LEVEL, nodes=nodes)
     cold = len(runs)
-    assert cold == len(ringcoll.algorithms("all_reduce"))
+    assert cold == len([n for n in ringcoll.algorithms("all_reduce") if registry.get("all_reduce", n).auto])
     for nbytes in (1 << 20, (1 << 20) + 1000, (1 << 20) + (1 << 18) - 1):
         selection.choose("all_reduce", "auto", nbytes, 4, machine=TWO_LEVEL, nodes=nodes)
     assert len(runs) == cold
