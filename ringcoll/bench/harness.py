@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Dict, List, Optional, Tuple
 
-from ..study.trust import import_module  # noqa: F401 - the ranks import user modules through it
+from ..sim.trust import import_module  # noqa: F401 - the ranks import user modules through it
 from .specs import P2P_FLOOR, SPECS, Case, Spec
 
 BUILTIN = "built-in"
