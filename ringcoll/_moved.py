@@ -43,14 +43,21 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
+    def __init__(self):
+        self._real_specs = {}
+
     def create_module(self, spec):
         target_name = new_path(spec.name)
         warnings.warn(f"{spec.name} moved to {target_name}; the old path will be removed in a later "
                       f"release", DeprecationWarning, stacklevel=3)
-        return importlib.import_module(target_name)
+        module = importlib.import_module(target_name)
+        self._real_specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass        # the module at the new path is already executed
+        # the module at the new path is already executed; the import system has just set its
+        # __spec__ to the alias's: give it back its own (its name, for pickling and reloads)
+        module.__spec__ = self._real_specs.pop(module.__spec__.name)
 
 
 def install() -> None:

@@ -229,3 +229,4 @@ def test_an_old_child_module_is_the_new_one():
     import ringcoll.sim.sweep
 
     assert old is ringcoll.sim.sweep and step is ringcoll.schedules.vocabulary.Step
+    assert old.__spec__.name == "ringcoll.sim.sweep" and ringcoll.sim.__spec__.name == "ringcoll.sim"
