@@ -258,22 +258,21 @@ def findings(tag, rows, sizes):
             out.append(f"- At {size_name(n)} {' and '.join(tied)} win{'s' if len(tied) == 1 else ''}, "
                        f"{ranked[1]} is {rows[(ranked[1], n)]['us'] / rows[(ranked[0], n)]['us']:.2f}× slower, "
                        f"the slowest ({ranked[-1]}) {rows[(ranked[-1], n)]['us'] / rows[(ranked[0], n)]['us']:.3g}×.")
-    sw = [(n, ratio(rows, "swing_bandwidth", "recursive_doubling", n)) for n in sizes]
-    sw = [(n, r) for n, r in sw if r]
-    if sw:
-        n, r = max(sw, key=lambda x: x[1])
+    def best(faster: str, slower: str):
+        """(size, ratio) where ``faster`` gains most on ``slower``, or None."""
+        found = [(n, r) for n, r in ((n, ratio(rows, faster, slower, n)) for n in sizes) if r]
+        return max(found, key=lambda x: x[1]) if found else None
+
+    if best("swing_bandwidth", "recursive_doubling"):
+        n, r = best("swing_bandwidth", "recursive_doubling")
         out.append(f"- swing_bandwidth against recursive_doubling: up to {r:.2f}× faster (at {size_name(n)}).")
-    rs = [(n, ratio(rows, "swing_bandwidth", "rabenseifner", n)) for n in sizes]
-    rs = [(n, r) for n, r in rs if r]
-    if rs:
-        n, r = max(rs, key=lambda x: x[1])
+    if best("swing_bandwidth", "rabenseifner"):
+        n, r = best("swing_bandwidth", "rabenseifner")
         out.append(f"- swing_bandwidth against rabenseifner (same steps and bytes per rank, other peers): "
                    f"up to {r:.2f}× faster (at {size_name(n)}); hop-bytes "
                    f"{rows[('swing_bandwidth', n)]['hop_GiB']:.3g} against {rows[('rabenseifner', n)]['hop_GiB']:.3g} GiB.")
-    bn = [(n, ratio(rows, "bine", "rabenseifner", n)) for n in sizes]
-    bn = [(n, r) for n, r in bn if r]
-    if bn:
-        n, r = max(bn, key=lambda x: x[1])
+    if best("bine", "rabenseifner"):
+        n, r = best("bine", "rabenseifner")
         cross = (rows[("bine", n)]["crossing"], rows[("rabenseifner", n)]["crossing"])
         out.append(f"- bine against rabenseifner: up to {r:.2f}× faster (at {size_name(n)}); messages crossing "
                    f"a group (leaf switch, dragonfly group): {cross[0]} against {cross[1]}.")
