@@ -225,6 +225,43 @@ def test_a_synchronous_call_returns_before_its_data_arrived(streamed):
         assert returned < 5 and untouched and waits == 0 and right
 
 
+def scratch_on_ringcoll_stream():
+    """Every scratch or staging buffer the stream path allocates for a call, on which stream it
+    was allocated: ringcoll's stream of the group (which alone uses it), never the caller's."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    seen = []
+    original = type(runtime).allocating
+
+    def recording(self, stream):
+        seen.append(stream)
+        return original(self, stream)
+
+    type(runtime).allocating = recording
+    try:
+        side = runtime.new_stream(CPU)                   # the caller works on a side stream
+        with runtime.use(side):
+            x = data(1 << 17, rank)                      # larger than earlier calls: fresh scratch
+            ringcoll.all_reduce(x, algorithm="ring")
+            outputs = [torch.zeros(1 << 15, dtype=torch.int64) for _ in range(world)]
+            ringcoll.all_gather(outputs, data(1 << 15, rank), algorithm="ring")
+            runtime.synchronize(runtime.record(side))
+    finally:
+        type(runtime).allocating = original
+    stream = group_executor(None).transport(CPU).stream
+    right = torch.equal(x, sum(data(1 << 17, r) for r in range(world)))
+    return len(seen), all(s is stream for s in seen), any(s is side for s in seen), right
+
+
+def test_scratch_buffers_are_allocated_on_ringcoll_s_stream(streamed):
+    """Item 7 of issue #26: scratch and staging buffers belong to ringcoll's stream (allocated
+    under it, used only by it, in its order), so a caller's side stream can never reuse their
+    memory while a call is in flight. Old code: the worker thread allocated them on the default
+    stream, unordered with the caller's."""
+    for count, on_ringcoll, on_side, right in streamed.run(scratch_on_ringcoll_stream):
+        assert count > 0 and on_ringcoll and not on_side and right
+
+
 def ordered():
     """A producer on the caller's stream before an async call, a consumer after ``wait()``:
     the call reads what the producer wrote and the consumer reads the call's result, with the
