@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -194,6 +195,19 @@ def check_async(async_op) -> bool:
                     f"takes None, numbers and one-element tensors, by their truth value)")
 
 
+#: each group's persistent plans (its executor -> prepared plans by call, least recently used
+#: first): the api's own state, kept beside the executor, not on it, and gone with it
+_PERSISTENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def persistent_plans(executor: P2PExecutor) -> "OrderedDict[tuple, Prepared]":
+    """The persistent plans :func:`run_call` keeps for ``executor``'s group."""
+    plans = _PERSISTENT.get(executor)
+    if plans is None:
+        plans = _PERSISTENT[executor] = OrderedDict()
+    return plans
+
+
 def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwargs):
     """Run one drop-in call: ``build(ctx, *args, **kwargs)`` checks the arguments and makes
     the plan, which this rank's executor for ``group`` runs now or, with ``async_op``, as a
@@ -221,18 +235,18 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []
     try:
-        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current, registry.version)
-        prepared = executor.persistent.get(key)
+        key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current, registry.loaded_version())
+        prepared = persistent_plans(executor).get(key)
     except (_NotKeyed, TypeError, RuntimeError):
         # not hashable, or a tensor without an address (its call's checks say what is wrong)
         key = prepared = None
     if prepared is not None and prepared.moved():
-        executor.persistent.pop(key, None)
+        persistent_plans(executor).pop(key, None)
         prepared = None
     if prepared is not None:
         seq = executor.begin_call()
         try:
-            executor.persistent.move_to_end(key)
+            persistent_plans(executor).move_to_end(key)
         except KeyError:                    # dropped meanwhile by a call on another thread
             pass
         plan = prepared.plan
@@ -248,9 +262,9 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         return ctx.submit(plan, False)
     executor.raise_if_failed()
     prepared = executor.prepare(plan)
-    executor.persistent[key] = prepared
-    if len(executor.persistent) > limit:
-        executor.persistent.popitem(last=False)
+    persistent_plans(executor)[key] = prepared
+    if len(persistent_plans(executor)) > limit:
+        persistent_plans(executor).popitem(last=False)
     return run_prepared(executor, prepared, ctx.seq)
 
 

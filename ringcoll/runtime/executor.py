@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from datetime import timedelta
 from typing import Dict, Optional, Tuple
 
@@ -127,8 +127,6 @@ class P2PExecutor:
         self._transports: Dict[Tuple[str, Optional[int]], object] = {}
         self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-        #: the drop-in's persistent plans on this group, by call (collectives._common.run_call)
-        self.persistent: "OrderedDict[tuple, Prepared]" = OrderedDict()
 
     @property
     def group(self):

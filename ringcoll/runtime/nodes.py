@@ -38,6 +38,7 @@ import logging
 import socket
 import struct
 import threading
+import weakref
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import config
@@ -175,20 +176,31 @@ def own_facts(executor) -> Facts:
     return Facts(global_rank, local_size, group_rank, socket.gethostname())
 
 
+#: each group's agreed layout, by its executor: (this rank's packed facts, nodes, source); kept
+#: beside the executor, not on it, and gone with it
+_AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def agreed(executor) -> Optional[Tuple[Nodes, str]]:
+    """The layout ``executor``'s group agreed, with its source, or None before its exchange."""
+    known = _AGREED.get(executor)
+    return None if known is None else (known[1], known[2])
+
+
 def group_layout(executor, device=None) -> Tuple[Nodes, str]:
     """The node of every rank of ``executor``'s group and where that came from (``"hostnames"``,
     ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the first
-    call, then kept on the executor while this rank's facts stay the same. Every rank of the
+    call, then kept for the group (:func:`agreed`) while this rank's facts stay the same. Every rank of the
     group must call it at the same point (a collective call that needs the layout); a call
     made by some ranks only waits for the others until the group's timeout. ``device``: where
     the exchange runs (default: CPU where the group serves it, else the current CUDA device)."""
     record = pack_facts(own_facts(executor))
-    known = getattr(executor, "node_layout", None)
+    known = _AGREED.get(executor)
     if known is not None and known[0] == record:
         return known[1], known[2]
     gathered = _in_call_order(lambda: _all_gather_records(executor, record, device))
     nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
-    executor.node_layout = (record, nodes, source)
+    _AGREED[executor] = (record, nodes, source)
     log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
              describe_layout(nodes), source)
     return nodes, source

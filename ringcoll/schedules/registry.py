@@ -179,6 +179,13 @@ def _load() -> None:
         raise
 
 
+def loaded_version() -> int:
+    """The registry's version once every built-in module has registered (a key part for caches
+    of what the registry decides: it changes with every register/unregister)."""
+    _load()
+    return version
+
+
 def algorithms(collective: str | None = None):
     """Registered algorithm names: a list for one collective, else a dict of every collective."""
     _load()

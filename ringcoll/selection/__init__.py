@@ -89,7 +89,7 @@ def checked_settings():
     and every drop-in call read the settings through here. Cached per (settings, registry
     version): about a microsecond on a repeated call."""
     current = settings()
-    key = (current, registry.version)
+    key = (current, registry.loaded_version())
     if key in _checked:
         return current
     _check_algo("RINGCOLL_ALGO", current.algo_text, current.algo)

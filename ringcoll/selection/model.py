@@ -144,7 +144,7 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
     on, _ = machine(given, of.device)
     layout = model_nodes(world, on, nodes)
     band = size_band(_model_bytes(collective, nbytes, world))
-    key = (collective, world, band, on, layout, tuple(names), registry.version, of.device)
+    key = (collective, world, band, on, layout, tuple(names), registry.loaded_version(), of.device)
     ranked = _simulated.get(key)
     if ranked is not None:
         return list(ranked)

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from ringcoll.api._common import persistent_plans
 from ringcoll.runtime import executor as executor_module
 from ringcoll.api import _common
 from _util import assert_every_rank, assert_no_problems, block, one_thread  # noqa: F401 - autouse
@@ -162,7 +163,7 @@ def kept_plans_on_direct_lists():
     """A reused plan runs on the list's tensors: new data in them each call is what moves."""
     rank, world = dist.get_rank(), dist.get_world_size()
     executor = _common.group_executor(None)
-    executor.persistent.clear()
+    persistent_plans(executor).clear()
     kept = 0
     got, mine = _separate(4, world, 0), torch.empty(4, dtype=torch.int64)
     parts = _separate(4, world, 0) if rank == 0 else None
@@ -176,7 +177,7 @@ def kept_plans_on_direct_lists():
             part.fill_(100 * call + r + 1)
         ringcoll.scatter(received, parts, src=0, algorithm="linear")
         ok &= torch.equal(received, torch.full((4,), 100 * call + rank + 1, dtype=torch.int64))
-    ok &= len(executor.persistent) == kept + 2          # one plan each, reused
+    ok &= len(persistent_plans(executor)) == kept + 2          # one plan each, reused
     return {"reused plans move each call's data": ok}
 
 

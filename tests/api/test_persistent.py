@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from ringcoll.api._common import persistent_plans
 from ringcoll.api import _common
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import GroupFailedError, PeerError
@@ -195,11 +196,11 @@ def changes_build_a_new_plan():
         ringcoll.all_reduce(t)
         ringcoll.all_reduce(t)
         results["same"] = counted.count
-        first = next(reversed(executor.persistent.values())).plan.algorithm.name
+        first = next(reversed(persistent_plans(executor).values())).plan.algorithm.name
         os.environ["RINGCOLL_ALGO"] = "all_reduce=ring"
         try:
             ringcoll.all_reduce(t)
-            chosen = next(reversed(executor.persistent.values())).plan.algorithm.name
+            chosen = next(reversed(persistent_plans(executor).values())).plan.algorithm.name
         finally:
             del os.environ["RINGCOLL_ALGO"]
         ringcoll.all_reduce(t)                  # the first plan again: kept
@@ -219,11 +220,11 @@ def changes_build_a_new_plan():
         ringcoll.all_reduce(big)
         ringcoll.all_reduce(big)
         results["large"] = counted.count
-        kept = len(executor.persistent)
+        kept = len(persistent_plans(executor))
         many = [torch.full((3,), rank, dtype=torch.int64) for _ in range(_common.PERSISTENT_PLANS + 4)]
         for tensor in many:
             ringcoll.all_reduce(tensor)
-        results["bounded"] = (kept, len(executor.persistent), [m.tolist() for m in many[-2:]])
+        results["bounded"] = (kept, len(persistent_plans(executor)), [m.tolist() for m in many[-2:]])
     return results
 
 
@@ -259,7 +260,7 @@ def tags_and_failure_of_a_reused_call():
     finally:
         P2PExecutor._post = original
     executor = _common.group_executor(group)
-    prepared = next(iter(executor.persistent.values()))
+    prepared = next(iter(persistent_plans(executor).values()))
     expected = [call_tag(seq, fingerprint(prepared.plan)) for seq in (1, 2, 3)]
     executor.failure = PeerError("injected", rank=0, peer=1, step=0)
     try:
@@ -336,7 +337,7 @@ def moved_memory_is_never_reused():
     executor = _common.group_executor(None)
     t = torch.full((8,), 1.0)
     ringcoll.all_reduce(t)
-    (key, prepared), = [(k, p) for k, p in executor.persistent.items()
+    (key, prepared), = [(k, p) for k, p in persistent_plans(executor).items()
                         if p.plan.buffers["data"].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()]
     storage = t.untyped_storage()
     nbytes = storage.nbytes()
@@ -346,7 +347,7 @@ def moved_memory_is_never_reused():
     moved = prepared.moved()
     build, names, arguments, *environment = key
     new_key = (build, names, _common._signature((t,), []) + arguments[1:], *environment)
-    executor.persistent[new_key] = prepared
+    persistent_plans(executor)[new_key] = prepared
     with _Counting() as counted:
         ringcoll.all_reduce(t)
     return moved, counted.count, t.tolist(), world

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.runtime.nodes import Facts, agreed_layout, describe_layout
+from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -265,10 +265,10 @@ def exchange_behind_queued_calls():
         last.wait()
         sparse = torch.sparse_coo_tensor([[rank, world]], [rank + 1, 10], (world + 1,))
         dist.all_reduce(sparse, group=sparse_group)
-        # what the calls themselves agreed on, cached on each group's executor
+        # what the calls themselves agreed on, kept for each group
         found = (first[:2].tolist(), second.tolist(), sparse.to_dense().tolist(),
-                 group_executor_of(group).node_layout[1:],
-                 sparse_group.executor(torch.device("cpu")).node_layout[1:])
+                 agreed(group_executor_of(group)),
+                 agreed(sparse_group.executor(torch.device("cpu"))))
     finally:
         os.environ.pop("GROUP_RANK")
         dist.destroy_process_group(sparse_group)
