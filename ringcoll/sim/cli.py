@@ -3,6 +3,7 @@
     ringcoll-study sweep --collective all_reduce --worlds 4,8,16,32,64 -b 1K -e 64M
     ringcoll-study sweep --hierarchical 8 --intra 2,100 --inter 10,10     # µs, GB/s
     ringcoll-study sweep --machine bench/results/RUN.json                  # fitted to a run
+    ringcoll-study sweep --torus 8x8 --host 2,50 --placement random:1      # a network machine
     ringcoll-study sweep --import mine.py --algorithms mine,ring --ports 2 # a user's algorithms
     ringcoll-study validate bench/results/RUN.json [--machine m.json]
 
@@ -20,6 +21,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from decimal import Decimal, InvalidOperation
 from typing import List, Optional
 
 from .machine import Machine
@@ -33,8 +35,110 @@ def _sizes(lo: int, hi: int, factor: int) -> List[int]:
     return out
 
 
+def _dims(text: str):
+    parts = text.lower().split("x")
+    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected DIMS as positive ints joined by x (8x8, 4x4x4), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _fat_tree(text: str):
+    parts = text.split(":")
+    try:
+        if not 1 <= len(parts) <= 3:
+            raise ValueError
+        radix, levels = int(parts[0]), int(parts[1]) if len(parts) > 1 else 2
+        oversubscription = float(parts[2]) if len(parts) > 2 else 1.0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RADIX[:LEVELS[:OVERSUBSCRIPTION]] (8, 8:3, 8:2:4), "
+                                         f"got {text!r}") from None
+    return radix, levels, oversubscription
+
+
+def _dragonfly(text: str):
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected GROUPS,ROUTERS,HOSTS,GLOBAL_LINKS as positive ints "
+                                         f"(5,4,2,1), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _seconds(microseconds: str) -> float:
+    """µs text to seconds, rounded once (0.1 µs is exactly the float 1e-7)."""
+    try:
+        value = float(Decimal(microseconds.strip()) / 1000000)
+    except (InvalidOperation, ValueError):
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a latency >= 0 in µs (0.1), got {microseconds!r}")
+    return value
+
+
+def _link(text: str):
+    parts = text.split(",")
+    try:
+        latency, gbps = _seconds(parts[0]), float(parts[1])
+        if len(parts) != 2 or not 0 < gbps < float("inf"):
+            raise ValueError
+    except (argparse.ArgumentTypeError, ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected LATENCY_US,GBPS (a latency >= 0 in µs, a bandwidth > 0 "
+                                         f"in GB/s: 2,50), got {text!r}") from None
+    return latency, 1 / (gbps * 1e9)
+
+
+def _placement(text: str):
+    if text == "linear":
+        return "linear"
+    kind, _, seed = text.partition(":")
+    if kind != "random" or not seed.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected linear or random:SEED (random:1), got {text!r}")
+    return ("random", int(seed))
+
+
+_NETWORKS = ("torus", "mesh", "fat_tree", "dragonfly")
+
+
+def _network_machine(args, ports: int) -> Optional[Machine]:
+    """The machine of --torus/--mesh/--fat-tree/--dragonfly (None if none is given); a
+    ValueError names the option."""
+    given = [kind for kind in _NETWORKS if getattr(args, kind, None) is not None]
+    if not given:
+        for option in ("placement", "global_link"):
+            if getattr(args, option, None) is not None:
+                raise ValueError(f"--{option.replace('_', '-')} needs a network machine "
+                                 f"(--torus, --mesh, --fat-tree or --dragonfly)")
+        return None
+    flags = [f"--{kind.replace('_', '-')}" for kind in given]
+    if len(given) > 1 or args.hierarchical or args.machine:
+        others = flags + ["--hierarchical"] * bool(args.hierarchical) + ["--machine"] * bool(args.machine)
+        raise ValueError(f"give one machine, got {' and '.join(others)}")
+    kind, flag = given[0], flags[0]
+    if args.global_link is not None and kind != "dragonfly":
+        raise ValueError("--global-link prices a dragonfly's global links: it needs --dragonfly")
+    alpha, beta = args.host
+    common = dict(alpha=alpha, beta=beta, gamma=1 / (args.gamma_gbps * 1e9), ports=ports,
+                  latency=args.link_latency, hop_latency=args.hop_latency,
+                  placement=args.placement)
+    value = getattr(args, kind)
+    try:
+        if kind in ("torus", "mesh"):
+            return getattr(Machine, kind)(value, **common)
+        if kind == "fat_tree":
+            radix, levels, oversubscription = value
+            return Machine.fat_tree(radix, levels=levels, oversubscription=oversubscription, **common)
+        extra = {}
+        if args.global_link is not None:
+            extra = dict(global_latency=args.global_link[0], global_beta=args.global_link[1])
+        return Machine.dragonfly(*value, **common, **extra)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{flag}: {error}") from None
+
+
 def _machine(args) -> Machine:
     ports = getattr(args, "ports", None)
+    network = _network_machine(args, ports or 1)
+    if network is not None:
+        return network
     if args.hierarchical:
         (ia, ib), (oa, ob) = ([float(x) for x in spec.split(",")] for spec in (args.intra, args.inter))
         return Machine.hierarchical(args.hierarchical, intra=(ia * 1e-6, 1 / (ib * 1e9)),
@@ -84,6 +188,26 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--inter", default="10,10", help="inter-node α (µs), bandwidth (GB/s)")
         q.add_argument("--gamma-gbps", type=float, default=50.0, help="reduction speed (GB/s)")
         q.add_argument("--nic-ports", type=int, default=1)
+        q.add_argument("--torus", type=_dims, metavar="DIMS", help="a torus of one host per point: 8x8, 4x4x4")
+        q.add_argument("--mesh", type=_dims, metavar="DIMS", help="a mesh (no wrap-around): 4x4")
+        q.add_argument("--fat-tree", dest="fat_tree", type=_fat_tree, metavar="RADIX[:LEVELS[:OVERSUB]]",
+                       help="a fat-tree of RADIX-port switches, 2 or 3 levels (default 2), links above "
+                            "the leaves 1/OVERSUB as fast (default 1): 8:2:4")
+        q.add_argument("--dragonfly", type=_dragonfly, metavar="G,R,H,GLOBAL",
+                       help="a dragonfly: G groups of R routers, H hosts per router, GLOBAL global links "
+                            "per router: 5,4,2,1")
+        q.add_argument("--host", type=_link, default=_link("5,10"), metavar="ALPHA_US,GBPS",
+                       help="on a network: each message's latency at the ends (µs) and the hosts' and "
+                            "links' bandwidth (GB/s); default 5,10")
+        q.add_argument("--link-latency", type=_seconds, default="0", metavar="US",
+                       help="on a network: latency of every link (µs), default 0")
+        q.add_argument("--hop-latency", type=_seconds, default="0.1", metavar="US",
+                       help="on a network: latency per hop (µs), default 0.1")
+        q.add_argument("--global-link", type=_link, default=None, metavar="LATENCY_US,GBPS",
+                       help="on a dragonfly: latency and bandwidth of the global links (default: --host's "
+                            "bandwidth, no latency)")
+        q.add_argument("--placement", type=_placement, default=None, metavar="linear|random:SEED",
+                       help="on a network: rank r on host r (linear, the default) or a seeded shuffle")
     sub.choices["validate"].add_argument("run", help="ringcoll-bench JSON")
     return p
 
@@ -95,10 +219,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .fit import fit_samples, samples_from_bench
         samples = samples_from_bench([args.run])
         result = fit_samples(samples)
-        if args.machine or args.hierarchical:
+        try:
+            machine = _machine(args)
+        except ValueError as error:
+            cli.error(str(error))
+        if machine.network is not None:
+            result = result.on(machine, label=machine.describe())
+        elif args.machine or args.hierarchical:
             given = args.machine or (f"--hierarchical {args.hierarchical} --intra {args.intra} "
                                      f"--inter {args.inter}")
-            result = result.on(_machine(args), label=given)
+            result = result.on(machine, label=given)
         print(f"{'collective':<16}{'algorithm':<20}{'p':>4}{'bytes':>11}{'measured us':>13}{'predicted us':>14}{'ratio':>7}")
         for s in samples:
             predicted = result.predict(s)
@@ -117,8 +247,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 import_module(os.path.abspath(name) if name.endswith(".py") else name)
             except Exception as error:  # noqa: BLE001 - any failure of the user's module is an option error
                 cli.error(f"--import {name}: cannot import it: {type(error).__name__}: {error}")
-    machine = _machine(args)
+    try:
+        machine = _machine(args)
+    except ValueError as error:
+        cli.error(str(error))
     worlds = [int(w) for w in args.worlds.split(",")]
+    if machine.network is not None:
+        too_big = [w for w in worlds if w > machine.network.hosts]
+        if too_big:
+            cli.error(f"--worlds: {too_big} do not fit on {machine.network.describe()} "
+                      f"({machine.network.hosts} hosts, one rank per host)")
     sizes = _sizes(args.minbytes, args.maxbytes, args.stepfactor)
     algorithms = args.algorithms.split(",") if args.algorithms else None
     if args.msccl:
