@@ -16,7 +16,7 @@ from .registry import Cost, register, rotation_when_even, xor_when_even
 from .vocabulary import (Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step)
 from .all_gather import _powers
 from .trees import segment_count
-from .fold import folded_rank, largest_pof2, real_rank
+from .fold import folded_rank, halving, largest_pof2
 
 
 def _share_cost(world: int, nbytes: int) -> Cost:
@@ -134,15 +134,10 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     def first(q: int) -> int:
         return 2 * q if q < rem else q + rem
 
-    lo, hi = 0, pof2
-    distance = pof2 // 2
-    while distance >= 1:
-        peer = real_rank(me ^ distance, world)
-        mid = (lo + hi) // 2
-        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+    for peer, keep, give in halving(me, world):
         keep_lo, keep_hi = first(keep[0]), first(keep[1])
         send_buf = span(current, first(give[0]), first(give[1]))
-        if keep_hi - keep_lo == 1 and distance == 1:        # the last step, own block only
+        if keep_hi - keep_lo == 1:                          # the last step, own block only
             yield step(sendrecv(peer, send_buf, peer, output), [reduce(output, current[keep_lo])])
         elif current is inputs:                              # first reduction: into acc, input untouched
             recv_buf = span(acc, keep_lo, keep_hi)
@@ -152,7 +147,5 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
             kept = span(acc, keep_lo, keep_hi)
             recv_buf = Buf("scratch", 0, kept.numel)
             yield step(sendrecv(peer, send_buf, peer, recv_buf), [reduce(kept, recv_buf)])
-        lo, hi = keep
-        distance //= 2
     if rank < 2 * rem:                                      # holds blocks rank - 1 and rank
         yield step([Send(rank - 1, acc[rank - 1])], [Copy(output, acc[rank])])
