@@ -10,7 +10,7 @@ the same value and there is no cross-rank identity to keep.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence, Tuple
 
 from .registry import Cost, register, rotation_when_even, xor_when_even
 from .vocabulary import (Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step)
@@ -30,6 +30,13 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost((world - 1) * k, share, share)
 
 
+def _blocks(world: int, layout: Layout) -> Tuple[Sequence[Buf], Buf]:
+    """The input cut into one block per rank, and this rank's output block (one block's size;
+    alone, a rank's reduce-scatter copies its one block there)."""
+    inputs = chunks("input", layout.numel, world)
+    return inputs, Buf("output", 0, inputs[0].numel)
+
+
 @register("reduce_scatter", "ring", cost=_ring_cost, symmetry=rotation_when_even)
 def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring reduce-scatter: at step s each rank sends its partial of block (rank - s - 1) to
@@ -41,13 +48,12 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
 
     Cost: (p-1)α·k + (p-1)/p·n(β + γ) (n: the input total; k segments per block).
     """
-    inputs = chunks("input", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
+    inputs, output = _blocks(world, layout)
     if world == 1:
         yield step(local=[Copy(output, inputs[0])])
         return
     right, left = (rank + 1) % world, (rank - 1) % world
+    block = output.numel
     pieces = segmented(inputs, layout.get("segment"))
     count = len(pieces[0])
     slots = [chunks("scratch", block, count, slot * block) for slot in (0, 1)]
@@ -70,9 +76,7 @@ def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[S
 
     Cost: (p-1)α + (p-1)/p·n(β + γ).
     """
-    inputs = chunks("input", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
+    inputs, output = _blocks(world, layout)
     if world == 1:
         yield step(local=[Copy(output, inputs[0])])
         return
@@ -81,7 +85,7 @@ def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[S
         if s == 1:
             yield step(sendrecv(peer_to, inputs[peer_to], peer_from, output), [reduce(output, inputs[rank])])
         else:
-            recv_buf = Buf("scratch", 0, block)
+            recv_buf = Buf("scratch", 0, output.numel)
             yield step(sendrecv(peer_to, inputs[peer_to], peer_from, recv_buf), [reduce(output, recv_buf)])
 
 
@@ -112,9 +116,7 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     Σ_d (d + min(d, rem))·(n/p)(β + γ) over d = pof2/2 .. 1 (folded rank 0 receives the
     most), plus 2α + (n + n/p)β + nγ for the fold.
     """
-    inputs = chunks("input", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
+    inputs, output = _blocks(world, layout)
     if world == 1:
         yield step(local=[Copy(output, inputs[0])])
         return
