@@ -35,7 +35,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
 
 log = logging.getLogger("ringcoll")
 
@@ -386,6 +386,25 @@ def _stamps(values: tuple) -> tuple:
             except OSError:
                 stamps.append(None)
     return tuple(stamps)
+
+
+def read_cached(cache: dict, variable: str, path: str, load: Callable[[str], Any]) -> Any:
+    """``load(path)`` for the file the setting ``variable`` names, kept in ``cache`` (path ->
+    (mtime, value)) until the file changes. A file that cannot be read is a ValueError naming
+    ``variable`` and the path; ``load``'s own errors pass through."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError as error:
+        raise ValueError(f"{variable} names {path!r}, which cannot be read: {error}") from None
+    cached = cache.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        value = load(path)
+    except OSError as error:
+        raise ValueError(f"{variable} names {path!r}, which cannot be read: {error}") from None
+    cache[path] = (stamp, value)
+    return value
 
 
 def settings() -> Settings:

@@ -340,10 +340,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        op = _op(opts)
-        planned = [self._plan("reduce_scatter", o, _real(o), _reals(ins), op) for o, ins in zip(outputs, input_lists)]
-        return self._submit(planned, list(outputs))
+        return self._reduce_scatter("reduce_scatter", outputs, input_lists, _reals, opts)
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -351,9 +348,13 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        op = _op(opts)
-        planned = [self._plan("reduce_scatter_tensor", o, _real(o), _real(i), op) for o, i in zip(outputs, inputs)]
+        return self._reduce_scatter("reduce_scatter_tensor", outputs, inputs, _real, opts)
+
+    def _reduce_scatter(self, collective, outputs, inputs, real_input, opts):
+        """Plan ``collective`` per (output, input) pair, the input made real by
+        ``real_input`` (a list of tensors or one tensor), and submit them as one work."""
+        op = _op(opts or dist.ReduceScatterOptions())
+        planned = [self._plan(collective, o, _real(o), real_input(i), op) for o, i in zip(outputs, inputs)]
         return self._submit(planned, list(outputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced

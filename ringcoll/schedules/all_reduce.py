@@ -11,7 +11,7 @@ from typing import Iterator
 
 from .vocabulary import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
 from .registry import Cost, register, rotation_when_even, xor_when_even
-from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
+from .fold import fold_in, fold_out, folded_rank, halving, largest_pof2, real_rank
 from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, port_split, \
     segment_count, segment_numel
 
@@ -144,18 +144,13 @@ def halving_doubling(rank: int, world: int, layout: Layout, distances) -> Iterat
     if me is not None:
         pof2 = largest_pof2(world)
         data_chunks = chunks("data", layout.numel, pof2)
-        lo, hi = 0, pof2
         history = []
         # scatter-reduce
-        for distance in distances:
-            peer = real_rank(me ^ distance, world)
-            mid = (lo + hi) // 2
-            keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+        for peer, keep, give in halving(me, world, distances):
             recv_buf = Buf("scratch", 0, span(data_chunks, *keep).numel)
             yield step(sendrecv(peer, span(data_chunks, *give), peer, recv_buf),
                        [reduce(span(data_chunks, *keep), recv_buf)])
             history.append((peer, keep, give))
-            lo, hi = keep
         # allgather
         for peer, keep, give in reversed(history):
             yield step(sendrecv(peer, span(data_chunks, *keep), peer, span(data_chunks, *give)))

@@ -8,7 +8,7 @@ result back to ``rank - 1``. Extra cost: 2α + 2nβ + nγ.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional, Tuple
 
 from .vocabulary import Buf, Recv, Send, Step, reduce, step
 
@@ -29,6 +29,25 @@ def real_rank(folded: int, world: int) -> int:
     """The world rank that plays ``folded`` in the power-of-two world."""
     rem = world - largest_pof2(world)
     return 2 * folded + 1 if folded < rem else folded + rem
+
+
+def halving(me: int, world: int, distances: Optional[Iterable[int]] = None) \
+        -> Iterator[Tuple[int, Tuple[int, int], Tuple[int, int]]]:
+    """Recursive halving on folded rank ``me``: the pof2 block indices shared with the
+    partner start as [0, pof2); at each distance (pof2/2 down to 1 unless ``distances`` are
+    given) the partner is folded rank ``me xor distance``, and this rank keeps the half of the
+    shared range holding its own side (the lower half when the distance bit is clear) and
+    gives the other; the kept half is the next shared range. Yields ``(peer, keep, give)``,
+    ``peer`` a world rank, ``keep`` and ``give`` ``(lo, hi)`` index ranges."""
+    pof2 = largest_pof2(world)
+    if distances is None:
+        distances = [pof2 >> (k + 1) for k in range(pof2.bit_length() - 1)]
+    lo, hi = 0, pof2
+    for distance in distances:
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+        yield real_rank(me ^ distance, world), keep, give
+        lo, hi = keep
 
 
 def fold_in(rank: int, world: int, data: Buf, scratch: Buf) -> Iterator[Step]:

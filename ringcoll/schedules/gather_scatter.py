@@ -60,12 +60,15 @@ def gather_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         yield step([Send(root, mine)])
 
 
-def _binomial_place(rel: int, world: int):
-    """Relative rank rel's place in the binomial tree rooted at 0: its parent, its children's
-    subtrees as block spans (lo, hi) smallest first, and the blocks of its own subtree."""
+def _binomial_place(rank: int, world: int, layout: Layout):
+    """This rank's place in the binomial tree of relative ranks rooted at ``layout["root"]``:
+    the root, its relative rank rel, its parent's relative rank, its children's subtrees as
+    block spans (lo, hi) smallest first, and the blocks of its own subtree."""
+    root = layout["root"]
+    rel = (rank - root) % world
     parent, kids = binomial(rel, world)
     lo, hi = binomial_span(rel, world)
-    return parent, [binomial_span(child, world) for child in reversed(kids)], hi - lo
+    return root, rel, parent, [binomial_span(child, world) for child in reversed(kids)], hi - lo
 
 
 @register("gather", "binomial", cost=_binomial_cost)
@@ -77,13 +80,10 @@ def gather_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: ⌈lg p⌉α + (p-1)/p·nβ.
     """
-    root = layout["root"]
+    root, rel, parent_rel, children, size = _binomial_place(rank, world, layout)
     output = chunks("output", layout.numel, world)
     subtree = chunks("subtree", layout.numel, world)
-    block = output[0].numel
-    mine = Buf("input", 0, block)
-    rel = (rank - root) % world
-    parent_rel, children, size = _binomial_place(rel, world)
+    mine = Buf("input", 0, output[0].numel)
     if rank == root:
         yield step(local=[Copy(output[root], mine)])
         yield step([Recv((lo + root) % world, buf) for lo, hi in children
@@ -127,13 +127,10 @@ def scatter_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: ⌈lg p⌉α + (p-1)/p·nβ.
     """
-    root = layout["root"]
+    root, rel, parent_rel, children, size = _binomial_place(rank, world, layout)
     inputs = chunks("input", layout.numel, world)
     subtree = chunks("subtree", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
-    rel = (rank - root) % world
-    parent_rel, children, size = _binomial_place(rel, world)
+    output = Buf("output", 0, inputs[0].numel)
     if rank != root:
         parent = (parent_rel + root) % world
         if not children:

@@ -12,7 +12,7 @@ from typing import Iterator
 
 from .registry import Cost, register
 from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
-from .fold import fold_in, folded_rank, largest_pof2, real_rank
+from .fold import fold_in, folded_rank, halving, largest_pof2, real_rank
 from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, port_split, relabel, rooted, \
     rooted_pipeline, segment_count, segment_numel
 
@@ -78,17 +78,10 @@ def _reduce_scatter_gather(w: int, world: int, numel: int) -> Iterator[Step]:
     data_chunks = chunks("data", numel, pof2)
 
     # scatter-reduce: keep the lower half when the distance bit is clear
-    lo, hi = 0, pof2
-    distance = pof2 // 2
-    while distance >= 1:
-        peer = real_rank(me ^ distance, world)
-        mid = (lo + hi) // 2
-        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+    for peer, keep, give in halving(me, world):
         recv_buf = Buf("scratch", 0, span(data_chunks, *keep).numel)
         yield step([Send(peer, span(data_chunks, *give)), Recv(peer, recv_buf)],
                    [reduce(span(data_chunks, *keep), recv_buf)])
-        lo, hi = keep
-        distance //= 2
     # gather to the root's folded rank
     relative = me ^ folded_rank(world - 1, world)
     top = relative & -relative if relative else pof2

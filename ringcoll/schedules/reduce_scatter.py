@@ -10,13 +10,13 @@ the same value and there is no cross-rank identity to keep.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence, Tuple
 
 from .registry import Cost, register, rotation_when_even, xor_when_even
 from .vocabulary import (Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step)
 from .all_gather import _powers
 from .trees import segment_count
-from .fold import folded_rank, largest_pof2, real_rank
+from .fold import folded_rank, halving, largest_pof2
 
 
 def _share_cost(world: int, nbytes: int) -> Cost:
@@ -30,6 +30,13 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost((world - 1) * k, share, share)
 
 
+def _blocks(world: int, layout: Layout) -> Tuple[Sequence[Buf], Buf]:
+    """The input cut into one block per rank, and this rank's output block (one block's size;
+    alone, a rank's reduce-scatter copies its one block there)."""
+    inputs = chunks("input", layout.numel, world)
+    return inputs, Buf("output", 0, inputs[0].numel)
+
+
 @register("reduce_scatter", "ring", cost=_ring_cost, symmetry=rotation_when_even)
 def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring reduce-scatter: at step s each rank sends its partial of block (rank - s - 1) to
@@ -41,13 +48,12 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
 
     Cost: (p-1)α·k + (p-1)/p·n(β + γ) (n: the input total; k segments per block).
     """
-    inputs = chunks("input", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
+    inputs, output = _blocks(world, layout)
     if world == 1:
         yield step(local=[Copy(output, inputs[0])])
         return
     right, left = (rank + 1) % world, (rank - 1) % world
+    block = output.numel
     pieces = segmented(inputs, layout.get("segment"))
     count = len(pieces[0])
     slots = [chunks("scratch", block, count, slot * block) for slot in (0, 1)]
@@ -70,9 +76,7 @@ def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[S
 
     Cost: (p-1)α + (p-1)/p·n(β + γ).
     """
-    inputs = chunks("input", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
+    inputs, output = _blocks(world, layout)
     if world == 1:
         yield step(local=[Copy(output, inputs[0])])
         return
@@ -81,7 +85,7 @@ def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[S
         if s == 1:
             yield step(sendrecv(peer_to, inputs[peer_to], peer_from, output), [reduce(output, inputs[rank])])
         else:
-            recv_buf = Buf("scratch", 0, block)
+            recv_buf = Buf("scratch", 0, output.numel)
             yield step(sendrecv(peer_to, inputs[peer_to], peer_from, recv_buf), [reduce(output, recv_buf)])
 
 
@@ -112,9 +116,7 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     Σ_d (d + min(d, rem))·(n/p)(β + γ) over d = pof2/2 .. 1 (folded rank 0 receives the
     most), plus 2α + (n + n/p)β + nγ for the fold.
     """
-    inputs = chunks("input", layout.numel, world)
-    block = inputs[0].numel
-    output = Buf("output", 0, block)
+    inputs, output = _blocks(world, layout)
     if world == 1:
         yield step(local=[Copy(output, inputs[0])])
         return
@@ -134,15 +136,10 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     def first(q: int) -> int:
         return 2 * q if q < rem else q + rem
 
-    lo, hi = 0, pof2
-    distance = pof2 // 2
-    while distance >= 1:
-        peer = real_rank(me ^ distance, world)
-        mid = (lo + hi) // 2
-        keep, give = ((lo, mid), (mid, hi)) if me & distance == 0 else ((mid, hi), (lo, mid))
+    for peer, keep, give in halving(me, world):
         keep_lo, keep_hi = first(keep[0]), first(keep[1])
         send_buf = span(current, first(give[0]), first(give[1]))
-        if keep_hi - keep_lo == 1 and distance == 1:        # the last step, own block only
+        if keep_hi - keep_lo == 1:                          # the last step, own block only
             yield step(sendrecv(peer, send_buf, peer, output), [reduce(output, current[keep_lo])])
         elif current is inputs:                              # first reduction: into acc, input untouched
             recv_buf = span(acc, keep_lo, keep_hi)
@@ -152,7 +149,5 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
             kept = span(acc, keep_lo, keep_hi)
             recv_buf = Buf("scratch", 0, kept.numel)
             yield step(sendrecv(peer, send_buf, peer, recv_buf), [reduce(kept, recv_buf)])
-        lo, hi = keep
-        distance //= 2
     if rank < 2 * rem:                                      # holds blocks rank - 1 and rank
         yield step([Send(rank - 1, acc[rank - 1])], [Copy(output, acc[rank])])

@@ -2,11 +2,10 @@
 its node layout, at the call's size band (see the package docstring)."""
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 from ..schedules import registry
-from ..config import settings
+from ..config import read_cached, settings
 from ..sim.machine import Machine
 from ..runtime.nodes import even_nodes, local_size_from_env, model_local_size
 
@@ -42,22 +41,15 @@ def machine(given: Optional[Machine] = None, device=None) -> tuple[Machine, str]
     if not path:
         of = table(device)
         return of.machine, of.source
+    return read_cached(_machine_cache, "RINGCOLL_MACHINE", path, _load_machine), path
+
+
+def _load_machine(path: str) -> Machine:
     try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError as error:
-        raise ValueError(f"RINGCOLL_MACHINE names {path!r}, which cannot be read: {error}") from None
-    cached = _machine_cache.get(path)
-    if cached is not None and cached[0] == stamp:
-        return cached[1], path
-    try:
-        loaded = Machine.load(path)
+        return Machine.load(path)
     except (ValueError, TypeError) as error:        # bad JSON, unknown fields, bad values
         raise ValueError(f"RINGCOLL_MACHINE={path}: not a ringcoll.Machine JSON "
                          f"(ringcoll.Machine.save writes one): {error}") from None
-    except OSError as error:
-        raise ValueError(f"RINGCOLL_MACHINE names {path!r}, which cannot be read: {error}") from None
-    _machine_cache[path] = (stamp, loaded)
-    return loaded, path
 
 
 def _model_bytes(collective: str, nbytes: int, world: int) -> int:

@@ -2,12 +2,11 @@
 read and checked, and the row that decides a call."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from ..schedules import registry
-from ..config import settings
+from ..config import read_cached, settings
 
 from .tables import table
 
@@ -42,15 +41,12 @@ def load_tuning(path: str) -> tuple:
     (``ringcoll-bench --tune`` writes it; bytes inclusive, counted as ``auto`` counts them; the
     device ``cpu`` or ``cuda``, or empty for any). ValueError naming the file, line and field
     of anything wrong, an unregistered algorithm included."""
+    return read_cached(_tuning_cache, "RINGCOLL_TUNING", path, _read_tuning)
+
+
+def _read_tuning(path: str) -> tuple:
     import csv
 
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError as error:
-        raise ValueError(f"RINGCOLL_TUNING names {path!r}, which cannot be read: {error}") from None
-    cached = _tuning_cache.get(path)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
     rows = []
     with open(path, newline="") as handle:
         reader = csv.reader(handle)
@@ -78,7 +74,6 @@ def load_tuning(path: str) -> tuple:
                 raise ValueError(f"{path}:{line}: device must be one of {TUNING_DEVICES} or "
                                  f"empty, got {device!r}")
             rows.append(TuningRow(collective, *numbers, algorithm, f"{path}:{line}", device))
-    _tuning_cache[path] = (stamp, tuple(rows))
     return tuple(rows)
 
 

@@ -384,6 +384,24 @@ def _without_gc(run):
     return paused
 
 
+def _match(waiting: Dict[int, deque], pending: Dict[int, deque], key: int, entry: tuple):
+    """The oldest transfer queued under ``key`` in ``waiting`` (the other end of ``entry``,
+    taken off the queue), or None after queuing ``entry`` under ``key`` in ``pending``: the
+    messages of one (source, destination) pair match in the order they are posted, a send
+    with the receive it meets and a receive with the send, alike."""
+    queue = waiting.get(key)
+    if queue:
+        other = queue.popleft()
+        if not queue:
+            del waiting[key]
+        return other
+    queue = pending.get(key)
+    if queue is None:
+        pending[key] = queue = deque()
+    queue.append(entry)
+    return None
+
+
 @_without_gc
 def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                   itemsizes: Optional[Sequence[int]] = None, *, record: bool = False,
@@ -534,34 +552,20 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                     key = delegate * peers + (rank - peer + delegate) % peers
                 else:
                     key = peer
-                queue = recvs.get(key)
-                if queue:
-                    dst, other, other_pos = queue.popleft()
-                    if not queue:
-                        del recvs[key]
-                    matched.append((pos, other_pos, rank, dst, item, other))
-                else:
-                    queue = sends.get(key)
-                    if queue is None:
-                        sends[key] = queue = deque()
-                    queue.append((rank, item, pos))
+                other = _match(recvs, sends, key, (rank, item, pos))
+                if other is not None:
+                    dst, recv, recv_pos = other
+                    matched.append((pos, recv_pos, rank, dst, item, recv))
             elif type(item) is Recv:
                 receiving.append(pos)
                 if mirror is None:
                     key = peer * world + rank
                 else:
                     key = rank * peers + peer if rotation else peer
-                queue = sends.get(key)
-                if queue:
-                    src, other, other_pos = queue.popleft()
-                    if not queue:
-                        del sends[key]
-                    matched.append((other_pos, pos, src, rank, other, item))
-                else:
-                    queue = recvs.get(key)
-                    if queue is None:
-                        recvs[key] = queue = deque()
-                    queue.append((rank, item, pos))
+                other = _match(sends, recvs, key, (rank, item, pos))
+                if other is not None:
+                    src, send, send_pos = other
+                    matched.append((send_pos, pos, src, rank, send, item))
             else:
                 raise ScheduleError(f"{where(rank)}: {item!r} is not a Send or a Recv")
         if not comms:
