@@ -86,7 +86,7 @@ def _measure() -> list:
     import torch.distributed as dist
 
     import ringcoll
-    from ringcoll.api._common import group_executor
+    from ringcoll.api._common import group_executor, persistent_plans
     from ringcoll.runtime.blocks import Blocks
 
     executor = group_executor(None)
@@ -95,7 +95,7 @@ def _measure() -> list:
         for algorithm in ringcoll.algorithms(collective):
             for kind in KINDS:
                 for premul in ((False, True) if collective == "reduce_scatter" else (False,)):
-                    executor.persistent.clear()
+                    persistent_plans(executor).clear()
                     try:
                         tensors = _call(collective, algorithm, kind, premul)
                     except (ValueError, TypeError, RuntimeError) as error:
@@ -103,11 +103,11 @@ def _measure() -> list:
                                      "premul": premul, "error": str(error)[:80]})
                         continue
                     dist.barrier()
-                    if not executor.persistent:
+                    if not persistent_plans(executor):
                         rows.append({"collective": collective, "algorithm": algorithm, "kind": kind,
                                      "premul": premul, "error": "no kept plan"})
                         continue
-                    prepared = next(reversed(executor.persistent.values()))
+                    prepared = next(reversed(persistent_plans(executor).values()))
                     plan, hooks = prepared.plan, (*prepared.before, *prepared.after)
                     lent = any(buffer.untyped_storage().data_ptr() in executor.lent()
                                for buffer in plan.buffers.values())

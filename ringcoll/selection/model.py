@@ -136,7 +136,8 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
     on, _ = machine(given, of.device)
     layout = model_nodes(world, on, nodes)
     band = size_band(_model_bytes(collective, nbytes, world))
-    key = (collective, world, band, on, layout, tuple(names), registry.loaded_version(), of.device)
+    # the settings too: RINGCOLL_SEGMENT changes the pipelined candidates' prices
+    key = (collective, world, band, on, layout, tuple(names), registry.loaded_version(), of.device, settings())
     ranked = _simulated.get(key)
     if ranked is not None:
         return list(ranked)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from ringcoll.api._common import persistent_plans
 from ringcoll import config
 from ringcoll.selection import checked_settings, forced_algorithms
 
@@ -237,18 +238,18 @@ def plans_under_changed_settings() -> tuple:
 
     tensor = torch.ones(4, dtype=torch.int64)
     executor = group_executor(None)
-    executor.persistent.clear()
+    persistent_plans(executor).clear()
     ringcoll.broadcast(tensor, src=0)
     ringcoll.broadcast(tensor, src=0)
-    kept = len(executor.persistent)
+    kept = len(persistent_plans(executor))
     os.environ["RINGCOLL_SEGMENT"] = "8"
     try:
         ringcoll.broadcast(tensor, src=0)
-        changed = len(executor.persistent)
+        changed = len(persistent_plans(executor))
     finally:
         del os.environ["RINGCOLL_SEGMENT"]
     ringcoll.broadcast(tensor, src=0)
-    return kept, changed, len(executor.persistent), tensor.tolist()
+    return kept, changed, len(persistent_plans(executor)), tensor.tolist()
 
 
 def test_changed_settings_build_a_new_plan(clusters):

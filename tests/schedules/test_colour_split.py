@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from _util import builtin_all_reduce, random_data
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context
+from ringcoll.api._common import Context, persistent_plans
 from ringcoll.schedules.vocabulary import ONE_PORT, Send
 from ringcoll.sim.engine import run_plans
 
@@ -79,7 +79,7 @@ def _both_ways(numel: int) -> list:
     try:
         for one_port in (True, False):
             executor.one_port = one_port
-            executor.persistent.clear()         # a kept plan was prepared the other way
+            persistent_plans(executor).clear()         # a kept plan was prepared the other way
             for case, collective in enumerate(sorted(CALLS)):
                 tensor = random_data(rank, numel, torch.int32, seed=case)
                 if collective == "all_reduce":
@@ -97,10 +97,10 @@ def _both_ways(numel: int) -> list:
                         want = tensor
                 if not torch.equal(tensor, want):
                     problems.append(f"{collective} one_port={one_port} numel {numel}")
-            steps[one_port] = sum(len(prepared.steps) for prepared in executor.persistent.values())
+            steps[one_port] = sum(len(prepared.steps) for prepared in persistent_plans(executor).values())
     finally:
         executor.one_port = False
-        executor.persistent.clear()
+        persistent_plans(executor).clear()
         os.environ.pop("RINGCOLL_SEGMENT", None)
     return problems, steps
 
