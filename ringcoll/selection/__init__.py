@@ -87,7 +87,8 @@ def checked_settings():
     ``auto`` would hide that the setting does nothing) and every row of the RINGCOLL_TUNING
     table; ValueError naming the variable, the value and the valid names. The group's creation
     and every drop-in call read the settings through here. Cached per (settings, registry
-    version): about a microsecond on a repeated call."""
+    version), with the algorithms RINGCOLL_ALGO forces (:func:`forced_algorithms`): about a
+    microsecond on a repeated call."""
     current = settings()
     key = (current, registry.loaded_version())
     if key in _checked:
@@ -102,7 +103,7 @@ def checked_settings():
                              else f"RINGCOLL_TUNING={current.tuning}: {message}") from None
     if len(_checked) >= 64:
         _checked.clear()
-    _checked[key] = True
+    _checked[key] = _forced(current)
     return current
 
 
@@ -123,8 +124,14 @@ def _check_algo(name: str, setting: str, entries) -> None:
 
 def forced_algorithms(current=None) -> dict:
     """collective -> the algorithm RINGCOLL_ALGO forces on it: the first entry that applies
-    (``coll=name`` for that collective, or a bare name the collective has)."""
+    (``coll=name`` for that collective, or a bare name the collective has). Worked out once
+    per (settings, registry version), when :func:`checked_settings` checks them."""
     current = current if current is not None else checked_settings()
+    forced = _checked.get((current, registry.loaded_version()))
+    return dict(forced if forced is not None else _forced(current))
+
+
+def _forced(current) -> dict:
     forced: dict = {}
     for coll, algorithm in current.algo:
         if coll is not None:
@@ -134,15 +141,6 @@ def forced_algorithms(current=None) -> dict:
             if algorithm in names:
                 forced.setdefault(collective, algorithm)
     return forced
-
-
-def _override(collective: str) -> Optional[str]:
-    """The algorithm ``RINGCOLL_ALGO`` names for ``collective``, if any (checked by
-    :func:`checked_settings`: a typo is a ValueError naming the valid names)."""
-    current = settings()
-    if not current.algo:
-        return None
-    return forced_algorithms(checked_settings()).get(collective)
 
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
@@ -162,11 +160,11 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
-    checked_settings()          # every call: an explicit algorithm does not hide a typo in RINGCOLL_ALGO
+    current = checked_settings()     # every call: an explicit name does not hide a typo in RINGCOLL_ALGO
     if algorithm != "auto":
         registry.get(collective, algorithm)          # ValueError naming the choices
         return algorithm, "requested"
-    forced = _override(collective)
+    forced = forced_algorithms(current).get(collective) if current.algo else None
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
     name, why = _auto(collective, nbytes, world, exclude, machine, nodes, table(device))
