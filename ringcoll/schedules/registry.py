@@ -99,6 +99,8 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         raise TypeError(f"collective and name must be non-empty strs, got {collective!r} and {name!r}")
     if not callable(cost):
         raise TypeError(f"cost must be a callable cost(world, nbytes) -> Cost, got {type(cost).__name__}")
+    if auto is not None and not isinstance(auto, bool):
+        raise TypeError(f"auto must be None or a bool, got {type(auto).__name__} {auto!r}")
 
     def decorate(schedule):
         if not callable(schedule):

@@ -77,6 +77,8 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
     """
+    if check is not None and not isinstance(check, bool):
+        raise TypeError(f"check must be None or a bool, got {type(check).__name__} {check!r}")
     inner = registry.register(collective, name, cost, replace=replace, symmetry=symmetry, world=world, auto=auto)
 
     def decorate(schedule):

@@ -212,3 +212,14 @@ def test_simulate_says_its_dtype():
     assert sim.dtype == torch.int64 and "dtype=torch.int64" in repr(sim) and sim.nbytes == 80
     assert ringcoll.simulate("all_reduce", "ring", 3, numel=10, dtype=torch.float32).dtype == torch.float32
     assert "int64" in ringcoll.simulate.__doc__
+
+
+@pytest.mark.parametrize("keyword,value", [("auto", "no"), ("auto", 1), ("check", "yes"), ("check", 0)])
+def test_register_refuses_a_non_bool_auto_or_check(keyword, value):
+    """``auto="no"`` would have joined auto (bool("no") is True): refused, naming the keyword,
+    before anything is registered."""
+    before = ringcoll.algorithms("all_reduce")
+    with pytest.raises(TypeError, match=f"{keyword} must be None or a bool, got"):
+        ringcoll.register("all_reduce", "not_registered", cost=lambda p, n: ringcoll.Cost(1, 0, 0),
+                          **{keyword: value})
+    assert ringcoll.algorithms("all_reduce") == before
