@@ -27,14 +27,16 @@ KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
 
 
 class _Counting:
-    """Counts P2PExecutor.prepare in this rank while active."""
+    """Counts P2PExecutor.prepare of the calls' own plans in this rank while active (not the
+    group's node layout exchange, which a fresh process makes once, at its group's first
+    node-aware decision)."""
 
     def __enter__(self):
         self.count, self._original = 0, P2PExecutor.prepare
         counter = self
 
         def prepare(executor, plan):
-            counter.count += 1
+            counter.count += plan.collective != "layout"
             return counter._original(executor, plan)
 
         P2PExecutor.prepare = prepare
