@@ -196,7 +196,7 @@ def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optio
     if source == of.source:
         # no machine given: the rules measured for this device decide where they were measured
         for rule in of.rules:
-            if rule.collective == collective and rule.world(world) and (
+            if rule.collective == collective and rule.admits(world) and (
                     rule.max_bytes is None or nbytes <= rule.max_bytes) and rule.algorithm in names:
                 if rule.measured_upto is not None and world <= rule.measured_upto:
                     return rule.algorithm, f"auto: rule measured up to p={rule.measured_upto}: " \
