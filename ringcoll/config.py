@@ -215,20 +215,6 @@ def parse_size(text: str) -> int:
     return int(nbytes)
 
 
-def parse_local_size(name: str, text: str) -> Optional[int]:
-    word = text.strip()
-    if not word:
-        return None
-    try:
-        size = int(word)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise ValueError(f"{name} must be a positive integer, got {word!r} "
-                         f"({name} accepts the number of ranks per node)")
-    return size
-
-
 def parse_group_rank(name: str, text: str) -> str:
     """torchrun's node rank, kept as text (ranks compare it as a node key): "" when unset."""
     word = text.strip()
@@ -349,7 +335,7 @@ def parse(environ: Mapping[str, str]) -> Settings:
         debug_ranks=parse_ranks("RINGCOLL_DEBUG_RANKS", get("RINGCOLL_DEBUG_RANKS")),
         kernels=parse_choice("RINGCOLL_KERNELS", get("RINGCOLL_KERNELS"), KERNEL_BACKENDS, "auto"),
         kernel_cache=parse_directory("RINGCOLL_KERNEL_CACHE", get("RINGCOLL_KERNEL_CACHE")),
-        local_size=parse_local_size("RINGCOLL_LOCAL_SIZE", get("RINGCOLL_LOCAL_SIZE")),
+        local_size=parse_int("RINGCOLL_LOCAL_SIZE", get("RINGCOLL_LOCAL_SIZE"), 1, "ranks per node"),
         group_rank=parse_group_rank("GROUP_RANK", get("GROUP_RANK")),
         machine=parse_machine("RINGCOLL_MACHINE", get("RINGCOLL_MACHINE")),
         persistent_plans=parse_int("RINGCOLL_PERSISTENT_PLANS", get("RINGCOLL_PERSISTENT_PLANS"), 0,

@@ -8,6 +8,7 @@ import torch
 from typing_extensions import deprecated
 
 from ..schedules.vocabulary import Layout
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import describe, new_plan, pick_per_block
@@ -53,6 +54,7 @@ def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algori
     return plan
 
 
+@c10d_doc('all_gather')
 def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *, algorithm="auto"):
     """Gather tensors from all ranks and put them in a single output tensor.
 
@@ -67,12 +69,9 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         output_tensor (Tensor): Output tensor, world size x ``input_tensor.numel()`` elements.
         input_tensor (Tensor): Tensor to be gathered from current rank; the same size on
             every rank.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("all_gather")``: ``ring``, ``recursive_doubling``,
-            ``bruck``, ``direct``, ``hierarchical``, ``pat``.
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is, as gloo's, the
@@ -127,6 +126,7 @@ def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
     return plan
 
 
+@c10d_doc('all_gather')
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="auto"):
     """Gathers tensors from the whole group in a list.
 
@@ -140,11 +140,9 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="au
         tensor_list (list[Tensor]): Output list. It should contain correctly-sized tensors,
             one per rank, to be used for output of the collective.
         tensor (Tensor): Tensor to be broadcast from current process.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("all_gather")``:
-            ``ring``, ``recursive_doubling``, ``bruck``, ``direct``, ``hierarchical``, ``pat``.
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``tensor_list``.

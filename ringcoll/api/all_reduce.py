@@ -6,6 +6,7 @@ __all__ = ["all_reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import describe, new_plan, pick
@@ -34,6 +35,7 @@ def build_all_reduce(ctx: Context, tensor, op=ReduceOp.SUM, *, algorithm="auto")
     return plan
 
 
+@c10d_doc('all_reduce')
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
     """Reduces the tensor data across all machines in a way that all get the final result.
 
@@ -43,21 +45,13 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
 
     Args:
         tensor (Tensor): Input and output of the collective. The function operates in-place.
-        op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a
-            ``torch.distributed._make_nccl_premul_sum(factor)``. Specifies an operation used
-            for element-wise reductions.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("all_reduce")``: ``ring``,
-            ``recursive_doubling``, ``rabenseifner``, ``double_binary_tree``,
-            ``swing_latency``, ``swing_bandwidth``, ``bine``, ``direct``, ``hierarchical``,
-            ``torus2d``, ``rabenseifner_far``.
+        {op}
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
-        Async work handle, if async_op is set to True. None, if not async_op or if not part
-        of the group.
+        {returns}
 
     Examples:
         >>> # All tensors below are of torch.int64 type.

@@ -20,6 +20,7 @@ import torch
 from ..schedules.vocabulary import Buf, Layout
 from ..schedules import registry
 from ..selection import choose
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import new_plan, pick, table_device
@@ -185,6 +186,7 @@ def build_all_to_all_single(ctx: Context, output, input, output_split_sizes=None
                  declared_equal)
 
 
+@c10d_doc('all_to_all')
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                       async_op=False, *, algorithm="auto"):
     """Split input tensor and then scatter the split list to all processes in a group.
@@ -209,17 +211,12 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             empty, dim 0 of ``output`` must divide equally by ``world_size``.
         input_split_sizes (list[Int], optional): Input split sizes for dim 0. If None or
             empty, dim 0 of ``input`` must divide equally by ``world_size``.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("all_to_all")``: ``pairwise``, ``linear``, or
-            ``bruck`` (equal splits only: a ValueError otherwise; ``auto`` picks it only
-            for equal splits).
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
-        Async work handle, if async_op is set to True. None, if not async_op or if not part
-        of the group.
+        {returns}
 
     Examples:
         >>> # We have 2 ranks; uneven splits.
@@ -269,6 +266,7 @@ def build_all_to_all(ctx: Context, output_tensor_list, input_tensor_list, *, alg
                  output_tensor_list, ins[0].dtype, declared_equal=False)
 
 
+@c10d_doc('all_to_all')
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *, algorithm="auto"):
     """Scatters list of input tensors to all processes in a group and return gathered list of
     tensors in output list.
@@ -283,16 +281,12 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     Args:
         output_tensor_list (list[Tensor]): List of tensors to be gathered one per rank.
         input_tensor_list (list[Tensor]): List of tensors to scatter one per rank.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("all_to_all")``: ``pairwise``, ``linear``, or
-            ``bruck`` (all entries of equal size only).
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
-        Async work handle, if async_op is set to True. None, if not async_op or if not part
-        of the group.
+        {returns}
 
     Examples:
         >>> # We have 2 ranks.

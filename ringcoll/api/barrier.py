@@ -10,6 +10,7 @@ import torch
 
 from ..schedules.vocabulary import Layout
 from ..schedules.barrier import token_numel
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._plans import new_plan, pick
 
@@ -48,6 +49,7 @@ def build_barrier(ctx: Context, device_ids=None, timeout=None, *, algorithm="aut
     return plan
 
 
+@c10d_doc('barrier')
 def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algorithm="auto"):
     """Synchronize all processes.
 
@@ -60,19 +62,16 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algori
     blocks until the peers arrive, as on gloo (NCCL's own ``wait()`` would not block it).
 
     Args:
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
+        {group}
+        {async_op}
         device_ids ([int], optional): List of device/GPU ids. Only one id is expected: on an
             NCCL group the token lives on ``cuda:device_ids[0]`` (else the current device);
             ignored on gloo.
         timeout (datetime.timedelta, optional): how long to wait for the peers.
-        algorithm (str, keyword-only): ``"auto"`` or one of
-            ``ringcoll.algorithms("barrier")``: ``dissemination``.
+        {algorithm}
 
     Returns:
-        Async work handle, if async_op is set to True. None, if not async_op or if not part
-        of the group.
+        {returns}
 
     Examples:
         >>> # We have 2 ranks; rank 1 arrives 2 s late.

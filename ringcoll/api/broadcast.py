@@ -5,6 +5,7 @@ __all__ = ["broadcast"]
 
 
 from ..schedules.vocabulary import Layout
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, group_root, real_tensor
 from ._plans import describe, new_plan, pick
@@ -27,6 +28,7 @@ def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm
     return plan
 
 
+@c10d_doc('broadcast')
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, algorithm="auto"):
     """Broadcasts the tensor to the whole group.
 
@@ -39,19 +41,14 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         tensor (Tensor): Data to be sent if ``src`` is the rank of current process, and
             tensor to be used to save received data otherwise.
         src (int): Source rank on global process group (regardless of ``group`` argument).
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
+        {group}
+        {async_op}
         group_src (int): Source rank on ``group``. Must specify one of ``group_src`` and
             ``src`` but not both.
-        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("broadcast")``: ``binomial``, ``linear``,
-            ``pipelined_chain``, ``scatter_allgather``, ``double_binary_tree``, ``bine``,
-            ``bine_near``, ``hierarchical``.
+        {algorithm}
 
     Returns:
-        Async work handle, if async_op is set to True. None, if not async_op or if not part
-        of the group.
+        {returns}
 
     Examples:
         >>> # We have 2 process groups, 2 ranks.

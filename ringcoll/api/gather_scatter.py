@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = ["gather", "scatter"]
 
 from ..schedules.vocabulary import Layout
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, group_root, real_tensor
 from ._plans import describe, new_plan, pick_per_block
@@ -76,6 +77,7 @@ def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=Non
     return plan
 
 
+@c10d_doc('gather')
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
            algorithm="auto"):
     """Gathers a list of tensors in a single process.
@@ -91,13 +93,11 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         dst (int, optional): Destination rank on global process group (regardless of
             ``group`` argument). (If both ``dst`` and ``group_dst`` are None, default is
             global rank 0.)
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
+        {group}
+        {async_op}
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
-        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("gather")``:
-            ``linear``, ``binomial``.
+        {algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``gather_list`` on
@@ -139,6 +139,7 @@ def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=N
     return plan
 
 
+@c10d_doc('scatter')
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
             algorithm="auto"):
     """Scatters a list of tensors to all processes in a group.
@@ -153,13 +154,11 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
             ``tensor``.
         src (int): Source rank on global process group (regardless of ``group`` argument).
             (If both ``src`` and ``group_src`` are None, default is global rank 0.)
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
+        {group}
+        {async_op}
         group_src (int, optional): Source rank on ``group``. Invalid to specify both ``src``
             and ``group_src``.
-        algorithm (str, keyword-only): ``"auto"`` or one of ``ringcoll.algorithms("scatter")``:
-            ``linear``, ``binomial``.
+        {algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[tensor]``. None,

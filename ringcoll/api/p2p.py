@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed import P2POp, batch_isend_irecv, irecv, isend, recv, send
 
 from ..runtime.work import Work
+from ._docs import c10d_doc
 from ._common import check_async
 
 
@@ -70,6 +71,7 @@ def _check_rank(param: str, rank, ranks: List[int]) -> None:
         raise ValueError(f"{param} must be a global rank of the group {ranks}, got {rank}")
 
 
+@c10d_doc()
 def sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=False):
     """Sends ``send_tensor`` to ``dst`` and receives ``recv_tensor`` from ``src`` at once.
 
@@ -86,9 +88,8 @@ def sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=False):
         recv_tensor (Tensor): Tensor to fill with received data; it must have as many
             elements and the same dtype as what ``src`` sends.
         src (int): Source rank on global process group (regardless of ``group``).
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
+        {group}
+        {async_op}
 
     Returns:
         Async work handle (``wait()`` completes both halves and re-raises their error;

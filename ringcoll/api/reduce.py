@@ -6,6 +6,7 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, group_root, real_tensor
 from ._plans import describe, new_plan, pick
@@ -33,6 +34,7 @@ def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=N
     return plan
 
 
+@c10d_doc('reduce')
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
            algorithm="auto"):
     """Reduces the tensor data across all machines.
@@ -48,18 +50,14 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a
             ``torch.distributed._make_nccl_premul_sum(factor)``. Specifies an operation used
             for element-wise reductions. ``AVG`` divides once, on ``dst`` only.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
+        {group}
+        {async_op}
         group_dst (int): Destination rank on ``group``. Must specify one of ``group_dst`` and
             ``dst`` but not both.
-        algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
-            or one of ``ringcoll.algorithms("reduce")``: ``binomial``, ``rabenseifner``,
-            ``ring``, ``double_binary_tree``, ``bine``, ``bine_near``, ``hierarchical``.
+        {algorithm}
 
     Returns:
-        Async work handle, if async_op is set to True. None, if not async_op or if not part
-        of the group.
+        {returns}
 
     Examples:
         >>> # We have 2 process groups, 2 ranks.

@@ -16,6 +16,7 @@ from typing_extensions import deprecated
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
+from ._docs import c10d_doc
 from ._common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import describe, new_plan, pick, pick_per_block
@@ -75,6 +76,7 @@ def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *,
     return _plan(ctx, chosen, why, spec, real_output, input_flat, None, [output], "reduce_scatter_single")
 
 
+@c10d_doc('reduce_scatter')
 def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
                           algorithm="auto"):
     """Reduces, then scatters a tensor to all ranks in a group.
@@ -88,14 +90,10 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         output (Tensor): Output tensor. It should have the same size across all ranks.
         input (Tensor): Input tensor to be reduced and scattered. Its size should be output
             tensor size times the world size.
-        op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a
-            ``torch.distributed._make_nccl_premul_sum(factor)``.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` or one of
-            ``ringcoll.algorithms("reduce_scatter")``: ``ring``, ``pairwise``,
-            ``recursive_halving``, ``direct``, ``hierarchical``, ``pat``.
+        {op}
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[output]`` (as
@@ -152,6 +150,7 @@ def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, a
     return plan
 
 
+@c10d_doc('reduce_scatter')
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm="auto"):
     """Reduces, then scatters a list of tensors to all processes in a group.
 
@@ -163,14 +162,10 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         output (Tensor): Output tensor.
         input_list (list[Tensor]): List of tensors to reduce and scatter, one per rank, each
             with ``output.numel()`` elements.
-        op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a
-            ``torch.distributed._make_nccl_premul_sum(factor)``.
-        group (ProcessGroup, optional): The process group to work on. If None, the default
-            process group will be used.
-        async_op (bool, optional): Whether this op should be an async op.
-        algorithm (str, keyword-only): ``"auto"`` or one of
-            ``ringcoll.algorithms("reduce_scatter")``: ``ring``, ``pairwise``,
-            ``recursive_halving``, ``direct``, ``hierarchical``, ``pat``.
+        {op}
+        {group}
+        {async_op}
+        {algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[output]``.

@@ -99,7 +99,7 @@ def _settings() -> Tuple[str, str]:
 
 def parse_local_size(value: str) -> int:
     """A gathered ``RINGCOLL_LOCAL_SIZE`` (checked on its own rank) as a positive int."""
-    return config.parse_local_size("RINGCOLL_LOCAL_SIZE", value)
+    return config.parse_int("RINGCOLL_LOCAL_SIZE", value, 1, "ranks per node")
 
 
 def local_size_from_env() -> Optional[int]:

@@ -50,23 +50,26 @@ def halving(me: int, world: int, distances: Optional[Iterable[int]] = None) \
         lo, hi = keep
 
 
-def fold_in(rank: int, world: int, data: Buf, scratch: Buf) -> Iterator[Step]:
-    """Even ranks below 2·rem hand their vector to rank + 1, which reduces it."""
+def fold_partner(rank: int, world: int) -> Optional[int]:
+    """The partner of ``rank`` in the fold of the 2·rem ranks beyond the largest power of two
+    (rem = world − 2^⌊lg world⌋): even ranks below 2·rem pair with rank + 1, odd ones with
+    rank − 1; None for a rank that is not folded."""
     rem = world - largest_pof2(world)
     if rank >= 2 * rem:
-        return
-    if rank % 2 == 0:
-        yield step([Send(rank + 1, data)])
-    else:
-        yield step([Recv(rank - 1, scratch)], [reduce(data, scratch)])
+        return None
+    return rank + 1 if rank % 2 == 0 else rank - 1
+
+
+def fold_in(rank: int, world: int, data: Buf, scratch: Buf) -> Iterator[Step]:
+    """Even ranks below 2·rem hand their vector to rank + 1, which reduces it."""
+    partner = fold_partner(rank, world)
+    if partner is not None:
+        yield step([Send(partner, data)]) if rank % 2 == 0 else \
+            step([Recv(partner, scratch)], [reduce(data, scratch)])
 
 
 def fold_out(rank: int, world: int, data: Buf) -> Iterator[Step]:
     """Odd ranks below 2·rem hand the result back to rank - 1."""
-    rem = world - largest_pof2(world)
-    if rank >= 2 * rem:
-        return
-    if rank % 2 == 0:
-        yield step([Recv(rank + 1, data)])
-    else:
-        yield step([Send(rank - 1, data)])
+    partner = fold_partner(rank, world)
+    if partner is not None:
+        yield step([Recv(partner, data)]) if rank % 2 == 0 else step([Send(partner, data)])

@@ -47,15 +47,19 @@ class Buf:
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
+class _Transfer:
+    """One message of a step: ``buf`` to or from ``peer``. A Send and a Recv of the same peer
+    and chunk are different items (dataclass equality compares the class too)."""
     peer: int
     buf: Buf
 
 
-@dataclass(frozen=True, slots=True)
-class Recv:
-    peer: int
-    buf: Buf
+class Send(_Transfer):
+    __slots__ = ()
+
+
+class Recv(_Transfer):
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)

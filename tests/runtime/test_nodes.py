@@ -54,9 +54,9 @@ def test_disagreeing_local_size_is_refused(local_sizes, shown):
 
 
 def test_bad_settings_are_refused():
-    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got 'two'"):
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE='two' is not valid: RINGCOLL_LOCAL_SIZE accepts a positive integer \\(ranks per node\\)"):
         agreed_layout(facts(["a"] * 3, ["two"] * 3))
-    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got '0'"):
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE='0' is not valid: RINGCOLL_LOCAL_SIZE accepts a positive integer \\(ranks per node\\)"):
         agreed_layout(facts(["a"] * 3, ["0"] * 3))
     with pytest.raises(ValueError, match=r"GROUP_RANK .* must be set on every rank of the group or on none, "
                                          r"got '0' on ranks \[0, 1\], unset on rank \[2\]"):

@@ -497,7 +497,7 @@ def test_matches_builtin_on_gloo(clusters, world, local_size):
 
 def test_bad_local_size_is_refused(plain_env):
     plain_env.setenv("RINGCOLL_LOCAL_SIZE", "two")
-    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE must be a positive integer, got 'two'"):
+    with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE='two' is not valid: RINGCOLL_LOCAL_SIZE accepts a positive integer \\(ranks per node\\)"):
         ringcoll.simulate("all_reduce", "hierarchical", 4, numel=8)
     plain_env.delenv("RINGCOLL_LOCAL_SIZE")
     with pytest.raises(ValueError, match="local_size must be a positive int, got 0"):

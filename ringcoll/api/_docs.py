@@ -1,0 +1,48 @@
+"""The drop-ins' docstrings mirror c10d's: the entries every collective shares (``group``,
+``async_op``, ``op``, ``algorithm`` and the plain ``Returns``) are written once here and put
+in place of a ``{group}``-style line of a docstring by :func:`c10d_doc`. ``{algorithm}`` lists
+the built-in algorithms of the collective as the registry has them, so it cannot go stale."""
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Optional
+
+from ..schedules import registry
+
+#: entry -> its text (the parameter's c10d wording; ringcoll's additions after it)
+ENTRIES = {
+    "group": "group (ProcessGroup, optional): The process group to work on. If None, the "
+             "default process group will be used.",
+    "async_op": "async_op (bool, optional): Whether this op should be an async op.",
+    "op": "op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a "
+          "``torch.distributed._make_nccl_premul_sum(factor)``. Specifies an operation used for "
+          "element-wise reductions.",
+    "returns": "Async work handle, if async_op is set to True. None, if not async_op or if not "
+               "part of the group.",
+}
+
+_PLACE = re.compile(r"^( *)\{(\w+)\}$", re.MULTILINE)
+WIDTH = 96
+
+
+def algorithm_entry(collective: str) -> str:
+    names = ", ".join(f"``{name}``" for name in registry.algorithms(collective))
+    return (f"algorithm (str, keyword-only): ``\"auto\"`` (the selection table, or ``RINGCOLL_ALGO``) "
+            f"or one of ``ringcoll.algorithms(\"{collective}\")``; built in: {names}.")
+
+
+def c10d_doc(collective: Optional[str] = None):
+    """Fill the shared entries of the decorated drop-in's docstring (``collective``: whose
+    algorithms ``{algorithm}`` lists)."""
+    def fill(match: "re.Match") -> str:
+        indent, name = match.group(1), match.group(2)
+        text = algorithm_entry(collective) if name == "algorithm" else ENTRIES[name]
+        hang = "" if name == "returns" else "    "     # an Args entry's lines hang under its name
+        return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + hang,
+                             break_on_hyphens=False, break_long_words=False)
+
+    def decorate(fn):
+        fn.__doc__ = _PLACE.sub(fill, fn.__doc__)
+        return fn
+    return decorate
