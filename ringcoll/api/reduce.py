@@ -55,7 +55,8 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
             ``dst`` but not both.
         algorithm (str, keyword-only): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``)
             or one of ``ringcoll.algorithms("reduce")``: ``binomial``, ``rabenseifner``,
-            ``ring``, ``double_binary_tree``, ``bine``, ``bine_near``, ``hierarchical``.
+            ``ring``, ``double_binary_tree``, ``bine``, ``bine_near``, ``hierarchical``,
+            ``rabenseifner_far``.
 
     Returns:
         Async work handle, if async_op is set to True. None, if not async_op or if not part
