@@ -12,7 +12,7 @@ from typing import Iterator
 
 from .registry import Cost, register
 from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
-from .fold import fold_in, folded_rank, halving, largest_pof2, real_rank
+from .fold import fold_in, folded_rank, halving, largest_pof2
 from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, port_split, relabel, rooted, \
     rooted_pipeline, segment_count, segment_numel
 
@@ -49,51 +49,76 @@ def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
 
 @register("reduce", "rabenseifner", cost=_rabenseifner_cost)
 def reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """Rabenseifner (MPICH's reduce_scatter_gather): a recursive-halving reduce-scatter, then
-    a binomial gather of the reduced chunks to the root.
+    """Rabenseifner as MPICH runs it (``MPIR_Reduce_intra_reduce_scatter_gather``): a
+    reduce-scatter by recursive halving with the distance doubling from 1 to pof2/2, then a
+    binomial gather of the reduced chunks to the root with the distance halving back from
+    pof2/2 to 1: the largest halves travel between neighbours, the single chunks farthest.
+
+    The vector is cut into pof2 chunks. Reduce-scatter: at each distance a rank and its partner
+    (folded rank xor distance) keep half of the chunks they still share (the lower half the
+    lower rank), send the other half and reduce the half they keep; folded rank q ends with
+    one chunk (the bit reversal of q) fully reduced. Gather: the same pairs in reverse order;
+    at each distance the partner whose side (that distance's bit) differs from the root's
+    sends all it holds and stops, the other receives it, so every subtree owns a contiguous
+    block of chunks (its ranks share their low bits) and the last step moves half the vector.
 
     Ranks are counted from just after the root, ``w = (rank - root - 1) % p``, so that the root
-    (w = p - 1) is never folded out: a non-power-of-two world first folds (MPICH), each
-    even w below 2·rem handing its vector to w + 1. On the pof2 folded ranks q, the reduce-
-    scatter leaves chunk q (of pof2) fully reduced on q; the gather then runs on the binomial
-    tree of ``q xor q0`` (q0 the root's folded rank), where every subtree owns an aligned,
-    hence contiguous, block of chunks: q receives the blocks of q xor 1, q xor 2, ... and
-    sends its block to q xor lowbit(q xor q0).
+    (w = p - 1) is never folded out: a non-power-of-two world first folds, each even w below
+    2·rem handing its vector to w + 1 (MPICH folds odd ranks into rank - 1 and, when the root
+    is folded out, has folded rank 0 forward the result; counting from the root avoids that
+    extra message).
 
     Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus α + nβ + nγ when p is not a power of two.
     """
+    pof2 = largest_pof2(world)
+    return _rooted_reduce_scatter_gather(rank, world, layout, [1 << k for k in range(ceil_log2(pof2))])
+
+
+@register("reduce", "rabenseifner_far", cost=_rabenseifner_cost, auto=False)
+def reduce_rabenseifner_far(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Rabenseifner, far partner first: :func:`reduce_rabenseifner` with the distances of the
+    reduce-scatter halving from pof2/2 to 1 (folded rank q ends with chunk q) and the gather
+    doubling back from 1 to pof2/2, so the largest halves travel farthest (ringcoll's earlier
+    order). Same α-β-γ cost and clock on a flat machine; about 6× the hop-bytes on a ring of
+    64. Kept for comparison; ``auto`` never picks it.
+
+    Cost: 2 lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus α + nβ + nγ when p is not a power of two.
+    """
+    pof2 = largest_pof2(world)
+    return _rooted_reduce_scatter_gather(rank, world, layout, [pof2 >> (k + 1) for k in range(ceil_log2(pof2))])
+
+
+def _rooted_reduce_scatter_gather(rank: int, world: int, layout: Layout, distances) -> Iterator[Step]:
     root = layout["root"]
     w = (rank - root - 1) % world
-    yield from relabel(_reduce_scatter_gather(w, world, layout.numel),
+    yield from relabel(_reduce_scatter_gather(w, world, layout.numel, distances),
                        lambda peer: (peer + root + 1) % world)
 
 
-def _reduce_scatter_gather(w: int, world: int, numel: int) -> Iterator[Step]:
+def _reduce_scatter_gather(w: int, world: int, numel: int, distances) -> Iterator[Step]:
+    """Fold in, then a reduce-scatter over pof2 chunks halving the shared range at each of
+    ``distances``, then a gather to folded rank pof2 - 1 (the root, w = p - 1) over the same
+    pairs in reverse order."""
     data = Buf("data", 0, numel)
     yield from fold_in(w, world, data, Buf("scratch", 0, numel))
     me = folded_rank(w, world)
     if me is None:
         return
-    pof2 = largest_pof2(world)
-    data_chunks = chunks("data", numel, pof2)
-
-    # scatter-reduce: keep the lower half when the distance bit is clear
-    for peer, keep, give in halving(me, world):
+    data_chunks = chunks("data", numel, largest_pof2(world))
+    history = []
+    # scatter-reduce
+    for peer, keep, give in halving(me, world, distances):
         recv_buf = Buf("scratch", 0, span(data_chunks, *keep).numel)
         yield step([Send(peer, span(data_chunks, *give)), Recv(peer, recv_buf)],
                    [reduce(span(data_chunks, *keep), recv_buf)])
-    # gather to the root's folded rank
-    relative = me ^ folded_rank(world - 1, world)
-    top = relative & -relative if relative else pof2
-    mask = 1
-    while mask < top:
-        child = me ^ mask
-        first = child & ~(mask - 1)
-        yield step([Recv(real_rank(child, world), span(data_chunks, first, first + mask))])
-        mask <<= 1
-    if relative:
-        first = me & ~(top - 1)
-        yield step([Send(real_rank(me ^ top, world), span(data_chunks, first, first + top))])
+        history.append((peer, keep, give))
+    # gather to the root's folded rank: before each reversed step this rank holds ``keep``
+    root = folded_rank(world - 1, world)
+    for distance, (peer, keep, give) in zip(reversed(distances), reversed(history)):
+        if (me ^ root) & distance:
+            yield step([Send(peer, span(data_chunks, *keep))])
+            return
+        yield step([Recv(peer, span(data_chunks, *give))])
 
 
 def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:

@@ -105,7 +105,11 @@ def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> I
     """Recursive halving (MPICH, commutative ops): with the distance halving from pof2/2 to 1,
     a rank and its partner (folded rank xor distance) each keep the half of the blocks they
     still share that holds their own, send the other half and reduce what they receive into
-    the half they keep; after lg pof2 steps each holds its own blocks fully reduced.
+    the half they keep; after lg pof2 steps each holds its own blocks fully reduced. Far
+    first is MPICH's own order here (``MPIR_Reduce_scatter_intra_recursive_halving``: mask
+    from pof2/2 down): block q must end on rank q, which distance doubling would leave on
+    the bit reversal of q (all_reduce's and reduce's Rabenseifner run distance doubling, as
+    MPICH's do, since their blocks go on moving).
 
     A non-power-of-two world folds first: each even rank below 2·rem hands its whole input to
     rank + 1 and sits out; folded rank q stands for blocks [first(q), first(q + 1)) with

@@ -1,6 +1,7 @@
 """``ringcoll.simulate``: run a collective on every rank of a world in one process."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -12,7 +13,7 @@ from ..api._common import Context
 from .machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.registry import Algorithm, Cost, model
-from ..schedules.vocabulary import Step
+from ..schedules.vocabulary import Send, Step
 from .engine import SimStats, run_plans
 from ..runtime.nodes import even_nodes, model_local_size
 
@@ -35,10 +36,24 @@ class Simulation:
         """Each rank's steps, for pictures and study (built on first use)."""
         return [plan.steps() for plan in self.plans]
 
-    @property
+    @functools.cached_property
     def predicted(self) -> float:
-        """The cost model's time on this machine (its slowest link on a hierarchical one)."""
-        return self.cost.on(self.machine)
+        """The model's time on this machine, without link sharing.
+
+        On a flat or hierarchical machine: the algorithm's α-β-γ cost (``cost.on(machine)``,
+        every message at the slowest link's α and β on a hierarchical one; on a flat
+        single-port machine it is the clock's time). On a network machine
+        (``Machine.torus`` ...): the **contention-free time** of this run's messages, the
+        same schedules on the same ports with each message taking what its route costs
+        alone, α + Σ its links' latencies + hops · hop latency + n·β_path (β_path its
+        slowest link, or the machine's β), but no link ever shared; so it grows with hops
+        and placement, and ``stats.time - predicted`` is what link sharing costs. (A run
+        on the network with every message given a link of its own:
+        :func:`contention_free_time`; computed on first use.)
+        """
+        if self.machine.network is None:
+            return self.cost.on(self.machine)
+        return contention_free_time(self.plans, self.machine)
 
     @property
     def ratios(self):
@@ -70,6 +85,34 @@ class Simulation:
         torus as a grid, a fat-tree by level; see ringcoll.sim.pictures.plot_links)."""
         from .pictures import plot_links
         return plot_links(self, path)
+
+
+def contention_free_time(plans: Sequence[Plan], machine: Machine) -> float:
+    """The clock's time of ``plans`` on network machine ``machine`` with no link shared: the
+    run again on a machine whose network joins each pair of ranks that exchange a message by
+    one link of its own (as many lanes as the machine has ports), with latency Σ the route's
+    link latencies + hops · hop latency and β the route's slowest (at least the machine's
+    β), so every message takes α + latencies + hops + n·β_path as on ``machine`` and waits
+    only for its ports and its step's dependencies."""
+    net = machine.network
+    world = len(plans)
+    host = net.hosts_of(world)
+    pairs = set()
+    for plan in plans:
+        for st in plan.algorithm.schedule(plan.rank, plan.world, plan.layout):
+            pairs.update((plan.rank, c.peer) for c in st.comms if isinstance(c, Send) and c.peer != plan.rank)
+    links = []
+    for a, b in sorted(pairs):
+        path = net.route(host[a], host[b])
+        latency = sum(net.links[i].latency for i in path) + len(path) * net.hop_latency
+        beta = max([machine.beta] + [net.links[i].beta for i in path])
+        links.append((a, b, latency, beta, machine.ports))
+    alone = Machine(alpha=machine.alpha, beta=machine.beta, gamma=machine.gamma, ports=machine.ports)
+    if links:
+        alone = Machine.from_graph(links, {(a, b): (a, b) for a, b, *_ in links}, hosts=world, alpha=machine.alpha,
+                                   beta=machine.beta, gamma=machine.gamma, ports=machine.ports)
+    with torch.no_grad():
+        return run_plans(plans, alone, data=False, record=False, symmetry=False).time
 
 
 def _clone(value):

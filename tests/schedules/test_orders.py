@@ -1,6 +1,7 @@
 """The orders of the steps as the algorithms' authors wrote them: Bine's distance-halving tree
 (the Bine authors' ``MPIR_Bcast_intra_bine_lat``), Rabenseifner's distance-doubling
-reduce-scatter (MPICH's ``MPIR_Allreduce_intra_reduce_scatter_allgather``), Swing's peers and
+reduce-scatter (MPICH's ``MPIR_Allreduce_intra_reduce_scatter_allgather`` and
+``MPIR_Reduce_intra_reduce_scatter_gather``), Swing's peers and
 steps (De Sensi et al., NSDI'24); the earlier orders under their own names."""
 from __future__ import annotations
 
@@ -62,6 +63,34 @@ def test_rabenseifner_is_mpichs_distance_doubling_and_the_far_order_keeps_its_na
     assert near.stats.time == far.stats.time and near.cost == far.cost
     assert ring_hop_bytes(far.stats, 64) > 7 * ring_hop_bytes(near.stats, 64)
     assert not ringcoll.schedules.registry.get("all_reduce", "rabenseifner_far").auto
+
+
+def test_reduce_rabenseifner_is_mpichs_distance_doubling_and_the_far_order_keeps_its_name():
+    """MPICH's MPIR_Reduce_intra_reduce_scatter_gather: reduce-scatter at distances 1 .. 32,
+    then the gather at 32 .. 1 (a rank sends once, at the bit where it leaves the root's side)."""
+    # dst 63: w = (rank - dst - 1) % 64 is the rank itself, the root its folded rank 63
+    near = ringcoll.simulate("reduce", "rabenseifner", 64, numel=64 * 16, dst=63)
+    far = ringcoll.simulate("reduce", "rabenseifner_far", 64, numel=64 * 16, dst=63)
+    assert sends(near, 0) == [1, 2, 4, 8, 16, 32, 32]     # 0 xor 63 has bit 32: sends its one chunk first
+    assert sends(far, 0) == [32, 16, 8, 4, 2, 1, 1]
+    assert sends(near, 62) == [62 ^ d for d in (1, 2, 4, 8, 16, 32)] + [63]     # n/2 to its neighbour, last
+    receives = [c.peer for st in near.schedules[63] for c in st.comms if not isinstance(c, Send)]
+    assert receives == [63 ^ d for d in (1, 2, 4, 8, 16, 32)] + [63 ^ d for d in (32, 16, 8, 4, 2, 1)]
+    # the same α-β-γ cost and clock; on a ring of 64 hop-bytes 223.5n against 1396.5n
+    assert near.stats.time == far.stats.time and near.cost == far.cost
+    assert ring_hop_bytes(near.stats, 64) == 223.5 * 1024 * 8 and ring_hop_bytes(far.stats, 64) == 1396.5 * 1024 * 8
+    assert not ringcoll.schedules.registry.get("reduce", "rabenseifner_far").auto
+    # another root: the whole run moves with it
+    moved = ringcoll.simulate("reduce", "rabenseifner", 64, numel=64 * 16, dst=5)
+    assert sends(moved, 6) == [(6 + d) % 64 for d in (1, 2, 4, 8, 16, 32, 32)]
+
+
+def test_reduce_scatter_recursive_halving_is_mpichs_far_first_order():
+    """MPICH's MPIR_Reduce_scatter_intra_recursive_halving runs mask = pof2/2 down to 1 (block q
+    must end on rank q), so ringcoll's reduce_scatter keeps that order: nothing to move."""
+    sim = ringcoll.simulate("reduce_scatter_tensor", "recursive_halving", 64, data=False,
+                            call=lambda r: ((torch.zeros(16, dtype=torch.int64), torch.ones(64 * 16, dtype=torch.int64)), {}))
+    assert sends(sim, 5) == [5 ^ d for d in (32, 16, 8, 4, 2, 1)]
 
 
 @pytest.mark.parametrize("world", [3, 5, 6, 7, 12])

@@ -164,6 +164,39 @@ def test_two_hop_route_pays_per_hop_latency():
     assert far.network.hop_bytes == 2000
 
 
+def test_predicted_is_the_contention_free_time_and_grows_with_hops():
+    """``sim.predicted`` on a network: each message at its route's latency, hops and slowest
+    link, no link shared. A ring all_reduce of 8 on a 1-D torus of 8: placed linearly every
+    message is 1 hop and nothing is shared, so predicted is the clock and the α-β-γ cost with
+    α + latency + hop latency; placed with stride 3 (rank r on host 3r mod 8) every message is
+    3 hops, so predicted is the cost with α + 3(latency + hop latency), and three messages
+    share each link, so the clock is later still. Flat and 2-level machines: the cost model."""
+    kw = dict(alpha=2e-6, beta=1e-9, gamma=5e-10, latency=3e-7, hop_latency=1e-7)
+    a, hop = kw["alpha"], kw["latency"] + kw["hop_latency"]
+
+    def run(machine, name="ring"):
+        return ringcoll.simulate("all_reduce", name, 8, numel=8 * 1000, dtype=torch.float32, machine=machine)
+
+    linear = run(ringcoll.Machine.torus((8,), **kw))
+    stride = run(ringcoll.Machine.torus((8,), placement=[3 * r % 8 for r in range(8)], **kw))
+    shuffled = run(ringcoll.Machine.torus((8,), placement=("random", 1), **kw))
+    assert linear.predicted == pytest.approx(linear.cost.time(a + hop, kw["beta"], kw["gamma"]), rel=1e-12)
+    assert linear.predicted == pytest.approx(linear.stats.time, rel=1e-12)
+    assert stride.predicted == pytest.approx(stride.cost.time(a + 3 * hop, kw["beta"], kw["gamma"]), rel=1e-12)
+    assert stride.stats.time > 1.5 * stride.predicted                     # the sharing, not in predicted
+    assert linear.predicted < shuffled.predicted <= shuffled.stats.time
+    # Rabenseifner in either order crosses distances 1, 2, 4 twice: the same latencies and
+    # hops alone, so the same predicted; far first, the big halves share links: a later clock
+    torus = ringcoll.Machine.torus((8,), **kw)
+    far, near = run(torus, "rabenseifner_far"), run(torus, "rabenseifner")
+    assert far.predicted == near.predicted and far.stats.time > near.stats.time > near.predicted
+    # flat and 2-level machines: the α-β-γ cost, as before
+    for machine in (ringcoll.Machine(**{k: kw[k] for k in ("alpha", "beta", "gamma")}),
+                    ringcoll.Machine.hierarchical(4, intra=(1e-6, 1e-10), inter=(5e-6, 1e-9))):
+        sim = run(machine)
+        assert sim.predicted == sim.cost.on(machine)
+
+
 def test_two_level_machine_as_a_graph_gives_identical_times():
     # nodes of 4 ranks; exact binary fractions so that α + latency is exact. The NIC has a
     # lane per rank, so nothing queues on it in either model (an oversubscribed NIC differs
