@@ -104,33 +104,32 @@ def parse_bool(name: str, text: str, default: bool = False) -> bool:
     raise _error(name, text, f"a boolean: {_words(_TRUE)} or {_words(_FALSE)}")
 
 
-def parse_int(name: str, text: str, minimum: int, what: str) -> Optional[int]:
-    """An integer >= ``minimum`` (empty: None, the reader's default)."""
+def _number(name: str, text: str, convert: Callable[[str], float], fits: Callable[[float], bool],
+            accepted: str):
+    """``text`` converted (empty: None, the reader's default), refused naming ``accepted``
+    where it does not convert or does not fit."""
     word = text.strip()
     if not word:
         return None
     try:
-        value = int(word)
+        value = convert(word)
     except ValueError:
         value = None
-    if value is None or value < minimum:
-        bound = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise _error(name, text, f"{bound} ({what})")
+    if value is None or not fits(value):
+        raise _error(name, text, accepted)
     return value
+
+
+def parse_int(name: str, text: str, minimum: int, what: str) -> Optional[int]:
+    """An integer >= ``minimum`` (empty: None, the reader's default)."""
+    bound = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    return _number(name, text, int, lambda value: value >= minimum, f"{bound} ({what})")
 
 
 def parse_seconds(name: str, text: str) -> Optional[float]:
     """A positive, finite number of seconds (empty: None)."""
-    word = text.strip()
-    if not word:
-        return None
-    try:
-        value = float(word)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise _error(name, text, "a positive number of seconds, such as 60 or 2.5")
-    return value
+    return _number(name, text, float, lambda value: math.isfinite(value) and value > 0,
+                   "a positive number of seconds, such as 60 or 2.5")
 
 
 def parse_choice(name: str, text: str, choices: Tuple[str, ...], default: str) -> str:

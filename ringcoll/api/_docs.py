@@ -1,6 +1,7 @@
 """The drop-ins' docstrings mirror c10d's: the entries every collective shares (``group``,
-``async_op``, ``op``, ``algorithm`` and the plain ``Returns``) are written once here and put
-in place of a ``{group}``-style line of a docstring by :func:`c10d_doc`. ``{algorithm}`` lists
+``async_op``, ``op``, ``algorithm`` and the plain ``Returns`` section, header included) are
+written once here and put in place of a line such as ``{group, async_op, algorithm}`` (those entries, in that order)
+by :func:`c10d_doc`. ``{algorithm}`` lists
 the built-in algorithms of the collective as the registry has them, so it cannot go stale."""
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ ENTRIES = {
     "op": "op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a "
           "``torch.distributed._make_nccl_premul_sum(factor)``. Specifies an operation used for "
           "element-wise reductions.",
+    "group_src": "group_src (int): Source rank on ``group``. Must specify one of ``group_src`` and "
+                 "``src`` but not both.",
+    "group_dst": "group_dst (int): Destination rank on ``group``. Must specify one of ``group_dst`` and "
+                 "``dst`` but not both.",
     "returns": "Async work handle, if async_op is set to True. None, if not async_op or if not "
                "part of the group.",
 }
 
-_PLACE = re.compile(r"^( *)\{(\w+)\}$", re.MULTILINE)
+_PLACE = re.compile(r"^( *)\{(\w+(?:, \w+)*)\}$", re.MULTILINE)
 WIDTH = 96
 
 
@@ -36,10 +41,16 @@ def c10d_doc(collective: Optional[str] = None):
     """Fill the shared entries of the decorated drop-in's docstring (``collective``: whose
     algorithms ``{algorithm}`` lists)."""
     def fill(match: "re.Match") -> str:
-        indent, name = match.group(1), match.group(2)
+        indent = match.group(1)
+        return "\n".join(entry(indent, name) for name in match.group(2).split(", "))
+
+    def entry(indent: str, name: str) -> str:
         text = algorithm_entry(collective) if name == "algorithm" else ENTRIES[name]
-        hang = "" if name == "returns" else "    "     # an Args entry's lines hang under its name
-        return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + hang,
+        if name == "returns":           # the whole section: its header and its text
+            body = indent + "    "
+            return indent + "Returns:\n" + textwrap.fill(text, WIDTH, initial_indent=body, subsequent_indent=body,
+                                                         break_on_hyphens=False, break_long_words=False)
+        return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "    ",
                              break_on_hyphens=False, break_long_words=False)
 
     def decorate(fn):

@@ -8,7 +8,42 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from ._common import Context
-from ._checks import check_device, check_tensor, real_tensor
+from ._checks import check_device, real_tensor
+from ._plans import pick_per_block
+
+
+def checked_world_times(collective: str, ctx: Context, algorithm, param: str, whole, block_param: str, block,
+                        real_block) -> Optional[tuple]:
+    """The checks of a call on one tensor ``param`` of world size x the elements of another,
+    ``block_param`` (all_gather_single's output, reduce_scatter_single's input), in order: the
+    same dtype, the algorithm (priced per block); then, on a member of the group, the element
+    count and both devices. None outside the group, else (algorithm, why)."""
+    check_same(param, whole, block, block_param)
+    chosen, why = pick_per_block(collective, algorithm, real_block, ctx)
+    if ctx.rank is None:
+        return None
+    if whole.numel() != ctx.world * block.numel():
+        raise ValueError(f"{param} must have world size x {block_param}'s elements ({ctx.world} x "
+                         f"{block.numel()} = {ctx.world * block.numel()}), got {whole.numel()} "
+                         f"(shape {tuple(whole.shape)})")
+    check_device(param, whole, ctx)
+    check_device(block_param, block, ctx)
+    return chosen, why
+
+
+def checked_per_rank(collective: str, ctx: Context, algorithm, param: str, tensors, real_list, block_param: str,
+                     block, real_block) -> Optional[tuple]:
+    """The checks of a call on a list ``param`` of one tensor per rank, each like ``block_param``
+    (all_gather's output list, reduce_scatter's input list), in order: every tensor of the list
+    like the block, the algorithm; then, on a member of the group, the list's length and sizes
+    and the devices. None outside the group, else (algorithm, why)."""
+    check_all_same(param, tensors, block, block_param)
+    chosen, why = pick_per_block(collective, algorithm, real_block, ctx)
+    if ctx.rank is None:
+        return None
+    check_list_fits(param, real_list, real_block, block_param, ctx)
+    check_device(block_param, block, ctx)
+    return chosen, why
 
 
 def check_tensor_list(param: str, tensors) -> list:

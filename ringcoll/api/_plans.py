@@ -68,3 +68,25 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
                 result=result, describe=describe_as, seq=ctx.seq, why=why)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
     return plan
+
+
+def rooted_plan(collective: str, ctx: Context, tensor, real: torch.Tensor, root: int, algorithm, *,
+                spec=None) -> Optional[Tuple[Plan, torch.Tensor]]:
+    """The plan of a rooted call on one tensor (broadcast; reduce, with its op's ``spec``) and
+    the flat data it moves, once the tensor and the root are checked: the algorithm, then on a
+    member of the group the device. A non-contiguous tensor is written back after the
+    caller's own after-steps (it inserts them before). None outside the group."""
+    from ._checks import check_device, flat
+
+    chosen, why = pick(collective, algorithm, real.numel() * real.element_size(), ctx, tensor=real)
+    if ctx.rank is None:
+        return None
+    check_device("tensor", tensor, ctx)
+    data, write_back = flat(real)
+    note = f"root {root}" if spec is None else f"{spec.name} root {root}"
+    plan = new_plan(collective, chosen, why, ctx, Layout(data.numel(), {"root": root}), {"data": data},
+                    op=None if spec is None else spec.local, result=[tensor],
+                    describe_as=describe(collective, chosen.name, tensor, note))
+    if write_back is not None:
+        plan.after.append(write_back)
+    return plan, data

@@ -10,10 +10,10 @@ from typing_extensions import deprecated
 from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
 from ._common import builder, Context, run_call
-from ._checks import check_device, flat, real_tensor
-from ._plans import describe, new_plan, pick_per_block
-from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, is_block,
-                     separate_input, stage_list, stage_through)
+from ._checks import flat, real_tensor
+from ._plans import describe, new_plan
+from ._lists import (checked_per_rank, checked_world_times, check_tensor_list, is_block, separate_input,
+                     stage_list, stage_through)
 
 
 # -- all_gather_single --------------------------------------------------------------------
@@ -33,16 +33,11 @@ def _gather_plan(ctx: Context, chosen, why, output_flat: torch.Tensor, input_fla
 def build_all_gather_single(ctx: Context, output_tensor, input_tensor, *, algorithm="auto"):
     real_output = real_tensor("output_tensor", output_tensor)
     real_input = real_tensor("input_tensor", input_tensor)
-    check_same("output_tensor", output_tensor, input_tensor, "input_tensor")
-    chosen, why = pick_per_block("all_gather", algorithm, real_input, ctx)
-    if ctx.rank is None:
+    checked = checked_world_times("all_gather", ctx, algorithm, "output_tensor", output_tensor, "input_tensor",
+                                  input_tensor, real_input)
+    if checked is None:
         return None
-    if output_tensor.numel() != ctx.world * input_tensor.numel():
-        raise ValueError(f"output_tensor must have world size x input_tensor's elements "
-                         f"({ctx.world} x {input_tensor.numel()} = {ctx.world * input_tensor.numel()}), "
-                         f"got {output_tensor.numel()} (shape {tuple(output_tensor.shape)})")
-    check_device("output_tensor", output_tensor, ctx)
-    check_device("input_tensor", input_tensor, ctx)
+    chosen, why = checked
     output_flat, write_back = flat(real_output)
     input_flat, _ = flat(real_input)
     # as gloo's Work.result(): the output, one view per rank in the input's shape
@@ -69,9 +64,7 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         output_tensor (Tensor): Output tensor, world size x ``input_tensor.numel()`` elements.
         input_tensor (Tensor): Tensor to be gathered from current rank; the same size on
             every rank.
-        {group}
-        {async_op}
-        {algorithm}
+        {group, async_op, algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is, as gloo's, the
@@ -79,17 +72,13 @@ def all_gather_single(output_tensor, input_tensor, group=None, async_op=False, *
         not async_op or if not part of the group.
 
     Examples:
-        >>> # All tensors below are of torch.int64 dtype.
-        >>> # We have 2 process groups, 2 ranks.
-        >>> tensor_in = torch.arange(2, dtype=torch.int64) + 1 + 2 * rank
-        >>> tensor_in
-        tensor([1, 2]) # Rank 0
-        tensor([3, 4]) # Rank 1
-        >>> tensor_out = torch.zeros(4, dtype=torch.int64)
+        >>> # 2 ranks; the output stacked (any shape of world size x input elements works).
+        >>> tensor_in = torch.tensor([1, 2]) + 2 * rank
+        >>> tensor_out = torch.empty(2, 2, dtype=torch.int64)
         >>> ringcoll.all_gather_single(tensor_out, tensor_in, algorithm="bruck")
         >>> tensor_out
-        tensor([1, 2, 3, 4]) # Rank 0
-        tensor([1, 2, 3, 4]) # Rank 1
+        tensor([[1, 2],
+                [3, 4]]) # Rank 0 and 1
     """
     return run_call(build_all_gather_single, group, async_op, output_tensor, input_tensor, algorithm=algorithm)
 
@@ -112,12 +101,11 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
 def build_all_gather(ctx: Context, tensor_list, tensor, *, algorithm="auto"):
     real_list = check_tensor_list("tensor_list", tensor_list)
     real = real_tensor("tensor", tensor)
-    check_all_same("tensor_list", tensor_list, tensor, "tensor")
-    chosen, why = pick_per_block("all_gather", algorithm, real, ctx)
-    if ctx.rank is None:
+    checked = checked_per_rank("all_gather", ctx, algorithm, "tensor_list", tensor_list, real_list, "tensor",
+                               tensor, real)
+    if checked is None:
         return None
-    check_list_fits("tensor_list", real_list, real, "tensor", ctx)
-    check_device("tensor", tensor, ctx)
+    chosen, why = checked
     output_flat, staged = stage_list(real_list, real, ctx)
     input_flat, _ = flat(real)
     plan = _gather_plan(ctx, chosen, why, output_flat, input_flat, tensor, tensor_list, "all_gather")
@@ -140,9 +128,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm="au
         tensor_list (list[Tensor]): Output list. It should contain correctly-sized tensors,
             one per rank, to be used for output of the collective.
         tensor (Tensor): Tensor to be broadcast from current process.
-        {group}
-        {async_op}
-        {algorithm}
+        {group, async_op, algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``tensor_list``.

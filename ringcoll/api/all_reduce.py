@@ -45,13 +45,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm
 
     Args:
         tensor (Tensor): Input and output of the collective. The function operates in-place.
-        {op}
-        {group}
-        {async_op}
-        {algorithm}
+        {op, group, async_op, algorithm}
 
-    Returns:
-        {returns}
+    {returns}
 
     Examples:
         >>> # All tensors below are of torch.int64 type.

@@ -211,12 +211,9 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
             empty, dim 0 of ``output`` must divide equally by ``world_size``.
         input_split_sizes (list[Int], optional): Input split sizes for dim 0. If None or
             empty, dim 0 of ``input`` must divide equally by ``world_size``.
-        {group}
-        {async_op}
-        {algorithm}
+        {group, async_op, algorithm}
 
-    Returns:
-        {returns}
+    {returns}
 
     Examples:
         >>> # We have 2 ranks; uneven splits.
@@ -281,12 +278,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     Args:
         output_tensor_list (list[Tensor]): List of tensors to be gathered one per rank.
         input_tensor_list (list[Tensor]): List of tensors to scatter one per rank.
-        {group}
-        {async_op}
-        {algorithm}
+        {group, async_op, algorithm}
 
-    Returns:
-        {returns}
+    {returns}
 
     Examples:
         >>> # We have 2 ranks.

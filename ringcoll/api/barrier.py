@@ -62,16 +62,14 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None, *, algori
     blocks until the peers arrive, as on gloo (NCCL's own ``wait()`` would not block it).
 
     Args:
-        {group}
-        {async_op}
+        {group, async_op}
         device_ids ([int], optional): List of device/GPU ids. Only one id is expected: on an
             NCCL group the token lives on ``cuda:device_ids[0]`` (else the current device);
             ignored on gloo.
         timeout (datetime.timedelta, optional): how long to wait for the peers.
         {algorithm}
 
-    Returns:
-        {returns}
+    {returns}
 
     Examples:
         >>> # We have 2 ranks; rank 1 arrives 2 s late.

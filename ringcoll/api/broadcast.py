@@ -4,28 +4,18 @@ from __future__ import annotations
 __all__ = ["broadcast"]
 
 
-from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
 from ._common import builder, Context, run_call
-from ._checks import check_device, flat, group_root, real_tensor
-from ._plans import describe, new_plan, pick
+from ._checks import group_root, real_tensor
+from ._plans import rooted_plan
 
 
 @builder("broadcast")
 def build_broadcast(ctx: Context, tensor, src=None, *, group_src=None, algorithm="auto"):
     real = real_tensor("tensor", tensor)
     root = group_root(ctx, "src", src, "group_src", group_src)
-    chosen, why = pick("broadcast", algorithm, real.numel() * real.element_size(), ctx, tensor=real)
-    if ctx.rank is None:
-        return None
-    check_device("tensor", tensor, ctx)
-    data, write_back = flat(real)
-    layout = Layout(data.numel(), {"root": root})
-    plan = new_plan("broadcast", chosen, why, ctx, layout, {"data": data}, result=[tensor],
-                    describe_as=describe("broadcast", chosen.name, tensor, f"root {root}"))
-    if write_back is not None:
-        plan.after.append(write_back)
-    return plan
+    planned = rooted_plan("broadcast", ctx, tensor, real, root, algorithm)
+    return None if planned is None else planned[0]
 
 
 @c10d_doc('broadcast')
@@ -41,24 +31,15 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, a
         tensor (Tensor): Data to be sent if ``src`` is the rank of current process, and
             tensor to be used to save received data otherwise.
         src (int): Source rank on global process group (regardless of ``group`` argument).
-        {group}
-        {async_op}
-        group_src (int): Source rank on ``group``. Must specify one of ``group_src`` and
-            ``src`` but not both.
-        {algorithm}
+        {group, async_op, group_src, algorithm}
 
-    Returns:
-        {returns}
+    {returns}
 
     Examples:
-        >>> # We have 2 process groups, 2 ranks.
-        >>> tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * rank
+        >>> # 3 ranks; rank 2 is the source.
+        >>> tensor = torch.tensor([10 * rank, 10 * rank + 1])
+        >>> ringcoll.broadcast(tensor, src=2, algorithm="binomial")
         >>> tensor
-        tensor([1, 2]) # Rank 0
-        tensor([3, 4]) # Rank 1
-        >>> ringcoll.broadcast(tensor, src=1, algorithm="binomial")
-        >>> tensor
-        tensor([3, 4]) # Rank 0
-        tensor([3, 4]) # Rank 1
+        tensor([20, 21]) # Rank 0, 1 and 2
     """
     return run_call(build_broadcast, group, async_op, tensor, src, group_src=group_src, algorithm=algorithm)

@@ -54,27 +54,45 @@ def _rooted_call(collective: str, ctx: Context, tensor, param: str, tensors, roo
     return real, given, real_list, root, chosen, why
 
 
-# -- gather -------------------------------------------------------------------------------
-@builder("gather")
-def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
-    checked = _rooted_call("gather", ctx, tensor, "gather_list", gather_list, ("dst", dst, "group_dst", group_dst),
-                           "destination", algorithm)
+def _rooted_list_plan(collective: str, ctx: Context, tensor, param: str, tensors, root_args: tuple,
+                      role: str, algorithm):
+    """gather's and scatter's plan: every rank's ``tensor`` is block ``rank`` of the root's list
+    ``param`` (gather: the list receives the blocks, the root's own copied in; scatter: it sends
+    them), the list staged through one buffer where it is not back to back."""
+    checked = _rooted_call(collective, ctx, tensor, param, tensors, root_args, role, algorithm)
     if checked is None:
         return None
-    real, outputs, real_outputs, root, chosen, why = checked
-    input_flat, _ = flat(real)
-    buffers = {"input": input_flat}
+    real, given, real_list, root, chosen, why = checked
+    gathering = collective == "gather"
+    mine, theirs = ("input", "output") if gathering else ("output", "input")
+    own, write_back = flat(real)
+    buffers = {mine: own}
     staged = False
     if ctx.rank == root:
-        buffers["output"], staged = stage_list(real_outputs, real, ctx)
-    plan = new_plan("gather", chosen, why, ctx, Layout(ctx.world * input_flat.numel(), {"root": root}), buffers,
-                    result=outputs if ctx.rank == root else [],
-                    describe_as=describe("gather", chosen.name, tensor, f"root {root}"))
-    if ctx.rank == root:
-        separate_input(input_flat, buffers["output"], is_block(input_flat, buffers["output"], root), plan)
+        buffers[theirs], staged = stage_list(real_list, real, ctx)
+    result = (given if ctx.rank == root else []) if gathering else [tensor]
+    plan = new_plan(collective, chosen, why, ctx, Layout(ctx.world * own.numel(), {"root": root}), buffers,
+                    result=result, describe_as=describe(collective, chosen.name, tensor, f"root {root}"))
+    if gathering and ctx.rank == root:
+        separate_input(own, buffers["output"], is_block(own, buffers["output"], root), plan)
     if staged:
-        stage_through(plan, "output", real_outputs, into=False)
+        stage_through(plan, theirs, real_list, into=not gathering)
+    if write_back is not None and not gathering:        # gather only reads its tensor
+        plan.after.append(write_back)
     return plan
+
+
+# -- the builders -------------------------------------------------------------------------
+@builder("gather")
+def build_gather(ctx: Context, tensor, gather_list=None, dst=None, group_dst=None, *, algorithm="auto"):
+    return _rooted_list_plan("gather", ctx, tensor, "gather_list", gather_list, ("dst", dst, "group_dst", group_dst),
+                             "destination", algorithm)
+
+
+@builder("scatter")
+def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
+    return _rooted_list_plan("scatter", ctx, tensor, "scatter_list", scatter_list, ("src", src, "group_src", group_src),
+                             "source", algorithm)
 
 
 @c10d_doc('gather')
@@ -93,8 +111,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         dst (int, optional): Destination rank on global process group (regardless of
             ``group`` argument). (If both ``dst`` and ``group_dst`` are None, default is
             global rank 0.)
-        {group}
-        {async_op}
+        {group, async_op}
         group_dst (int, optional): Destination rank on ``group``. Invalid to specify both
             ``dst`` and ``group_dst``.
         {algorithm}
@@ -117,28 +134,6 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     return run_call(build_gather, group, async_op, tensor, gather_list, dst, group_dst, algorithm=algorithm)
 
 
-# -- scatter ------------------------------------------------------------------------------
-@builder("scatter")
-def build_scatter(ctx: Context, tensor, scatter_list=None, src=None, group_src=None, *, algorithm="auto"):
-    checked = _rooted_call("scatter", ctx, tensor, "scatter_list", scatter_list, ("src", src, "group_src", group_src),
-                           "source", algorithm)
-    if checked is None:
-        return None
-    real, inputs, real_inputs, root, chosen, why = checked
-    output_flat, write_back = flat(real)
-    buffers = {"output": output_flat}
-    staged = False
-    if ctx.rank == root:
-        buffers["input"], staged = stage_list(real_inputs, real, ctx)
-    plan = new_plan("scatter", chosen, why, ctx, Layout(ctx.world * output_flat.numel(), {"root": root}), buffers,
-                    result=[tensor], describe_as=describe("scatter", chosen.name, tensor, f"root {root}"))
-    if staged:
-        stage_through(plan, "input", real_inputs, into=True)
-    if write_back is not None:
-        plan.after.append(write_back)
-    return plan
-
-
 @c10d_doc('scatter')
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
             algorithm="auto"):
@@ -154,8 +149,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
             ``tensor``.
         src (int): Source rank on global process group (regardless of ``group`` argument).
             (If both ``src`` and ``group_src`` are None, default is global rank 0.)
-        {group}
-        {async_op}
+        {group, async_op}
         group_src (int, optional): Source rank on ``group``. Invalid to specify both ``src``
             and ``group_src``.
         {algorithm}

@@ -88,8 +88,7 @@ def sendrecv(send_tensor, dst, recv_tensor, src, group=None, async_op=False):
         recv_tensor (Tensor): Tensor to fill with received data; it must have as many
             elements and the same dtype as what ``src`` sends.
         src (int): Source rank on global process group (regardless of ``group``).
-        {group}
-        {async_op}
+        {group, async_op}
 
     Returns:
         Async work handle (``wait()`` completes both halves and re-raises their error;

@@ -5,11 +5,10 @@ __all__ = ["reduce"]
 
 from .. import kernels
 from ..ops import ReduceOp, resolve
-from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
 from ._common import builder, Context, run_call
-from ._checks import check_device, flat, group_root, real_tensor
-from ._plans import describe, new_plan, pick
+from ._checks import group_root, real_tensor
+from ._plans import rooted_plan
 
 
 @builder("reduce")
@@ -17,20 +16,14 @@ def build_reduce(ctx: Context, tensor, dst=None, op=ReduceOp.SUM, *, group_dst=N
     real = real_tensor("tensor", tensor, op, "reduce")
     spec = resolve(op, real)
     root = group_root(ctx, "dst", dst, "group_dst", group_dst)
-    chosen, why = pick("reduce", algorithm, real.numel() * real.element_size(), ctx, tensor=real)
-    if ctx.rank is None:
+    planned = rooted_plan("reduce", ctx, tensor, real, root, algorithm, spec=spec)
+    if planned is None:
         return None
-    check_device("tensor", tensor, ctx)
-    data, write_back = flat(real)
-    layout = Layout(data.numel(), {"root": root})
-    plan = new_plan("reduce", chosen, why, ctx, layout, {"data": data}, op=spec.local, result=[tensor],
-                    describe_as=describe("reduce", chosen.name, tensor, f"{spec.name} root {root}"))
+    plan, data = planned
     if spec.premul is not None:
         plan.before.append(lambda: kernels.scale_(data, spec.premul))
     if spec.average and ctx.rank == root:
-        plan.after.append(lambda: kernels.divide_(data, ctx.world))
-    if write_back is not None:
-        plan.after.append(write_back)
+        plan.after.insert(0, lambda: kernels.divide_(data, ctx.world))     # before any write-back
     return plan
 
 
@@ -50,24 +43,15 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         op (optional): One of the values from ``torch.distributed.ReduceOp`` enum, or a
             ``torch.distributed._make_nccl_premul_sum(factor)``. Specifies an operation used
             for element-wise reductions. ``AVG`` divides once, on ``dst`` only.
-        {group}
-        {async_op}
-        group_dst (int): Destination rank on ``group``. Must specify one of ``group_dst`` and
-            ``dst`` but not both.
-        {algorithm}
+        {group, async_op, group_dst, algorithm}
 
-    Returns:
-        {returns}
+    {returns}
 
     Examples:
-        >>> # We have 2 process groups, 2 ranks.
-        >>> tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * rank
+        >>> # 3 ranks; each position's largest element lands on rank 1.
+        >>> tensor = torch.tensor([rank, 5 - rank])
+        >>> ringcoll.reduce(tensor, dst=1, op=ReduceOp.MAX, algorithm="binomial")
         >>> tensor
-        tensor([1, 2]) # Rank 0
-        tensor([3, 4]) # Rank 1
-        >>> ringcoll.reduce(tensor, dst=0, op=ReduceOp.SUM, algorithm="binomial")
-        >>> tensor
-        tensor([4, 6]) # Rank 0
-        tensor([3, 4]) # Rank 1 (unspecified)
+        tensor([2, 5]) # Rank 1 (on rank 0 and 2: unspecified)
     """
     return run_call(build_reduce, group, async_op, tensor, dst, op, group_dst=group_dst, algorithm=algorithm)

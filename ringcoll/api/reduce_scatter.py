@@ -18,10 +18,10 @@ from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
 from ._common import builder, Context, run_call
-from ._checks import check_device, flat, real_tensor
-from ._plans import describe, new_plan, pick, pick_per_block
-from ._lists import (check_all_same, check_list_fits, check_same, check_tensor_list, copy_in,
-                         overlaps, stage_list, stage_through)
+from ._checks import flat, real_tensor
+from ._plans import describe, new_plan
+from ._lists import (checked_per_rank, checked_world_times, check_tensor_list, copy_in, overlaps, stage_list,
+                     stage_through)
 
 
 def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: torch.Tensor, staged_in,
@@ -61,17 +61,11 @@ def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: tor
 def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *, algorithm="auto"):  # noqa: A002
     real_output = real_tensor("output", output, op, "reduce_scatter_single")
     real_input = real_tensor("input", input)
-    check_same("input", input, output, "output")
     spec = resolve(op, real_output)
-    nbytes = real_input.numel() * real_input.element_size()
-    chosen, why = pick("reduce_scatter", algorithm, nbytes, ctx, tensor=real_input)
-    if ctx.rank is None:
+    checked = checked_world_times("reduce_scatter", ctx, algorithm, "input", input, "output", output, real_output)
+    if checked is None:
         return None
-    if input.numel() != ctx.world * output.numel():
-        raise ValueError(f"input must have world size x output's elements ({ctx.world} x {output.numel()} = "
-                         f"{ctx.world * output.numel()}), got {input.numel()} (shape {tuple(input.shape)})")
-    check_device("output", output, ctx)
-    check_device("input", input, ctx)
+    chosen, why = checked
     input_flat, _ = flat(real_input)
     return _plan(ctx, chosen, why, spec, real_output, input_flat, None, [output], "reduce_scatter_single")
 
@@ -90,10 +84,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
         output (Tensor): Output tensor. It should have the same size across all ranks.
         input (Tensor): Input tensor to be reduced and scattered. Its size should be output
             tensor size times the world size.
-        {op}
-        {group}
-        {async_op}
-        {algorithm}
+        {op, group, async_op, algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[output]`` (as
@@ -133,13 +124,12 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
 def build_reduce_scatter(ctx: Context, output, input_list, op=ReduceOp.SUM, *, algorithm="auto"):
     real_output = real_tensor("output", output, op, "reduce_scatter")
     real_inputs = check_tensor_list("input_list", input_list)
-    check_all_same("input_list", input_list, output, "output")
+    checked = checked_per_rank("reduce_scatter", ctx, algorithm, "input_list", input_list, real_inputs, "output",
+                               output, real_output)
     spec = resolve(op, real_output)
-    chosen, why = pick_per_block("reduce_scatter", algorithm, real_output, ctx)
-    if ctx.rank is None:
+    if checked is None:
         return None
-    check_list_fits("input_list", real_inputs, real_output, "output", ctx)
-    check_device("output", output, ctx)
+    chosen, why = checked
     input_flat, staged = stage_list(real_inputs, real_output, ctx)
     if staged and spec.premul is not None:      # the premul scales the staging copy in place
         return _plan(ctx, chosen, why, spec, real_output, input_flat, copy_in(input_flat, real_inputs),
@@ -162,10 +152,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
         output (Tensor): Output tensor.
         input_list (list[Tensor]): List of tensors to reduce and scatter, one per rank, each
             with ``output.numel()`` elements.
-        {op}
-        {group}
-        {async_op}
-        {algorithm}
+        {op, group, async_op, algorithm}
 
     Returns:
         Async work handle, if async_op is set to True; its ``result()`` is ``[output]``.
