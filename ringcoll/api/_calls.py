@@ -4,7 +4,6 @@ a machine (:func:`simulated_time`: rank 0's plan on the simulator's clock, the r
 ``auto``'s model weighs its candidates by). :func:`ringcoll.simulate` builds its calls here too."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, Optional
 
 import torch
@@ -76,6 +75,24 @@ def numel_call(collective: str, rank: int, world: int, numel: int, dtype: torch.
     raise ValueError(f"simulate(numel=) knows no arguments for {collective!r}")
 
 
+def uniform_plans(builder: str, world: int, numel: int, dtype: torch.dtype, kwargs: Dict[str, Any],
+                  ctx: Context) -> list:
+    """Every rank's plan of a cost-only ``numel`` call (no data): rank 0's, built once on
+    uninitialised tensors, stands for each rank's (uniform arguments; a root is a layout
+    parameter), the others shallow copies with their own rank: a million ranks in seconds.
+    ``ctx``: rank 0's context (its world, nodes, machine)."""
+    args, extra = numel_call(builder, 0, world, numel, dtype, kwargs, fill=False)
+    first = BUILDERS[builder](ctx, *args, **extra)
+    fields = vars(first)
+    plans = [first]
+    for rank in range(1, world):
+        plan = object.__new__(type(first))        # a shallow copy, without copy.copy's overhead
+        plan.__dict__.update(fields)
+        plan.rank = rank
+        plans.append(plan)
+    return plans
+
+
 def simulated_time(collective: str, name: str, world: int, nbytes: int, on: Machine,
                    nodes: Optional[tuple]) -> float:
     """Seconds of ``collective``/``name`` on ``on``: the simulator's cost-only run of
@@ -84,10 +101,8 @@ def simulated_time(collective: str, name: str, world: int, nbytes: int, on: Mach
     stands for every rank's (uniform arguments: a root is a layout parameter), as in
     :func:`ringcoll.simulate` without data."""
     dtype = torch.float32 if nbytes % 4 == 0 else torch.uint8
-    builder = BUILDER_OF.get(collective, collective)
-    args, kwargs = numel_call(builder, 0, world, nbytes // dtype.itemsize, dtype, {}, fill=False)
-    first = BUILDERS[builder](Context(0, world, nodes=nodes, machine=on), *args, algorithm=name, **kwargs)
-    plans = [first] + [dataclasses.replace(first, rank=rank) for rank in range(1, world)]
+    plans = uniform_plans(BUILDER_OF.get(collective, collective), world, nbytes // dtype.itemsize, dtype,
+                          {"algorithm": name}, Context(0, world, nodes=nodes, machine=on))
     with torch.no_grad():
         return run_plans(plans, on, data=False).time
 

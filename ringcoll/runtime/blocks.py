@@ -17,17 +17,17 @@ class Blocks:
     reduce_scatter: one block per message), so the list is sent from and received into
     directly, as gloo's own collectives do."""
 
-    __slots__ = ("pieces", "size")
+    __slots__ = ("flats", "size")
 
-    def __init__(self, pieces, size: int):
-        self.pieces, self.size = pieces, size
+    def __init__(self, flats, size: int):
+        self.flats, self.size = flats, size
 
     def __getitem__(self, span: slice) -> torch.Tensor:
         if span.stop <= span.start:
-            return self.pieces[0][:0]
+            return self.flats[0][:0]
         index = span.start // self.size
         base = index * self.size
-        return self.pieces[index][span.start - base:span.stop - base]
+        return self.flats[index][span.start - base:span.stop - base]
 
     @classmethod
     def of(cls, name: str, tensors, writes: bool, steps, buffers) -> Optional["Blocks"]:
@@ -42,9 +42,9 @@ class Blocks:
         if size == 0 or any(not t.is_contiguous() or t.numel() != size or t.device != staging.device
                             for t in tensors):
             return None
-        pieces = tuple(t.detach().view(-1) for t in tensors)
+        flats = tuple(t.detach().view(-1) for t in tensors)
         nbytes = size * staging.element_size()
-        spans = sorted((piece.data_ptr(), piece.data_ptr() + nbytes) for piece in pieces)
+        spans = sorted((flat.data_ptr(), flat.data_ptr() + nbytes) for flat in flats)
         if any(later[0] < first[1] for first, later in zip(spans, spans[1:])):
             return None
         others = [tensor for other, buffer in buffers.items() if other != name for tensor in tensors_of(buffer)]
@@ -62,7 +62,7 @@ class Blocks:
                     return None
             if not writes and any(buf.name == name for buf in (*recvs, *written)):
                 return None
-        return cls(pieces, size)
+        return cls(flats, size)
 
 
 def tensors_in(buffers) -> list:
@@ -71,8 +71,8 @@ def tensors_in(buffers) -> list:
 
 
 def tensors_of(buffer) -> tuple:
-    """The tensors a prepared plan's buffer is made of: a Blocks' pieces, else itself."""
-    return buffer.pieces if isinstance(buffer, Blocks) else (buffer,)
+    """The tensors a prepared plan's buffer is made of: a Blocks' flats, else itself."""
+    return buffer.flats if isinstance(buffer, Blocks) else (buffer,)
 
 
 def _overlap(a, b) -> bool:

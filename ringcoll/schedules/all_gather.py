@@ -41,12 +41,12 @@ def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     output = chunks("output", layout.numel, world)
     yield from _place_own(rank, world, layout, output)
-    pieces = segmented(output, layout.get("segment"))
+    segs = segmented(output, layout.get("segment"))
     right, left = (rank + 1) % world, (rank - 1) % world
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
-        for send_piece, recv_piece in zip(pieces[send_idx], pieces[recv_idx]):
-            yield step(sendrecv(right, send_piece, left, recv_piece))
+        for send_seg, recv_seg in zip(segs[send_idx], segs[recv_idx]):
+            yield step(sendrecv(right, send_seg, left, recv_seg))
 
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:

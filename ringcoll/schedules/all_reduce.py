@@ -43,24 +43,24 @@ def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     if world == 1:
         return
-    pieces = segmented(chunks("data", layout.numel, world), layout.get("segment"))
-    count = len(pieces[0])
+    segs = segmented(chunks("data", layout.numel, world), layout.get("segment"))
+    count = len(segs[0])
     right, left = (rank + 1) % world, (rank - 1) % world
-    slot_size = pieces[0][0].numel
+    slot_size = segs[0][0].numel
     slot = 0
     # scatter-reduce
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
         for k in range(count):
-            target = pieces[recv_idx][k]
+            target = segs[recv_idx][k]
             recv_buf = Buf("scratch", slot * slot_size, slot * slot_size + target.numel)
             slot = 1 - slot
-            yield step(sendrecv(right, pieces[send_idx][k], left, recv_buf), [reduce(target, recv_buf)])
+            yield step(sendrecv(right, segs[send_idx][k], left, recv_buf), [reduce(target, recv_buf)])
     # allgather
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s + 1) % world, (rank - s) % world
         for k in range(count):
-            yield step(sendrecv(right, pieces[send_idx][k], left, pieces[recv_idx][k]))
+            yield step(sendrecv(right, segs[send_idx][k], left, segs[recv_idx][k]))
 
 
 def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:

@@ -24,7 +24,7 @@ def _binomial_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world), (world - 1) / world * nbytes, 0)
 
 
-def _pieces(lo: int, hi: int, root: int, world: int) -> List[Tuple[int, int]]:
+def _block_runs(lo: int, hi: int, root: int, world: int) -> List[Tuple[int, int]]:
     """Relative blocks [lo, hi) cut where rank order wraps from world - 1 to 0."""
     wrap = world - root
     if lo < wrap < hi:
@@ -34,13 +34,13 @@ def _pieces(lo: int, hi: int, root: int, world: int) -> List[Tuple[int, int]]:
 
 def _at_root(blocks: List[Buf], lo: int, hi: int, root: int, world: int) -> List[Buf]:
     """Relative blocks [lo, hi) as chunks of the root's rank-ordered buffer."""
-    return [span(blocks, (a + root) % world, (a + root) % world + b - a) for a, b in _pieces(lo, hi, root, world)]
+    return [span(blocks, (a + root) % world, (a + root) % world + b - a) for a, b in _block_runs(lo, hi, root, world)]
 
 
 def _in_subtree(subtree: List[Buf], base: int, lo: int, hi: int, root: int, world: int) -> List[Buf]:
     """Relative blocks [lo, hi) of a subtree starting at relative block ``base``, cut as the
     root cuts them (when talking to the root) -- the same messages on both ends."""
-    return [span(subtree, a - base, b - base) for a, b in _pieces(lo, hi, root, world)]
+    return [span(subtree, a - base, b - base) for a, b in _block_runs(lo, hi, root, world)]
 
 
 @register("gather", "linear", cost=_linear_cost)

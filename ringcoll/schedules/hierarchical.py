@@ -39,25 +39,25 @@ def _nodes(layout: Layout, world: int) -> Nodes:
 
 
 # -- rings and trees over a subset of the ranks ----------------------------------------------
-Piece = Tuple[Buf, ...]          # what one ring position contributes: one or more chunks
+Block = Tuple[Buf, ...]          # what one ring position owns: one chunk, or several (a node's ranks' blocks)
 
 
-def _piece(piece) -> Piece:
-    return piece if isinstance(piece, tuple) else (piece,)
+def _as_block(block) -> Block:
+    return block if isinstance(block, tuple) else (block,)
 
 
-def ring_reduce_scatter(ring: Sequence[int], me: int, pieces: Sequence, slot: int = 0) -> Iterator[Step]:
-    """Reduce-scatter of ``pieces`` (one per ring position; a piece is a chunk or a tuple of
+def ring_reduce_scatter(ring: Sequence[int], me: int, blocks: Sequence, slot: int = 0) -> Iterator[Step]:
+    """Reduce-scatter of ``blocks`` (one per ring position; a block is a chunk or a tuple of
     chunks) around ``ring`` (ranks in ring order; ``me`` this rank's position): at step s
-    position m sends its partial of piece m - s - 1 to the right and reduces the partial of
-    piece m - s - 2 from the left into its own, receiving into two scratch slots used in
-    turn (from element ``slot`` on); after len - 1 steps position m holds piece m reduced."""
+    position m sends its partial of block m - s - 1 to the right and reduces the partial of
+    block m - s - 2 from the left into its own, receiving into two scratch slots used in
+    turn (from element ``slot`` on); after len - 1 steps position m holds block m reduced."""
     size = len(ring)
     right, left = ring[(me + 1) % size], ring[(me - 1) % size]
-    pieces = [_piece(p) for p in pieces]
-    width = max(sum(b.numel for b in p) for p in pieces)
+    blocks = [_as_block(p) for p in blocks]
+    width = max(sum(b.numel for b in p) for p in blocks)
     for s in range(size - 1):
-        send, target = pieces[(me - s - 1) % size], pieces[(me - s - 2) % size]
+        send, target = blocks[(me - s - 1) % size], blocks[(me - s - 2) % size]
         start = slot + (s % 2) * width
         comms = [Send(right, b) for b in send]
         local = []
@@ -69,14 +69,14 @@ def ring_reduce_scatter(ring: Sequence[int], me: int, pieces: Sequence, slot: in
         yield step(comms, local)
 
 
-def ring_all_gather(ring: Sequence[int], me: int, pieces: Sequence) -> Iterator[Step]:
-    """All-gather of ``pieces`` around ``ring``, position m starting with piece m: at step s
-    it sends piece m - s to the right and receives piece m - s - 1 from the left in place."""
+def ring_all_gather(ring: Sequence[int], me: int, blocks: Sequence) -> Iterator[Step]:
+    """All-gather of ``blocks`` around ``ring``, position m starting with block m: at step s
+    it sends block m - s to the right and receives block m - s - 1 from the left in place."""
     size = len(ring)
     right, left = ring[(me + 1) % size], ring[(me - 1) % size]
     for s in range(size - 1):
-        yield step([Send(right, b) for b in _piece(pieces[(me - s) % size])] +
-                   [Recv(left, b) for b in _piece(pieces[(me - s - 1) % size])])
+        yield step([Send(right, b) for b in _as_block(blocks[(me - s) % size])] +
+                   [Recv(left, b) for b in _as_block(blocks[(me - s - 1) % size])])
 
 
 def tree_broadcast(order: Sequence[int], me: int, data: Buf) -> Iterator[Step]:
@@ -99,7 +99,7 @@ def tree_reduce(order: Sequence[int], me: int, data: Buf, scratch: Buf) -> Itera
         yield step([Send(order[parent], data)])
 
 
-def runs(blocks: Sequence[Buf]) -> Piece:
+def runs(blocks: Sequence[Buf]) -> Block:
     """Blocks of one buffer merged where they touch: the fewest chunks that cover them."""
     merged: List[Buf] = []
     for b in blocks:
@@ -133,8 +133,8 @@ def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Ite
     own = chunks("data", numel, len(mine))
     # 1. reduce-scatter inside the node: local rank l ends with chunk l of its node's cut
     yield from ring_reduce_scatter(mine, local, own)
-    # 2. across nodes: the pieces where all nodes' cuts agree, each all-reduced by a ring of
-    # its owners, one per node, in node order; pieces in ascending order, so that ranks that
+    # 2. across nodes: the blocks where all nodes' cuts agree, each all-reduced by a ring of
+    # its owners, one per node, in node order; blocks in ascending order, so that ranks that
     # own several (uneven nodes) meet their partners in the same order
     cuts = sorted({b for node_bounds in bounds for b in node_bounds})
     for lo, hi in zip(cuts, cuts[1:]):
@@ -143,9 +143,9 @@ def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Ite
         owners = [m[_owner(b, lo)] for m, b in zip(members, bounds)]
         if rank in owners and len(owners) > 1:
             me = owners.index(rank)
-            pieces = chunks("data", hi - lo, len(owners), lo)
-            yield from ring_reduce_scatter(owners, me, pieces)
-            yield from ring_all_gather(owners, me, pieces)
+            blocks = chunks("data", hi - lo, len(owners), lo)
+            yield from ring_reduce_scatter(owners, me, blocks)
+            yield from ring_all_gather(owners, me, blocks)
     # 3. all-gather inside the node
     yield from ring_all_gather(mine, local, own)
 
@@ -183,7 +183,7 @@ def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     all-reduced across the N nodes by a ring (reduce-scatter then all-gather) of the ranks
     that own it, one per node; (3) a ring all-gather inside each node. Inter-node bytes per
     rank fall by L. Uneven nodes cut the vector differently: phase 2 then runs on the
-    pieces where all the cuts agree, a rank that owns several pieces taking them in order.
+    blocks where all the cuts agree, a rank that owns several blocks taking them in order.
     Every element is reduced once, along chains, then copied: bitwise identical.
 
     Cost: with N nodes of L ranks (p = NL), 2(L-1)α + 2(L-1)/L·nβ + (L-1)/L·nγ (inside) +
@@ -290,8 +290,8 @@ def _gathering(rank: int, world: int, layout: Layout, name: str):
     members = members_of(_nodes(layout, world))
     blocks = chunks(name, layout.numel, world)
     leaders = [m[0] for m in members]
-    pieces = [runs([blocks[r] for r in m]) for m in members]
-    return leaders, members[_nodes(layout, world)[rank]], blocks, pieces
+    node_blocks = [runs([blocks[r] for r in m]) for m in members]
+    return leaders, members[_nodes(layout, world)[rank]], blocks, node_blocks
 
 
 def _all_gather_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
@@ -313,13 +313,13 @@ def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     Cost: with N nodes of L ranks, (L-1)(α + n/p·β) + (N-1)(α + L·n/p·β) + ⌈lg L⌉(α + nβ)
     (n: the gathered total).
     """
-    leaders, mine, output, pieces = _gathering(rank, world, layout, "output")
+    leaders, mine, output, node_blocks = _gathering(rank, world, layout, "output")
     own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
     place = [] if own == output[rank] else [Copy(output[rank], own)]
     leader = mine[0]
     if rank == leader:
         yield step([Recv(m, output[m]) for m in mine[1:]], place)
-        yield from ring_all_gather(leaders, leaders.index(rank), pieces)
+        yield from ring_all_gather(leaders, leaders.index(rank), node_blocks)
     else:
         yield step([Send(leader, own)])
     yield from tree_broadcast(mine, mine.index(rank), span(output, 0, world))
@@ -337,20 +337,20 @@ def _reduce_scatter_cost(world: int, nbytes: int, local_size: Optional[int] = No
 def reduce_scatter_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical reduce-scatter: each node reduces its members' whole inputs to its leader
     down a binomial tree (in scratch: the inputs are never written); the leaders run a ring
-    reduce-scatter of the nodes' blocks (node i's piece: the blocks of its ranks); each
+    reduce-scatter of the nodes' blocks (node i's block: the blocks of its ranks); each
     leader hands every member its block in one step. Each block is reduced along one tree
     ending on its owner. Any nodes.
 
     Cost: with N nodes of L ranks, ⌈lg L⌉(α + nβ + nγ) + (N-1)(α + L·n/p·(β + γ)) +
     (L-1)(α + n/p·β) (n: the input total).
     """
-    leaders, mine, acc, pieces = _gathering(rank, world, layout, "acc")
+    leaders, mine, acc, node_blocks = _gathering(rank, world, layout, "acc")
     whole = span(acc, 0, world)
     yield step(local=[Copy(whole, Buf("input", 0, layout.numel))])
     yield from tree_reduce(mine, mine.index(rank), whole, Buf("scratch", 0, layout.numel))
     output = Buf("output", 0, acc[rank].numel)
     if rank == mine[0]:
-        yield from ring_reduce_scatter(leaders, leaders.index(rank), pieces)
+        yield from ring_reduce_scatter(leaders, leaders.index(rank), node_blocks)
         yield step([Send(m, acc[m]) for m in mine[1:]], [Copy(output, acc[rank])])
     else:
         yield step([Recv(mine[0], output)])

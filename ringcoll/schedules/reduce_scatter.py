@@ -54,16 +54,16 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
         return
     right, left = (rank + 1) % world, (rank - 1) % world
     block = output.numel
-    pieces = segmented(inputs, layout.get("segment"))
-    count = len(pieces[0])
+    segs = segmented(inputs, layout.get("segment"))
+    count = len(segs[0])
     slots = [chunks("scratch", block, count, slot * block) for slot in (0, 1)]
     partial = None
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s - 1) % world, (rank - s - 2) % world
-        sends = pieces[send_idx] if s == 0 else partial
+        sends = segs[send_idx] if s == 0 else partial
         recvs = chunks("output", block, count) if s == world - 2 else slots[s % 2]
-        for send_piece, recv_piece, own in zip(sends, recvs, pieces[recv_idx]):
-            yield step(sendrecv(right, send_piece, left, recv_piece), [reduce(recv_piece, own)])
+        for send_seg, recv_seg, own in zip(sends, recvs, segs[recv_idx]):
+            yield step(sendrecv(right, send_seg, left, recv_seg), [reduce(recv_seg, own)])
         partial = recvs
 
 

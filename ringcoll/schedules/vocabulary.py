@@ -7,7 +7,12 @@ Words used everywhere in ringcoll:
   other name (``"scratch"``, ``"scratch1"`` ...) is a scratch buffer that the executor
   allocates with the extent the schedule uses and reuses across calls;
 - a **chunk** is a contiguous element range of a buffer, written ``Buf(name, start, stop)``;
-  one chunk per rank in a ring, cut into **segments** when pipelined;
+- a **block** is the part of a collective's vector that belongs to one rank (block r of
+  all_gather's output is rank r's input; reduce_scatter leaves block r on rank r), cut by
+  :func:`chunks`; in a ring over a subset of the ranks, a position's block may be several
+  chunks (a node's ranks' blocks); a **span** is the one chunk from block lo to block hi;
+- a **segment** is the unit a pipeline moves: a chunk or block cut into parts of at most
+  ``layout["segment"]`` elements (:func:`segments`, :func:`segmented`);
 - a **step** is a set of point-to-point operations (``Send``/``Recv``) that are posted
   together and waited on together, followed by local operations (``Reduce``/``Copy``) that
   run once the step's transfers are complete. Sends of a step never read what the same step's

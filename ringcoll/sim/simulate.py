@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
 from ..api import BUILDERS
-from ..api._calls import BUILDER_OF, COLLECTIVE_OF, numel_call, rank_data  # noqa: F401 - the study's names
+from ..api._calls import BUILDER_OF, COLLECTIVE_OF, numel_call, rank_data, uniform_plans  # noqa: F401 - the study's names
 from ..api._common import Context
 from .machine import Machine
 from ..runtime.plan import Plan
@@ -123,6 +123,11 @@ def _clone(value):
     return value
 
 
+def _check_numel(numel) -> None:
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+
+
 def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
@@ -187,16 +192,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     if nodes is not None and len(nodes) != world:
         raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
     plans, before, after = [], [], []
-    for rank in range(world):
-        if plans and not data and call is None and inputs is None:
-            # numel= without data: every rank's layout is rank 0's (uniform arguments; a root
-            # is a layout parameter), so one builder call serves, not world of them (a
-            # shallow copy: a million ranks in seconds)
-            plan = object.__new__(Plan)         # a shallow copy, without copy.copy's overhead
-            plan.__dict__.update(first_fields)
-            plan.rank = rank
-            plans.append(plan)
-            continue
+    if numel is not None and not data and call is None and inputs is None:
+        _check_numel(numel)     # without data: one builder call serves every rank
+        plans = uniform_plans(collective, world, numel, dtype, {"algorithm": algorithm, **kwargs},
+                              Context(0, world, nodes=nodes, machine=chosen_on))
+    for rank in range(len(plans), world):
         if call is not None:
             args, extra = call(rank)
             extra = {**kwargs, **extra}
@@ -206,8 +206,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             args = inputs[rank] if isinstance(inputs[rank], tuple) else (inputs[rank],)
             extra = kwargs
         elif numel is not None:
-            if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
-                raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+            _check_numel(numel)
             args, extra = numel_call(collective, rank, world, numel, dtype, kwargs, fill=data)
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
@@ -217,7 +216,6 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         args = _clone(args) if data else args
         after.append(args)
         plans.append(build(Context(rank, world, nodes=nodes, machine=chosen_on), *args, **extra))
-        first_fields = vars(plans[0])
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
