@@ -17,6 +17,7 @@ the same time queue for it.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence, Tuple
@@ -164,6 +165,15 @@ class Machine:
             return self.placement[rank]
         return rank // self.ranks_per_node
 
+    def network_for(self, world: int) -> Optional[Network]:
+        """The network the clock routes ``world`` ranks over: ``network``; on a hierarchical
+        machine its nodes as a network (:meth:`Network._build_nodes`: a NIC of ``nic_ports``
+        lanes up and down per node, held per message, priced at the inter-node α and β;
+        paths inside a node at the intra-node α and β); None on a flat machine."""
+        if self.network is not None or self.ranks_per_node is None:
+            return self.network
+        return _nodes_network(self, world)
+
     def link(self, src: int, dst: int) -> Tuple[float, float, bool]:
         """(α, β, crosses nodes) of a message from ``src`` to ``dst``."""
         if self.ranks_per_node is None or self.node_of(src) == self.node_of(dst):
@@ -229,3 +239,9 @@ class Machine:
     def load(cls, path: str) -> "Machine":
         with open(path) as f:
             return cls.from_dict(json.load(f))
+
+
+@functools.lru_cache(maxsize=32)
+def _nodes_network(machine: Machine, world: int) -> Network:
+    return _network("nodes", nodes=machine.nodes(world), intra=(machine.alpha, machine.beta),
+                    inter=(machine.inter_alpha, machine.inter_beta), nic_ports=machine.nic_ports)
