@@ -36,21 +36,25 @@ from ringcoll.sim.simulate import numel_call
 cases, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
 out = []
 for algorithm, world, nic_ports, symmetry, nbytes in cases:
-    machine = ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9), inter=(5e-6, 1 / 20e9),
-                                            gamma=1 / 50e9, nic_ports=nic_ports)
+    if nic_ports:
+        machine = ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9), inter=(5e-6, 1 / 20e9),
+                                                gamma=1 / 50e9, nic_ports=nic_ports)
+    else:                       # a torus of world ranks, 16 in dimension 0
+        machine = ringcoll.Machine.torus((16, world // 16), alpha=1e-6, beta=1 / 25e9, gamma=1 / 50e9)
     nodes = machine.nodes(world)
     args, kwargs = numel_call("all_reduce", 0, world, nbytes // 4, torch.float32, {}, fill=False)
     first = BUILDERS["all_reduce"](Context(0, world, nodes=nodes, machine=machine), *args,
                                    algorithm=algorithm, **kwargs)
     plans = [first] + [dataclasses.replace(first, rank=r) for r in range(1, world)]
-    best, value = None, None
+    best, value, first = None, None, None
     for _ in range(repeats):
         start = time.process_time()
         stats = run_plans(plans, machine, data=False, symmetry=symmetry)
         spent = time.process_time() - start
+        first = spent if first is None else first
         best = spent if best is None else min(best, spent)
         value = stats.time
-    out.append([best, value.hex(), stats.mirrored is not None])
+    out.append([best, value.hex(), stats.mirrored is not None, first])
 print(json.dumps(out))
 """
 
@@ -64,6 +68,9 @@ def cases(quick: bool):
                     if world == 512 and not symmetry and algorithm in ("ring",) and nic_ports == 2:
                         continue        # the same run as nic_ports = 1 for the clock's cost
                     yield [algorithm, world, nic_ports, symmetry, 64 << 20]
+    for world in (64, 256):     # the generic network path on a torus (wire-held links)
+        for algorithm in ("ring", "rabenseifner", "recursive_doubling"):
+            yield [algorithm, world, 0, True, 16 << 20]
 
 
 def run_tree(path: str, todo, repeats: int):
@@ -96,13 +103,17 @@ def main(argv=None) -> None:
                 if best[label] is None:
                     best[label] = got
                 else:
-                    best[label] = [[min(a[0], b[0]), b[1], b[2]] for a, b in zip(best[label], got)]
+                    best[label] = [[min(a[0], b[0]), b[1], b[2], min(a[3], b[3])]
+                                   for a, b in zip(best[label], got)]
     rows = []
     for case, before, after in zip(todo, best["before"], best["after"]):
         algorithm, world, nic_ports, symmetry, nbytes = case
-        rows.append({"algorithm": algorithm, "world": world, "nic_ports": nic_ports, "symmetry": symmetry,
+        rows.append({"algorithm": algorithm, "world": world,
+                     "machine": f"nodes of 8, NIC of {nic_ports}" if nic_ports else f"torus 16x{world // 16}",
+                     "symmetry": symmetry,
                      "bytes": nbytes, "mirrored": after[2], "before_s": round(before[0], 4),
                      "after_s": round(after[0], 4), "ratio": round(after[0] / before[0], 3) if before[0] else None,
+                     "before_first_s": round(before[3], 4), "after_first_s": round(after[3], 4),
                      "time_us": float.fromhex(after[1]) * 1e6, "same_time": before[1] == after[1]})
     os.makedirs(args.out, exist_ok=True)
     doc = {"base": base, "head": head, "repeats": args.repeats, "rounds": args.rounds,
@@ -116,15 +127,20 @@ def main(argv=None) -> None:
              "",
              f"`python -m experiments.two_level_as_network` — base {base[:10]}, head {head[:10]} (+ working tree), "
              f"best of {args.repeats} x {args.rounds} rounds, CPU seconds per run on this (shared, 2-core) host.",
-             f"Machine: {doc['machine']}, nodes of 8 ranks, NIC of `nic_ports` ports; all_reduce of 64 MiB float32.",
-             "`symmetry` True: as auto's model runs it (a declared symmetry runs its representatives alone).",
+             f"2-level machine: {doc['machine']}, nodes of 8 ranks, NIC of 1 or 2 ports; all_reduce of 64 MiB "
+             "float32. Torus rows: Machine.torus((16, p / 16), 1 us, 25 GB/s), 16 MiB (the generic network path "
+             "with wire-held links).",
+             "`symmetry` True: as auto's model runs it (a declared symmetry runs its representatives alone). "
+             "`first`: the first of the repeats (cold: the first run on a machine prices its routes, later runs "
+             "on the same machine and world reuse them).",
              "",
-             "| algorithm | p | NIC ports | symmetry | mirrored | time (us) | same time | before (s) | after (s) | after/before |",
-             "|---|---:|---:|---|---|---:|---|---:|---:|---:|"]
+             "| algorithm | p | machine | symmetry | mirrored | time (us) | same time | before (s) | after (s) "
+             "| after/before | first before (s) | first after (s) |",
+             "|---|---:|---|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['algorithm']} | {r['world']} | {r['nic_ports']} | {r['symmetry']} | {r['mirrored']} | "
+        lines.append(f"| {r['algorithm']} | {r['world']} | {r['machine']} | {r['symmetry']} | {r['mirrored']} | "
                      f"{r['time_us']:.2f} | {'yes' if r['same_time'] else '**NO**'} | {r['before_s']:.4f} | "
-                     f"{r['after_s']:.4f} | {r['ratio']} |")
+                     f"{r['after_s']:.4f} | {r['ratio']} | {r['before_first_s']:.4f} | {r['after_first_s']:.4f} |")
     lines += ["", f"Total: before {total_before:.3f} s, after {total_after:.3f} s "
                   f"(after/before {total_after / total_before:.3f})."]
     with open(os.path.join(args.out, "two_level_as_network.md"), "w") as f:

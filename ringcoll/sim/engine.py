@@ -460,13 +460,14 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         net_bytes = [0] * len(links)
         net_busy = [0.0] * len(links)
         hop_bytes = [0]
-        paths: Dict[int, tuple] = {}
+        # per rank pair, kept on the network across runs with the same prices and ranks
+        paths: Dict[int, tuple] = net.memo((alpha, beta, peers, None if canon is None else world))
 
-        def path_of(src, peer):
-            """What the clock needs of the route from rank ``src`` to rank ``peer``: (α, β of
-            the path, its wire-held links, its message-held links, hops, crosses groups,
-            a link met twice), link ids canonical in a mirrored run; cached per pair."""
-            key = src * peers + peer
+        def path_of(key, src, peer):
+            """What the clock needs of the route from rank ``src`` to rank ``peer`` (``key`` =
+            src · peers + peer): (α, β of the path, its wire-held links, its message-held
+            links, hops, crosses groups, a link met twice), link ids canonical in a mirrored
+            run."""
             found = paths.get(key)
             if found is None:
                 path = route(host[src], host[peer])
@@ -634,8 +635,9 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             # a network message: its path's α + n·β_path (ringcoll.sim.network: Network.price);
             # its wire-held links serve messages first come first served (in booking order),
             # each for its wire time n·β_path; its message-held links are held like ports
-            path_alpha, path_beta, wires, held, hops, crosses, twice = \
-                path_of(src, dst if mirror is None else send_item.peer)
+            peer = dst if mirror is None else send_item.peer
+            key = src * peers + peer
+            path_alpha, path_beta, wires, held, hops, crosses, twice = paths.get(key) or path_of(key, src, peer)
             wire = nbytes * path_beta
             duration = path_alpha + wire
         if single and not hops and (not out_port or out_port[-1][1] <= floor) \
@@ -677,7 +679,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                     while busy and busy[0][1] <= now:
                         busy.pop(0)
                 bisect.insort(busy, (start, start + held_for))
-        if net is not None:
+        if hops:
             if wire > 0:
                 for i in wires:
                     net_bytes[i] += nbytes

@@ -72,7 +72,7 @@ class Network:
     description; links, routes and placement are built from it."""
 
     __slots__ = ("kind", "params", "placement", "hop_latency", "links", "hosts", "group",
-                 "position", "_index", "_routes", "_next")
+                 "position", "_index", "_routes", "_next", "_memo")
 
     def __init__(self, kind: str, params: dict, placement=None, hop_latency: float = 0.0):
         if kind not in KINDS:
@@ -82,6 +82,7 @@ class Network:
         self.hop_latency = _seconds("hop_latency", hop_latency)
         self._routes: Dict[Tuple[int, int], Tuple[int, ...]] = {}
         self._next: Dict[int, Dict[int, int]] = {}
+        self._memo: Dict[tuple, dict] = {}
         getattr(self, "_build_" + kind)(**self.params)
         self._index = {}
         for i, link in enumerate(self.links):
@@ -525,6 +526,17 @@ class Network:
         while nodes[-1] != b:
             nodes.append(nxt[nodes[-1]])
         return self._path(nodes)
+
+    def memo(self, key: tuple) -> dict:
+        """A dict kept under ``key`` across runs on this network (the clock's priced routes
+        per rank pair: a model pricing ten candidates on one machine routes each pair once);
+        at most 16 keys, each dict at most 2^20 entries (its user clears it)."""
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= 16:
+                self._memo.clear()
+            found = self._memo[key] = {}
+        return found
 
     def price(self, path: Sequence[int], alpha: float, beta: float) -> Tuple[float, float]:
         """(α, β) of a message over ``path`` (link ids) between hosts whose own are ``alpha``
