@@ -7,13 +7,15 @@ rank, the step and the peer.
 
 The clock (:mod:`ringcoll.sim.machine`): each rank has ``machine.ports`` send ports and as many
 receive ports. A message of n bytes holds one send port of its sender and one receive port
-of its receiver (and, between nodes, a port of each node's NIC) for α + nβ, starting once
-both ends have posted it and every port it needs is free. A port serves a step's messages
+of its receiver for α + nβ, starting once both ends have posted it and every port it needs
+is free. A port serves a step's messages
 in the order the step posts them (a message starts no earlier than its sender's previous send
 and its receiver's previous receive of that step), so a rank that posts k sends at once pays
 k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
-network (:mod:`ringcoll.sim.network`) a message also holds every link of its route for its wire
-time, each link serving messages first come first served. A step ends when its last transfer
+network (:mod:`ringcoll.sim.network`; a 2-level machine's nodes are one, ``Machine.network_for``)
+a message takes its route's α and β (``Network.price``) and also holds every link of its route:
+for its wire time, each link serving messages first come first served, or, a link held per
+message (a NIC), for the whole message like a port. A step ends when its last transfer
 does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
 It is a discrete-event simulation ordered by time: its result does not depend on the order

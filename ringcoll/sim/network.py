@@ -14,7 +14,10 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
   global link → (local link) → router → host; between two groups joined by several global
   links, the i-th with i = source host mod their number;
 - any graph (:meth:`Network.from_graph`): the routes given, else a shortest path in hops,
-  ties broken towards the smallest node ids (breadth-first search from the destination).
+  ties broken towards the smallest node ids (breadth-first search from the destination);
+- a 2-level machine's nodes ("nodes", :meth:`ringcoll.Machine.network_for`): inside a node no
+  link, between nodes the source node's NIC up-link then the destination node's down-link,
+  both held per message like ports (``Link.hold``), priced at the inter-node α and β.
 
 **Placement** maps ranks to hosts: ``None`` or ``"linear"`` (rank r on host r), ``("random",
 seed)`` (a seeded permutation of the hosts), or a sequence giving each rank's host (distinct
