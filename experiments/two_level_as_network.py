@@ -8,7 +8,9 @@ best of ``--repeats`` per case (CPU seconds of the child: what the run costs, wh
 shares the cores). Cases: all_reduce algorithms (hierarchical, ring, rabenseifner,
 recursive_doubling, double_binary_tree) at p = 8, 64, 512 on nodes of 8 ranks, NICs of 1
 and 2 ports, 64 MiB; run as ``auto``'s model runs them (``run_plans(data=False)``: a declared
-symmetry runs its representatives alone) and with every rank (``symmetry=False``). Every
+symmetry runs its representatives alone) and with every rank (``symmetry=False``); and, for
+the generic network path with wire-held links, ring, rabenseifner and recursive_doubling on
+16 x 4 and 16 x 16 tori (16 MiB). Every
 simulated time must agree bit for bit between the trees (the script fails otherwise). Writes
 bench/results/study/two_level_as_network.json and .md."""
 from __future__ import annotations
