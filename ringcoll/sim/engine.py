@@ -652,7 +652,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             ready = floor
             if hops:
                 if held:
-                    tables += tuple(link_ports[i] for i in held)
+                    tables += tuple(map(link_ports.__getitem__, held))
                 lanes = []
                 if wire > 0:
                     for i in wires:
