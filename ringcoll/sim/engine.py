@@ -39,7 +39,6 @@ import functools
 import gc
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -319,18 +318,12 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
                             f"'rotation', 'xor', a period dividing the world ({world}) or None")
     if period == world:
         return None                      # every rank its own representative: nothing to save
-    if machine.network is not None:
-        # on a whole torus placed linearly, a shift of the ranks by hosts / (last dimension)
-        # is a translation of the torus, which maps routes onto routes
-        net = machine.network
-        if kind != "rotation" or net.kind != "torus" or net.placement is not None or world != net.hosts:
-            return None
-        period = math.lcm(period, net.hosts // net.params["dims"][-1])
-        if period == world:
-            return None
-    if not machine.flat:
-        per_node = machine.ranks_per_node
-        if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
+    net = machine.network_for(world)
+    if net is not None:
+        # the shifts must map the network onto itself: a translation of a whole torus placed
+        # linearly, whole nodes of a 2-level machine in blocks (Network.mirror_period)
+        period = net.mirror_period(period, world) if kind == "rotation" else None
+        if period is None or period == world:
             return None
     references = {}
     for sample in SAMPLED:

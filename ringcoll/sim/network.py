@@ -28,6 +28,7 @@ hops · ``hop_latency`` + n·β_path.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -553,24 +554,35 @@ class Network:
             return latency, max(links[i].beta for i in path)
         return alpha + latency, max([beta] + [links[i].beta for i in path])
 
-    def representatives(self, count: int, world: int) -> List[int]:
-        """For a mirrored run (:func:`ringcoll.sim.engine.run_schedules`) of ranks 0 .. count
-        - 1 standing for a ``world`` of ranks, each shifted by a multiple of ``count``: the
-        link each link is the translate of (the one those ranks' clock books). A whole torus
-        placed linearly, ``count`` a multiple of its last dimension's stride; or a 2-level
-        network of equal nodes in blocks, ``count`` whole nodes. ValueError otherwise."""
+    def mirror_period(self, period: int, world: int) -> Optional[int]:
+        """The representatives' count a mirrored run of ``world`` ranks rotation-symmetric
+        with ``period`` needs on this network, so that shifting the ranks by it maps the
+        network onto itself (routes onto routes), or None: on a whole torus placed linearly
+        the least multiple of ``period`` and of the hosts in its last dimension's stride (a
+        translation); on a 2-level network of equal nodes in blocks ``period`` itself if it
+        is whole nodes."""
         if self.kind == "nodes":
             nodes = self.params["nodes"]
             size = nodes.count(0)
-            if world != self.hosts or count % size or world % size \
+            if world != self.hosts or period % size or world % size \
                     or any(n != h // size for h, n in enumerate(nodes)):
-                raise ValueError("a mirrored run on a 2-level network needs equal nodes in blocks and "
-                                 "representatives that are whole nodes")
+                return None
+            return period
+        if self.kind != "torus" or self.placement is not None or world != self.hosts:
+            return None
+        return math.lcm(period, self.hosts // self.params["dims"][-1])
+
+    def representatives(self, count: int, world: int) -> List[int]:
+        """For a mirrored run (:func:`ringcoll.sim.engine.run_schedules`) of ranks 0 .. count
+        - 1 standing for a ``world`` of ranks, each shifted by a multiple of ``count`` (which
+        :meth:`mirror_period` allows): the link each link is the translate of (the one those
+        ranks' clock books). ValueError on a network the shifts do not map onto itself."""
+        if self.mirror_period(count, world) != count:
+            raise ValueError("a mirrored run on a network needs a whole torus placed linearly or equal nodes "
+                             "in blocks, and representatives that a shift maps onto every rank")
+        if self.kind == "nodes":
+            size = self.params["nodes"].count(0)
             return [2 * ((i // 2) % (count // size)) + i % 2 for i in range(len(self.links))]
-        if self.kind != "torus" or self.placement is not None or world != self.hosts \
-                or count % (self.hosts // self.params["dims"][-1]):
-            raise ValueError("a mirrored run on a network needs a whole torus, linear placement and "
-                             "representatives that a translation of the torus maps onto every rank")
         canon = []
         for link in self.links:
             shift = link.src - link.src % count
