@@ -180,10 +180,14 @@ class Machine:
         return _nodes_network(self, world)
 
     def link(self, src: int, dst: int) -> Tuple[float, float, bool]:
-        """(α, β, crosses nodes) of a message from ``src`` to ``dst``."""
-        if self.ranks_per_node is None or self.node_of(src) == self.node_of(dst):
+        """(α, β, crosses nodes) of a message from ``src`` to ``dst``: on a hierarchical
+        machine its route's price on the nodes' network (what the clock takes)."""
+        if self.ranks_per_node is None:
             return self.alpha, self.beta, False
-        return self.inter_alpha, self.inter_beta, True
+        net = self.network_for(max(src, dst) + 1)
+        path = net.route(src, dst)
+        alpha, beta = net.price(path, self.alpha, self.beta)
+        return alpha, beta, bool(path)
 
     def worst_link(self) -> Tuple[float, float]:
         """The slowest link's (α, β): what the flat closed forms assume for every message
