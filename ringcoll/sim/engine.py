@@ -7,13 +7,15 @@ rank, the step and the peer.
 
 The clock (:mod:`ringcoll.sim.machine`): each rank has ``machine.ports`` send ports and as many
 receive ports. A message of n bytes holds one send port of its sender and one receive port
-of its receiver (and, between nodes, a port of each node's NIC) for α + nβ, starting once
-both ends have posted it and every port it needs is free. A port serves a step's messages
+of its receiver for α + nβ, starting once both ends have posted it and every port it needs
+is free. A port serves a step's messages
 in the order the step posts them (a message starts no earlier than its sender's previous send
 and its receiver's previous receive of that step), so a rank that posts k sends at once pays
 k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
-network (:mod:`ringcoll.sim.network`) a message also holds every link of its route for its wire
-time, each link serving messages first come first served. A step ends when its last transfer
+network (:mod:`ringcoll.sim.network`; a 2-level machine's nodes are one, ``Machine.network_for``)
+a message takes its route's α and β (``Network.price``) and also holds every link of its route:
+for its wire time, each link serving messages first come first served, or, a link held per
+message (a NIC), for the whole message like a port. A step ends when its last transfer
 does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
 It is a discrete-event simulation ordered by time: its result does not depend on the order
@@ -37,7 +39,6 @@ import functools
 import gc
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -317,18 +318,12 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
                             f"'rotation', 'xor', a period dividing the world ({world}) or None")
     if period == world:
         return None                      # every rank its own representative: nothing to save
-    if machine.network is not None:
-        # on a whole torus placed linearly, a shift of the ranks by hosts / (last dimension)
-        # is a translation of the torus, which maps routes onto routes
-        net = machine.network
-        if kind != "rotation" or net.kind != "torus" or net.placement is not None or world != net.hosts:
-            return None
-        period = math.lcm(period, net.hosts // net.params["dims"][-1])
-        if period == world:
-            return None
-    if not machine.flat:
-        per_node = machine.ranks_per_node
-        if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
+    net = machine.network_for(world)
+    if net is not None:
+        # the shifts must map the network onto itself: a translation of a whole torus placed
+        # linearly, whole nodes of a 2-level machine in blocks (Network.mirror_period)
+        period = net.mirror_period(period, world) if kind == "rotation" else None
+        if period is None or period == world:
             return None
     references = {}
     for sample in SAMPLED:
@@ -435,47 +430,51 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     describe = list(describe) if describe is not None else [""] * world
     lengths = [len(s) if hasattr(s, "__len__") else None for s in schedules]
     iters = [iter(s) for s in schedules]
-    flat = machine.flat
     alpha, beta, gamma, ports = machine.alpha, machine.beta, machine.gamma, machine.ports
-    single = ports == 1 and machine.nic_ports == 1
-    node = [machine.node_of(r) for r in range(peers)] if not flat else None
-    nodes = (max(node) + 1) if node else 0
-    # each port: its busy intervals (start, end), sorted; a table: one rank's or NIC's ports
-    nic_out = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
-    nic_in = [[[] for _ in range(machine.nic_ports)] for _ in range(nodes)]
+    # each port: its busy intervals (start, end), sorted; a table: one rank's ports, or the
+    # lanes of a link held per message (a 2-level machine's NICs)
     send_ports = [[[] for _ in range(ports)] for _ in range(world)]
     recv_ports = [[[] for _ in range(ports)] for _ in range(world)]
-    net = machine.network
-    crossing = [0]              # messages between nodes, or between a network's groups
+    net = machine.network_for(peers)   # a 2-level machine's nodes are a network too
+    single = ports == 1
+    crossing = [0]              # messages between a network's groups (nodes, dragonfly groups ...)
     canon = None
     if net is not None:
         host = net.hosts_of(peers)
         if mirror is not None:
-            if not rotation or net.kind != "torus" or net.placement is not None or peers != net.hosts \
-                    or world % (net.hosts // net.params["dims"][-1]):
-                raise ValueError("a mirrored run on a network needs a whole torus, linear placement and "
-                                 "representatives that a translation of the torus maps onto every rank")
+            if not rotation:
+                raise ValueError("a mirrored run on a network needs a rotation")
             # each link stands for its translates by multiples of the representatives' count
-            canon = []
-            for link in net.links:
-                shift = link.src - link.src % world
-                canon.append(net.link(link.src - shift, (link.dst - shift) % peers))
-        group = net.groups_of(host)      # each rank's group (fat-tree leaf, dragonfly group) or None
+            canon = net.representatives(world, peers)
+        group = net.groups_of(host)      # each rank's group (node, fat-tree leaf, dragonfly group) or None
         route = net.route
         links = net.links
-        link_free = [[0.0] * link.lanes for link in links]     # each lane's end of its last booking
+        single = single and all(link.lanes == 1 for link in links if link.hold == "message")
+        link_free = [[0.0] * link.lanes for link in links]     # each wire lane's end of its last booking
+        link_ports = [[[] for _ in range(link.lanes)] if link.hold == "message" else None for link in links]
         net_bytes = [0] * len(links)
         net_busy = [0.0] * len(links)
         hop_bytes = [0]
-        costs: Dict[Tuple[int, ...], Tuple[float, float]] = {}
+        # per rank pair, kept on the network across runs with the same prices and ranks
+        paths: Dict[int, tuple] = net.memo((alpha, beta, peers, None if canon is None else world))
 
-        def path_cost(path):
-            """(Σ link latencies + hops · hop latency, the slowest β on the path)."""
-            found = costs.get(path)
+        def path_of(key, src, peer):
+            """What the clock needs of the route from rank ``src`` to rank ``peer`` (``key`` =
+            src · peers + peer): (α, β of the path, its wire-held links, its message-held
+            links, hops, crosses groups, a link met twice), link ids canonical in a mirrored
+            run."""
+            found = paths.get(key)
             if found is None:
-                latency = sum(links[i].latency for i in path) + len(path) * net.hop_latency
-                found = (latency, max([beta] + [links[i].beta for i in path]))
-                costs[path] = found
+                path = route(host[src], host[peer])
+                path_alpha, path_beta = net.price(path, alpha, beta)
+                ids = path if canon is None else tuple(canon[i] for i in path)
+                wires = tuple(c for i, c in zip(path, ids) if links[i].hold == "wire")
+                held = tuple(c for i, c in zip(path, ids) if links[i].hold == "message")
+                crosses = group is not None and group[src] != group[peer]
+                found = (path_alpha, path_beta, wires, held, len(path), crosses, len(set(ids)) != len(ids))
+                if len(paths) > 1 << 20:
+                    paths.clear()
+                paths[key] = found
             return found
 
     stats = [RankStats() for _ in range(world)]
@@ -622,71 +621,70 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         if copy is not None:
             copy(src, send_item, dst, recv_item)
         nbytes = numel * itemsizes[src]
-        inside = flat or node[src] == node[dst if mirror is None else send_item.peer]
-        duration = alpha + nbytes * beta if inside else machine.inter_alpha + nbytes * machine.inter_beta
-        if not inside:
-            crossing[0] += 1
         out_port, in_port = send_ports[src][0], recv_ports[dst][0]
         floor = max(now, send_floor[src], recv_floor[dst])
-        if single and inside and net is None and (not out_port or out_port[-1][1] <= floor) \
+        if net is None:
+            duration = alpha + nbytes * beta
+            hops = 0
+        else:
+            # a network message: its path's α + n·β_path (ringcoll.sim.network: Network.price);
+            # its wire-held links serve messages first come first served (in booking order),
+            # each for its wire time n·β_path; its message-held links are held like ports
+            peer = dst if mirror is None else send_item.peer
+            key = src * peers + peer
+            path_alpha, path_beta, wires, held, hops, crosses, twice = paths.get(key) or path_of(key, src, peer)
+            wire = nbytes * path_beta
+            duration = path_alpha + wire
+        if single and not hops and (not out_port or out_port[-1][1] <= floor) \
                 and (not in_port or in_port[-1][1] <= floor):
-            # both ports idle, the common case: past intervals can never matter again
+            # both ports idle and no link, the common case: past intervals can never matter again
             start, end = floor, floor + duration
             out_port[:] = in_port[:] = [(start, end)]
         else:
-            tables = (send_ports[src], recv_ports[dst]) if inside else \
-                (send_ports[src], recv_ports[dst], nic_out[node[src]], nic_in[node[dst]])
-            durations = (duration,) * len(tables)
-            if net is not None:
-                # a network message: α + latencies + hops + n·β_path; its route's links serve
-                # messages first come first served (in booking order), each for its wire
-                # time n·β_path (ringcoll.sim.network)
-                path = route(host[src], host[dst if mirror is None else send_item.peer])
-                latency, path_beta = path_cost(path)
-                wire = nbytes * path_beta
-                duration = alpha + latency + wire
-                durations = (duration, duration)
+            tables = (send_ports[src], recv_ports[dst])
+            ready = floor
+            if hops:
+                if held:
+                    tables += tuple(map(link_ports.__getitem__, held))
                 lanes = []
-                ready = floor
                 if wire > 0:
-                    if canon is not None:
-                        path = tuple(canon[i] for i in path)
-                    for i in path:
+                    for i in wires:
                         frees = link_free[i]
                         j = 0 if len(frees) == 1 else frees.index(min(frees))
                         lanes.append(j)
                         if frees[j] > ready:
                             ready = frees[j]
-                if single and all(not t[0] or t[0][-1][1] <= ready for t in tables):
-                    start, chosen = ready, [t[0] for t in tables]
-                else:
-                    start, chosen = slot(tables, ready, durations)
-                if canon is not None and wire > 0 and (ready > floor or len(set(path)) != len(path)):
+            durations = (duration,) * len(tables)
+            if single and all(not t[0] or t[0][-1][1] <= ready for t in tables):
+                start, chosen = ready, [t[0] for t in tables]
+            else:
+                start, chosen = slot(tables, ready, durations)
+            if hops and wires and wire > 0:
+                if canon is not None and (ready > floor or twice):
                     # mirrored on a torus: exact only while no link makes a message wait
                     # (then every rank does what its representative does); else run all
                     raise _Contended()
-                for i, j in zip(path, lanes):
+                for i, j in zip(wires, lanes):
                     link_free[i][j] = start + wire
-            elif single and all(not t[0] or t[0][-1][1] <= floor for t in tables):
-                start, chosen = floor, [t[0] for t in tables]
-            else:
-                start, chosen = slot(tables, floor, durations)
             end = start + duration
-            for busy, held in zip(chosen, durations):
+            for busy, held_for in zip(chosen, durations):
                 if busy and busy[-1][1] <= now:
                     busy.clear()                    # past intervals can never matter again
                 else:
                     while busy and busy[0][1] <= now:
                         busy.pop(0)
-                bisect.insort(busy, (start, start + held))
-            if net is not None:
-                if wire > 0:
-                    for i in path:
-                        net_bytes[i] += nbytes
-                        net_busy[i] += wire
-                hop_bytes[0] += nbytes * len(path)
-                if group is not None and group[src] != group[dst if mirror is None else send_item.peer]:
-                    crossing[0] += 1
+                bisect.insort(busy, (start, start + held_for))
+        if hops:
+            if wire > 0:
+                for i in wires:
+                    net_bytes[i] += nbytes
+                    net_busy[i] += wire
+            for i in held:
+                net_bytes[i] += nbytes
+                net_busy[i] += duration
+            hop_bytes[0] += nbytes * hops
+            if crosses:
+                crossing[0] += 1
         send_floor[src] = recv_floor[dst] = start
         s_stats, d_stats = stats[src], stats[dst]
         s_stats.messages += 1

@@ -7,16 +7,20 @@ once both ends have posted it and both ports are free. On a hierarchical machine
 sit on nodes (``ranks_per_node`` each, in blocks, or as ``placement`` says); a message
 between nodes takes the inter-node α and β and also holds one of ``nic_ports`` send ports of
 the source node's NIC and one receive port of the destination node's NIC, which all the
-ranks of a node share. A step's local reductions take γ per byte reduced.
+ranks of a node share. The clock runs it as a network (:meth:`Machine.network_for`: each
+node's NIC a link of ``nic_ports`` lanes up and down, held per message like a port). A
+step's local reductions take γ per byte reduced.
 
 A machine with a **network** (``Machine.torus``, ``.mesh``, ``.fat_tree``, ``.dragonfly``,
 ``.from_graph``; :mod:`ringcoll.sim.network`) also routes every message over links: it takes
 α + Σ link latencies + hops·hop_latency + n·β_path (β_path: the slowest of its links and the
-machine's β) and holds every link of its route for n·β_path, so messages crossing one link at
-the same time queue for it.
+machine's β) and holds every link of its route for n·β_path (a link held per message, such
+as a NIC: for the whole message, like a port), so messages crossing one link at the same time
+queue for it.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence, Tuple
@@ -141,10 +145,12 @@ class Machine:
     def from_graph(cls, links, routes=None, *, hosts: Optional[int] = None, alpha: float = 5e-6,
                    beta: float = 1 / 10e9, gamma: float = 1 / 20e9, ports: int = 1,
                    hop_latency: float = 0.0, placement=None) -> "Machine":
-        """Any network: ``links`` directed ``(src, dst, latency, beta[, lanes])`` between
-        nodes 0, 1, ...; nodes 0 .. hosts − 1 are hosts (default: every node), the others
-        switches. ``routes`` ``{(src host, dst host): [node, ...]}``, else shortest paths in
-        hops (ties: smallest node ids)."""
+        """Any network: ``links`` directed ``(src, dst, latency, beta[, lanes[, hold]])``
+        between nodes 0, 1, ...; nodes 0 .. hosts − 1 are hosts (default: every node), the
+        others switches; ``hold`` "wire" (default: held for the wire time, first come first
+        served) or "message" (held like a port for the whole message: a NIC).
+        ``routes`` ``{(src host, dst host): [node, ...]}``, else shortest paths in hops (ties:
+        smallest node ids)."""
         return cls(alpha=alpha, beta=beta, gamma=gamma, ports=ports,
                    network=_network("graph", placement=placement, hop_latency=hop_latency,
                                     links=[tuple(link) for link in links], hosts=hosts, routes=routes))
@@ -164,11 +170,24 @@ class Machine:
             return self.placement[rank]
         return rank // self.ranks_per_node
 
+    def network_for(self, world: int) -> Optional[Network]:
+        """The network the clock routes ``world`` ranks over: ``network``; on a hierarchical
+        machine its nodes as a network (:meth:`Network._build_nodes`: a NIC of ``nic_ports``
+        lanes up and down per node, held per message, priced at the inter-node α and β;
+        paths inside a node at the intra-node α and β); None on a flat machine."""
+        if self.network is not None or self.ranks_per_node is None:
+            return self.network
+        return _nodes_network(self, world)
+
     def link(self, src: int, dst: int) -> Tuple[float, float, bool]:
-        """(α, β, crosses nodes) of a message from ``src`` to ``dst``."""
-        if self.ranks_per_node is None or self.node_of(src) == self.node_of(dst):
+        """(α, β, crosses nodes) of a message from ``src`` to ``dst``: on a hierarchical
+        machine its route's price on the nodes' network (what the clock takes)."""
+        if self.ranks_per_node is None:
             return self.alpha, self.beta, False
-        return self.inter_alpha, self.inter_beta, True
+        net = self.network_for(max(src, dst) + 1)
+        path = net.route(src, dst)
+        alpha, beta = net.price(path, self.alpha, self.beta)
+        return alpha, beta, bool(path)
 
     def worst_link(self) -> Tuple[float, float]:
         """The slowest link's (α, β): what the flat closed forms assume for every message
@@ -229,3 +248,9 @@ class Machine:
     def load(cls, path: str) -> "Machine":
         with open(path) as f:
             return cls.from_dict(json.load(f))
+
+
+@functools.lru_cache(maxsize=32)
+def _nodes_network(machine: Machine, world: int) -> Network:
+    return _network("nodes", nodes=machine.nodes(world), intra=(machine.alpha, machine.beta),
+                    inter=(machine.inter_alpha, machine.inter_beta), nic_ports=machine.nic_ports)

@@ -14,7 +14,10 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
   global link → (local link) → router → host; between two groups joined by several global
   links, the i-th with i = source host mod their number;
 - any graph (:meth:`Network.from_graph`): the routes given, else a shortest path in hops,
-  ties broken towards the smallest node ids (breadth-first search from the destination).
+  ties broken towards the smallest node ids (breadth-first search from the destination);
+- a 2-level machine's nodes ("nodes", :meth:`ringcoll.Machine.network_for`): inside a node no
+  link, between nodes the source node's NIC up-link then the destination node's down-link,
+  both held per message like ports (``Link.hold``), priced at the inter-node α and β.
 
 **Placement** maps ranks to hosts: ``None`` or ``"linear"`` (rank r on host r), ``("random",
 seed)`` (a seeded permutation of the hosts), or a sequence giving each rank's host (distinct
@@ -25,12 +28,19 @@ hops · ``hop_latency`` + n·β_path.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-KINDS = ("torus", "mesh", "fat_tree", "dragonfly", "graph")
+KINDS = ("torus", "mesh", "fat_tree", "dragonfly", "graph", "nodes")
+
+#: how a link is held: for the message's wire time n·β_path, first come first served per
+#: lane ("wire"), or like a port for the message's whole time α + n·β, a message taking the
+#: earliest gap of any lane ("message": a NIC's send or receive engine serves one message at
+#: a time, as a rank's port does)
+HOLDS = ("wire", "message")
 
 
 def _positive_int(name: str, value) -> int:
@@ -48,7 +58,8 @@ def _seconds(name: str, value) -> float:
 @dataclass(frozen=True)
 class Link:
     """A directed link ``src → dst``: ``latency`` s, ``beta`` s/B per lane, ``lanes`` lanes,
-    ``level`` a label for pictures and statistics ("x", "y", "up1", "global" ...)."""
+    ``level`` a label for pictures and statistics ("x", "y", "up1", "global", "nic_out" ...),
+    ``hold`` how a message holds it (:data:`HOLDS`)."""
 
     src: int
     dst: int
@@ -56,6 +67,7 @@ class Link:
     beta: float
     lanes: int = 1
     level: str = ""
+    hold: str = "wire"
 
 
 class Network:
@@ -64,7 +76,7 @@ class Network:
     description; links, routes and placement are built from it."""
 
     __slots__ = ("kind", "params", "placement", "hop_latency", "links", "hosts", "group",
-                 "position", "_index", "_routes", "_next")
+                 "position", "_index", "_routes", "_next", "_memo")
 
     def __init__(self, kind: str, params: dict, placement=None, hop_latency: float = 0.0):
         if kind not in KINDS:
@@ -74,6 +86,7 @@ class Network:
         self.hop_latency = _seconds("hop_latency", hop_latency)
         self._routes: Dict[Tuple[int, int], Tuple[int, ...]] = {}
         self._next: Dict[int, Dict[int, int]] = {}
+        self._memo: Dict[tuple, dict] = {}
         getattr(self, "_build_" + kind)(**self.params)
         self._index = {}
         for i, link in enumerate(self.links):
@@ -128,14 +141,18 @@ class Network:
         elif self.kind == "dragonfly":
             what = (f"dragonfly of {p['groups']} groups x {p['routers']} routers x {p['hosts']} hosts, "
                     f"{p['global_links']} global links per router")
+        elif self.kind == "nodes":
+            count = len(self.links) // 2
+            return (f"2-level: {self.hosts} ranks on {count} node{'s' if count != 1 else ''}, "
+                    f"NIC of {p['nic_ports']} port{'s' if p['nic_ports'] != 1 else ''}")
         else:
             what = f"graph of {len(self.links)} links, {self.hosts} hosts"
         where = "linear" if self.placement is None else "placed"
         return f"{what}, {where}, {self.hop_latency * 1e9:.3g} ns per hop"
 
     # -- builders -----------------------------------------------------------------------
-    def _add(self, src, dst, latency, beta, lanes=1, level=""):
-        self.links.append(Link(src, dst, latency, beta, lanes, level))
+    def _add(self, src, dst, latency, beta, lanes=1, level="", hold="wire"):
+        self.links.append(Link(src, dst, latency, beta, lanes, level, hold))
 
     def _build_grid(self, dims, latency, beta, wrap):
         dims = tuple(dims)
@@ -276,23 +293,60 @@ class Network:
                         self._add(u, v, global_latency, g_beta, 1, "global")
                         self._add(v, u, global_latency, g_beta, 1, "global")
 
+    def _build_nodes(self, nodes, intra, inter, nic_ports):
+        """A 2-level machine (:meth:`ringcoll.Machine.hierarchical`) as a network: host h is
+        rank h on node ``nodes[h]``; node n has a NIC of ``nic_ports`` lanes up (link 2n, node
+        n → the fabric) and down (link 2n + 1), held per message ("message"), the up-link
+        carrying the whole inter-node α (``inter = (α, β)``). A route inside a node has no
+        link (the ranks' ports alone, at ``intra``); between nodes it is [up of a's node, down
+        of b's node]. The fabric between NICs is never the bottleneck."""
+        nodes = tuple(nodes)
+        if not nodes:
+            raise ValueError("nodes must give the node of at least one rank, got ()")
+        for h, n in enumerate(nodes):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"nodes[{h}] must be a non-negative int, got {n!r}")
+        _positive_int("nic_ports", nic_ports)
+        intra, inter = tuple(intra), tuple(inter)
+        for name, pair in (("intra", intra), ("inter", inter)):
+            if len(pair) != 2:
+                raise ValueError(f"{name} must be (alpha, beta), got {pair!r}")
+            _seconds(f"{name} alpha", pair[0]), _seconds(f"{name} beta", pair[1])
+        self.params.update(nodes=nodes, intra=intra, inter=inter)
+        self.hosts = len(nodes)
+        count = max(nodes) + 1
+        fabric = self.hosts + count
+        self.links, self.group = [], nodes
+        self.position = {h: (h, 0) for h in range(self.hosts)}
+        for n in range(count):
+            ranks = [h for h in range(self.hosts) if nodes[h] == n] or [n]
+            self.position[self.hosts + n] = (sum(ranks) / len(ranks), 1)
+            self._add(self.hosts + n, fabric, inter[0], inter[1], nic_ports, "nic_out", "message")
+            self._add(fabric, self.hosts + n, 0.0, inter[1], nic_ports, "nic_in", "message")
+        self.position[fabric] = ((self.hosts - 1) / 2, 2)
+
     def _build_graph(self, links, hosts=None, routes=None):
         if not isinstance(links, (list, tuple)) or not links:
-            raise ValueError(f"links must be a non-empty list of (src, dst, latency, beta[, lanes]), got {links!r}")
+            raise ValueError(f"links must be a non-empty list of (src, dst, latency, beta[, lanes[, hold]]), "
+                             f"got {links!r}")
         self.links = []
         nodes = set()
         frozen = []
         for i, item in enumerate(links):
-            if not isinstance(item, (list, tuple)) or len(item) not in (4, 5):
-                raise ValueError(f"links[{i}] must be (src, dst, latency, beta[, lanes]), got {item!r}")
+            if not isinstance(item, (list, tuple)) or len(item) not in (4, 5, 6):
+                raise ValueError(f"links[{i}] must be (src, dst, latency, beta[, lanes[, hold]]), got {item!r}")
             src, dst = item[0], item[1]
             for end in (src, dst):
                 if isinstance(end, bool) or not isinstance(end, int) or end < 0:
                     raise ValueError(f"links[{i}]: nodes must be non-negative ints, got {item!r}")
             if src == dst:
                 raise ValueError(f"links[{i}] joins node {src} to itself")
-            lanes = _positive_int(f"links[{i}] lanes", item[4]) if len(item) == 5 else 1
-            self._add(src, dst, _seconds(f"links[{i}] latency", item[2]), _seconds(f"links[{i}] beta", item[3]), lanes)
+            lanes = _positive_int(f"links[{i}] lanes", item[4]) if len(item) >= 5 else 1
+            hold = item[5] if len(item) == 6 else "wire"
+            if hold not in HOLDS:
+                raise ValueError(f"links[{i}] hold must be one of {HOLDS}, got {hold!r}")
+            self._add(src, dst, _seconds(f"links[{i}] latency", item[2]), _seconds(f"links[{i}] beta", item[3]),
+                      lanes, "", hold)
             nodes.update((src, dst))
             frozen.append(tuple(item))
         self.params["links"] = tuple(frozen)
@@ -405,6 +459,9 @@ class Network:
             core = up * half + (b // half) % half
             return self._path([a, leaf0 + la, agg0 + pa * half + up, core0 + core,
                                agg0 + pb * half + up, leaf0 + lb, b])
+        if kind == "nodes":
+            na, nb = self.group[a], self.group[b]
+            return [] if na == nb else [2 * na, 2 * nb + 1]
         if kind == "dragonfly":
             p = self.params
             per_router = p["hosts"]
@@ -473,6 +530,64 @@ class Network:
         while nodes[-1] != b:
             nodes.append(nxt[nodes[-1]])
         return self._path(nodes)
+
+    def memo(self, key: tuple) -> dict:
+        """A dict kept under ``key`` across runs on this network (the clock's priced routes
+        per rank pair: a model pricing ten candidates on one machine routes each pair once);
+        at most 16 keys, each dict at most 2^20 entries (its user clears it)."""
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= 16:
+                self._memo.clear()
+            found = self._memo[key] = {}
+        return found
+
+    def price(self, path: Sequence[int], alpha: float, beta: float) -> Tuple[float, float]:
+        """(α, β) of a message over ``path`` (link ids) between hosts whose own are ``alpha``
+        and ``beta``: α + Σ link latencies + hops · hop_latency, and the slowest of β and the
+        links' β. On a 2-level network ("nodes") a message that leaves its node is priced by
+        its NIC links alone: the inter-node α (the hosts' software latency included, as
+        ``Machine.hierarchical``'s ``inter`` says) and the inter-node β."""
+        links = self.links
+        latency = sum(links[i].latency for i in path) + len(path) * self.hop_latency
+        if self.kind == "nodes" and path:
+            return latency, max(links[i].beta for i in path)
+        return alpha + latency, max([beta] + [links[i].beta for i in path])
+
+    def mirror_period(self, period: int, world: int) -> Optional[int]:
+        """The representatives' count a mirrored run of ``world`` ranks rotation-symmetric
+        with ``period`` needs on this network, so that shifting the ranks by it maps the
+        network onto itself (routes onto routes), or None: on a whole torus placed linearly
+        the least multiple of ``period`` and of the hosts in its last dimension's stride (a
+        translation); on a 2-level network of equal nodes in blocks ``period`` itself if it
+        is whole nodes."""
+        if self.kind == "nodes":
+            nodes = self.params["nodes"]
+            size = nodes.count(0)
+            if world != self.hosts or period % size or world % size \
+                    or any(n != h // size for h, n in enumerate(nodes)):
+                return None
+            return period
+        if self.kind != "torus" or self.placement is not None or world != self.hosts:
+            return None
+        return math.lcm(period, self.hosts // self.params["dims"][-1])
+
+    def representatives(self, count: int, world: int) -> List[int]:
+        """For a mirrored run (:func:`ringcoll.sim.engine.run_schedules`) of ranks 0 .. count
+        - 1 standing for a ``world`` of ranks, each shifted by a multiple of ``count`` (which
+        :meth:`mirror_period` allows): the link each link is the translate of (the one those
+        ranks' clock books). ValueError on a network the shifts do not map onto itself."""
+        if self.mirror_period(count, world) != count:
+            raise ValueError("a mirrored run on a network needs a whole torus placed linearly or equal nodes "
+                             "in blocks, and representatives that a shift maps onto every rank")
+        if self.kind == "nodes":
+            size = self.params["nodes"].count(0)
+            return [2 * ((i // 2) % (count // size)) + i % 2 for i in range(len(self.links))]
+        canon = []
+        for link in self.links:
+            shift = link.src - link.src % count
+            canon.append(self.link(link.src - shift, (link.dst - shift) % world))
+        return canon
 
     def groups_of(self, hosts: Sequence[int]) -> Optional[List[int]]:
         """Each host's group (a dragonfly group, a fat-tree leaf switch), or None."""

@@ -137,7 +137,7 @@ def _layout(net):
     if kind in ("torus", "mesh") and len(net.params["dims"]) == 1 and kind == "torus":
         k = net.params["dims"][0]
         return {h: (math.cos(2 * math.pi * h / k), math.sin(2 * math.pi * h / k)) for h in range(k)}
-    if kind in ("torus", "mesh", "fat_tree"):
+    if kind in ("torus", "mesh", "fat_tree", "nodes"):
         return dict(net.position)
     nodes = sorted({link.src for link in net.links} | {link.dst for link in net.links})
     if kind == "dragonfly":
@@ -190,7 +190,8 @@ def plot_links(sim, path: str) -> str:
         ox, oy = -dy / norm * off, dx / norm * off
         segments.append([(x0 + ox, y0 + oy), (x1 + ox, y1 + oy)])
         loads.append(nbytes)
-    fig, ax = plt.subplots(figsize=(9, 8) if net.kind != "fat_tree" else (12, 5))
+    by_level = net.kind in ("fat_tree", "nodes")
+    fig, ax = plt.subplots(figsize=(12, 5) if by_level else (9, 8))
     most = max(loads, default=0) or 1
     lines = LineCollection(segments, cmap="viridis", linewidths=[0.6 + 2.4 * b / most for b in loads])
     lines.set_array([b / 2 ** 20 for b in loads])
@@ -203,7 +204,7 @@ def plot_links(sim, path: str) -> str:
     if others:
         ax.scatter([x for x, _ in others], [y for _, y in others], s=30, marker="s", color="tab:gray", zorder=3)
     ax.autoscale()
-    ax.set_aspect("equal" if net.kind != "fat_tree" else "auto")
+    ax.set_aspect("auto" if by_level else "equal")
     top = stats.bottlenecks(1)
     title = (f"{sim.collective}/{sim.algorithm.name}, p = {sim.world}, {sim.nbytes} B\n{net.describe()}\n"
              f"{sim.stats.time * 1e6:.1f} µs; link bytes max {stats.max_link_bytes / 2 ** 20:.3g} MiB, "

@@ -197,23 +197,95 @@ def test_predicted_is_the_contention_free_time_and_grows_with_hops():
         assert sim.predicted == sim.cost.on(machine)
 
 
-def test_two_level_machine_as_a_graph_gives_identical_times():
-    # nodes of 4 ranks; exact binary fractions so that α + latency is exact. The NIC has a
-    # lane per rank, so nothing queues on it in either model (an oversubscribed NIC differs
-    # by design: the hierarchical NIC port is held for α too, a link for the wire time).
-    a, b, a2, b2 = 2.0 ** -20, 2.0 ** -33, 2.0 ** -20 + 2.0 ** -19, 2.0 ** -30
-    nodes = ringcoll.Machine.hierarchical(4, intra=(a, b), inter=(a2, b2), nic_ports=4, gamma=2.0 ** -34)
+def two_level_graph(nodes, per_node, a, b, nic_latency, b2, lanes, gamma, hold="message"):
+    """A 2-level machine written out as a graph: hosts 0 .. nodes·per_node - 1, a switch per
+    node (host links at the intra-node β), and a NIC link each way between the two switches
+    of ``lanes`` lanes."""
+    hosts = nodes * per_node
     links = []
-    for h in range(8):
-        links += [(h, 8 + h // 4, 0, b), (8 + h // 4, h, 0, b)]
-    links += [(8, 9, 2.0 ** -19, b2, 4), (9, 8, 2.0 ** -19, b2, 4)]
-    graph = ringcoll.Machine.from_graph(links, hosts=8, alpha=a, beta=b, gamma=2.0 ** -34)
-    for name in ("ring", "rabenseifner", "recursive_doubling", "double_binary_tree"):
-        want = ringcoll.simulate("all_reduce", name, world=8, numel=1001, machine=nodes, data=False,
-                                 symmetry=False).stats
-        got = ringcoll.simulate("all_reduce", name, world=8, numel=1001, machine=graph, data=False).stats
+    for h in range(hosts):
+        links += [(h, hosts + h // per_node, 0, b), (hosts + h // per_node, h, 0, b)]
+    links += [(hosts, hosts + 1, nic_latency, b2, lanes, hold), (hosts + 1, hosts, nic_latency, b2, lanes, hold)]
+    return ringcoll.Machine.from_graph(links, hosts=hosts, alpha=a, beta=b, gamma=gamma)
+
+
+@pytest.mark.parametrize("nic_ports", [4, 2, 1])
+def test_two_level_machine_as_a_graph_gives_identical_times(nic_ports):
+    # nodes of 4 ranks; exact binary fractions so that α + latency is exact. The graph's NIC
+    # links are held per message (hold "message"), as a hierarchical machine's NIC is: the
+    # same clock whether the NIC has a lane per rank or fewer (then messages queue on it).
+    a, b, a2, b2 = 2.0 ** -20, 2.0 ** -33, 2.0 ** -20 + 2.0 ** -19, 2.0 ** -30
+    nodes = ringcoll.Machine.hierarchical(4, intra=(a, b), inter=(a2, b2), nic_ports=nic_ports, gamma=2.0 ** -34)
+    graph = two_level_graph(2, 4, a, b, 2.0 ** -19, b2, nic_ports, 2.0 ** -34)
+    for name in ("ring", "rabenseifner", "recursive_doubling", "double_binary_tree", "hierarchical"):
+        run = dict(world=8, numel=1001, data=False, local_size=4)
+        want = ringcoll.simulate("all_reduce", name, machine=nodes, symmetry=False, **run).stats
+        got = ringcoll.simulate("all_reduce", name, machine=graph, **run).stats
         assert got.time == want.time, name
-        assert got.crossing == 0 and want.crossing > 0
+        assert got.crossing == 0 and want.crossing > 0      # the graph has no groups
+        # the NIC links carry the same bytes in both: node 0's up-link and node 1's down-link
+        # are the graph's 8 → 9, node 1's up-link and node 0's down-link its 9 → 8
+        there, back = got.network.link_bytes[-2:]
+        assert want.network.link_bytes == [there, back, back, there] and there > 0, name
+    if nic_ports < 4:
+        # a NIC held only for the wire time (hold "wire") is another machine: faster here
+        wired = two_level_graph(2, 4, a, b, 2.0 ** -19, b2, nic_ports, 2.0 ** -34, hold="wire")
+        run = dict(world=8, numel=8 * 1000, data=False, symmetry=False)
+        held = ringcoll.simulate("all_to_all_single", "linear", machine=nodes, **run).stats.time
+        assert ringcoll.simulate("all_to_all_single", "linear", machine=wired, **run).stats.time < held
+
+
+def test_two_level_nic_contention_is_hand_countable():
+    """Nodes of 2 ranks, 4 ranks: ranks 0 and 1 (node 0) each send n bytes to node 1 at once.
+    One NIC port: the second message waits for the first, α + nβ each, twice one's time; two
+    ports: side by side."""
+    a, b, a2, b2, n = 2.0 ** -20, 2.0 ** -33, 2.0 ** -18, 2.0 ** -30, 1024
+    one = a2 + n * b2
+    for nic_ports, want in ((1, 2 * one), (2, one), (3, one)):
+        machine = ringcoll.Machine.hierarchical(2, intra=(a, b), inter=(a2, b2), gamma=0, nic_ports=nic_ports)
+        alone = run_schedules(flows([(0, 2)], 4, n), machine)
+        both = run_schedules(flows([(0, 2), (1, 3)], 4, n), machine)
+        assert alone.time == one and both.time == want, nic_ports
+        assert both.crossing == 2 and both.network.hop_bytes == 2 * 2 * n
+        levels = [(link.level, nbytes) for link, nbytes in zip(both.network.network.links, both.network.link_bytes)]
+        assert levels == [("nic_out", 2 * n), ("nic_in", 0), ("nic_out", 0), ("nic_in", 2 * n)]
+        busy = both.network.bottlenecks(1)[0]
+        assert busy[3] == "nic_out" and busy[5] == 2 * one      # held per message: α + nβ each
+    # the receiving NIC is shared as well: 0 → 2 and 1 → 3 from two nodes into one
+    machine = ringcoll.Machine.hierarchical(2, intra=(a, b), inter=(a2, b2), gamma=0)
+    assert run_schedules(flows([(0, 4), (2, 5)], 6, n), machine).time == 2 * one
+    # inside a node two messages from different ranks do not share anything
+    assert run_schedules(flows([(0, 1), (2, 3)], 4, n), machine).time == a + n * b
+
+
+def test_two_level_messages_inside_a_node_never_touch_the_nic():
+    machine = ringcoll.Machine.hierarchical(4, intra=(1e-6, 1e-11), inter=(4e-6, 1e-9), gamma=0, nic_ports=1)
+    inside = run_schedules(flows([(0, 1), (1, 2), (3, 0), (4, 5), (7, 6)], 8, 1000), machine)
+    assert inside.crossing == 0 and inside.network.hop_bytes == 0
+    assert set(inside.network.link_bytes) == {0} and set(inside.network.link_busy) == {0.0}
+    # all_to_all linear on 2 nodes of 4: each NIC carries 16 blocks each way, nothing more
+    block = 8 * 100
+    sim = ringcoll.simulate("all_to_all_single", "linear", 8, numel=8 * 100, machine=machine, data=False)
+    stats = sim.stats.network
+    assert sim.stats.crossing == 32 and stats.link_bytes == [16 * block] * 4
+    assert stats.by_level() == {"nic_out": (32 * block, 16 * block), "nic_in": (32 * block, 16 * block)}
+    assert stats.hop_bytes == 32 * 2 * block
+    # rank → node placement: the network follows it (ranks 0 and 1 on different nodes)
+    placed = ringcoll.Machine.hierarchical(1, intra=(1e-6, 1e-11), inter=(4e-6, 1e-9), placement=[0, 1])
+    assert run_schedules(flows([(0, 1)], 2, 1000), placed).crossing == 1
+    assert placed.network_for(2).describe() == "2-level: 2 ranks on 2 nodes, NIC of 1 port"
+
+
+def test_old_saved_two_level_machines_still_load_and_run(tmp_path):
+    # a hierarchical machine as an earlier version saved it (no network field given)
+    old = {"alpha": 1e-06, "beta": 5e-12, "gamma": 2.5e-11, "ports": 1, "ranks_per_node": 4,
+           "inter_alpha": 5e-06, "inter_beta": 5e-11, "nic_ports": 2, "placement": None}
+    machine = ringcoll.Machine.from_dict(old)
+    assert machine == ringcoll.Machine.hierarchical(4, intra=(1e-6, 5e-12), inter=(5e-6, 5e-11),
+                                                    gamma=2.5e-11, nic_ports=2)
+    assert machine.to_dict() == {**old, "network": None}
+    sim = ringcoll.simulate("all_reduce", "hierarchical", 8, numel=1000, machine=machine, data=False)
+    assert sim.stats.crossing > 0 and sim.stats.network.network.kind == "nodes"
 
 
 # -- placement -----------------------------------------------------------------------------
@@ -282,9 +354,10 @@ def test_network_machine_json_round_trip_and_hash(tmp_path):
 
 
 def test_plot_links_draws_each_kind(tmp_path):
-    for machine in (ringcoll.Machine.torus((4, 4)), ringcoll.Machine.fat_tree(4), ringcoll.Machine.dragonfly(3, 2, 1, 1)):
+    for machine in (ringcoll.Machine.torus((4, 4)), ringcoll.Machine.fat_tree(4), ringcoll.Machine.dragonfly(3, 2, 1, 1),
+                    ringcoll.Machine.hierarchical(2, intra=(1e-6, 1e-11), inter=(4e-6, 1e-9))):
         sim = ringcoll.simulate("all_reduce", "ring", world=6, numel=60, machine=machine)
-        path = sim.plot_links(str(tmp_path / f"{machine.network.kind}.png"))
+        path = sim.plot_links(str(tmp_path / f"{sim.stats.network.network.kind}.png"))
         assert open(path, "rb").read(4) == b"\x89PNG"
     with pytest.raises(ValueError, match="needs a run on a machine with a network"):
         ringcoll.simulate("all_reduce", "ring", world=4, numel=8).plot_links(str(tmp_path / "x.png"))
