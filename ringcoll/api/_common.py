@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import Settings
 from ..runtime.executor import P2PExecutor, Prepared
+from ..runtime.nodes import group_layout, share_layout
 from ..sim.machine import Machine
 from ..runtime.plan import Plan
 from ..selection import checked_settings
@@ -43,7 +44,10 @@ class Context:
     world: Optional[int]
     executor: Optional[P2PExecutor] = None
     seq: Optional[int] = None
-    nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.runtime.nodes)
+    #: node of each rank: on a group its agreed layout, resolved at the call's entry
+    #: (executor_context); in the simulator simulate's local_size, if given (ringcoll.runtime.nodes)
+    nodes: Optional[Tuple[int, ...]] = None
+    nodes_from: Optional[str] = None             # where ``nodes`` came from, for the log
     machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
 
     def submit(self, plan: Optional[Plan], async_op: bool):
@@ -62,8 +66,17 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None) -
     number and its later calls stay aligned with its peers'; a composite call (an object
     collective, the backend's sparse all_reduce) takes its inner calls' numbers at its
     entry too, in the order they will run. ``machine``: auto's model (the backend's
-    ``Options(machine=)``)."""
-    return Context(executor.rank, executor.world, executor, executor.begin_call(), machine=machine)
+    ``Options(machine=)``).
+
+    The context also carries the group's node layout (:func:`ringcoll.runtime.nodes.group_layout`),
+    resolved here, after the number: agreed by one exchange at the group's first collective call
+    (every rank makes it, at the same point), read from the group's record after that, so the
+    builders and ``auto`` only read it. Every caller is a collective call (point-to-point
+    send/recv never come here)."""
+    seq = executor.begin_call()
+    nodes, source = group_layout(executor)
+    return Context(executor.rank, executor.world, executor, seq, nodes=nodes, nodes_from=source,
+                   machine=machine)
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -75,6 +88,7 @@ def _executor(group) -> P2PExecutor:
     executor = _executors.get(group)
     if executor is None:
         executor = _executors[group] = P2PExecutor(group, weak=True)
+        share_layout(executor, group)       # one layout per group, the backend's executors' too
     return executor
 
 

@@ -35,6 +35,7 @@ from ..api._common import BUILDERS, Context, executor_context, submit_streamed
 from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import get_timeout
+from ..runtime.nodes import share_layout
 from ..sim.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork
@@ -241,8 +242,11 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _named(self, executor: P2PExecutor) -> P2PExecutor:
         """``executor`` naming peers by this group's global ranks in its errors (built on an
-        inner group that torch does not know, it would count them from 0)."""
+        inner group that torch does not know, it would count them from 0), and reading this
+        group's one node layout (agreed at its first collective call, whichever executor
+        and path, drop-in or backend, makes it)."""
         executor.global_ranks = list(self.global_ranks)
+        share_layout(executor, self)
         return executor
 
     def _context(self, tensor: Optional[torch.Tensor]) -> Context:

@@ -509,7 +509,8 @@ def options_and_log() -> dict:
         except (TypeError, ValueError) as caught:
             errors.append(f"{type(caught).__name__}: {caught}")
     errors.append(integers.tolist())
-    return {"runs": counting.runs, "log": records, "errors": errors, "name": group.name(),
+    calls = [line for line in records if " -> " in line]        # not a group's layout line
+    return {"runs": counting.runs, "log": calls, "errors": errors, "name": group.name(),
             "backend": dist.get_backend(group), "group_name": group.group_name}
 
 
