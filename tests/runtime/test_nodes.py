@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import ringcoll_log
 from ringcoll.api._common import Context
 from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
@@ -280,42 +281,34 @@ def one_exchange_per_group_at_its_first_collective_call():
 
     nodes._all_gather_records = counting
     os.environ["RINGCOLL_LOCAL_SIZE"] = "2"
-    records: list = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    logger = logging.getLogger("ringcoll")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
     out = {}
     group = gloo = None
     try:
         group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(all_reduce="hierarchical"))
         gloo = dist.new_group(backend="gloo")
-        token = torch.tensor([rank + 1])
-        if rank == 0:
-            dist.send(token, 1, group=group)
-        elif rank == 1:
-            dist.recv(token, 0, group=group)
-        out["p2p"] = (len(counted), token.tolist())
-        backend = torch.arange(5, dtype=torch.int64) * 3 + rank
-        dist.all_reduce(backend, group=group)
-        out["backend"] = len(counted)
-        drop_in = torch.arange(5, dtype=torch.int64) * 3 + rank
-        ringcoll.all_reduce(drop_in, group=group, algorithm="hierarchical")
-        out["drop_in"] = len(counted)
-        out["sums"] = (backend.tolist(), drop_in.tolist())
-        out["kept"] = (agreed(group.executor(torch.device("cpu"))), agreed(group_executor_of(group)))
-        ringcoll.broadcast(torch.ones(3), src=0, group=gloo, algorithm="binomial")
-        out["gloo_first"] = len(counted)
-        ringcoll.all_reduce(torch.ones(9), group=gloo, algorithm="hierarchical")
-        ringcoll.all_reduce(torch.ones(1 << 12), group=gloo)
-        out["gloo_later"] = len(counted)
+        with ringcoll_log() as records:
+            token = torch.tensor([rank + 1])
+            if rank == 0:
+                dist.send(token, 1, group=group)
+            elif rank == 1:
+                dist.recv(token, 0, group=group)
+            out["p2p"] = (len(counted), token.tolist())
+            backend = torch.arange(5, dtype=torch.int64) * 3 + rank
+            dist.all_reduce(backend, group=group)
+            out["backend"] = len(counted)
+            drop_in = torch.arange(5, dtype=torch.int64) * 3 + rank
+            ringcoll.all_reduce(drop_in, group=group, algorithm="hierarchical")
+            out["drop_in"] = len(counted)
+            out["sums"] = (backend.tolist(), drop_in.tolist())
+            out["kept"] = (agreed(group.executor(torch.device("cpu"))), agreed(group_executor_of(group)))
+            ringcoll.broadcast(torch.ones(3), src=0, group=gloo, algorithm="binomial")
+            out["gloo_first"] = len(counted)
+            ringcoll.all_reduce(torch.ones(9), group=gloo, algorithm="hierarchical")
+            ringcoll.all_reduce(torch.ones(1 << 12), group=gloo)
+            out["gloo_later"] = len(counted)
     finally:
         nodes._all_gather_records = original
         os.environ.pop("RINGCOLL_LOCAL_SIZE")
-        logger.removeHandler(handler)
-        logger.setLevel(level)
         for made in (group, gloo):
             if made is not None:
                 dist.destroy_process_group(made)
