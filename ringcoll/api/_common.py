@@ -28,9 +28,19 @@ log = logging.getLogger("ringcoll")
 BUILDERS: Dict[str, Callable[..., Optional[Plan]]] = {}
 
 
+#: builder -> the collective it was registered for (its first name)
+_COLLECTIVE: Dict[Callable, str] = {}
+
+#: collectives whose calls do not resolve the group's node layout: a barrier moves tokens, has
+#: no node-aware algorithm, and its ``timeout=`` must bound the whole call, even a group's first
+#: (a barrier that looks for a dead peer); the next other collective call resolves it
+WITHOUT_LAYOUT = frozenset({"barrier"})
+
+
 def builder(collective: str):
     def decorate(fn):
         BUILDERS[collective] = fn
+        _COLLECTIVE.setdefault(fn, collective)
         return fn
     return decorate
 
@@ -57,7 +67,7 @@ class Context:
         return submit_call(self.executor, plan, self.seq, async_op)
 
 
-def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None) -> Context:
+def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True) -> Context:
     """A collective call's context on ``executor``: the one place a call takes its sequence
     number in its group, at its entry. The rule, for the drop-ins (:func:`group_context`,
     :func:`run_call`) and the backend (``ringcoll.backend``) alike: a call takes its number
@@ -72,11 +82,18 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None) -
     resolved here, after the number: agreed by one exchange at the group's first collective call
     (every rank makes it, at the same point), read from the group's record after that, so the
     builders and ``auto`` only read it. Every caller is a collective call (point-to-point
-    send/recv never come here)."""
+    send/recv never come here); ``layout=False``: a call that needs none (:data:`WITHOUT_LAYOUT`,
+    monitored_barrier), whose context then has none."""
     seq = executor.begin_call()
-    nodes, source = group_layout(executor)
+    nodes, source = group_layout(executor) if layout else (None, None)
     return Context(executor.rank, executor.world, executor, seq, nodes=nodes, nodes_from=source,
                    machine=machine)
+
+
+def call_context(executor: P2PExecutor, collective: Optional[str], machine: Optional[Machine] = None) -> Context:
+    """:func:`executor_context` for a call of ``collective`` (a builder's name; None: a
+    composite call, an object collective): with the group's layout unless the collective needs none."""
+    return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT)
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -136,7 +153,7 @@ def _call_settings(executor) -> Settings:
         return checked_settings()
     except ValueError:
         if executor is not None:
-            executor_context(executor)
+            executor_context(executor, layout=False)        # the number only: its facts are unreadable
         raise
 
 
@@ -244,7 +261,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     if executor is None:
         ctx = Context(None, None)
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
-    ctx = executor_context(executor)
+    ctx = call_context(executor, _COLLECTIVE.get(build))
     if async_op or limit <= 0:
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []

@@ -40,8 +40,11 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context,
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
+    # a group's call reads the layout its entry resolved; a barrier's has none (its model then
+    # weighs the machine's own nodes: it has no node-aware algorithm)
+    nodes = None if ctx.executor is not None and ctx.nodes is None else (lambda: group_nodes(ctx))
     name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
-                       nodes=lambda: group_nodes(ctx), device=table_device(ctx, tensor))
+                       nodes=nodes, device=table_device(ctx, tensor))
     return registry.get(collective, name), why
 
 

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import settings
 from ..selection import checked_settings
-from ..api._common import BUILDERS, Context, executor_context, submit_streamed
+from ..api._common import BUILDERS, Context, call_context, executor_context, submit_streamed
 from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import get_timeout
@@ -249,18 +249,18 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         share_layout(executor, self)
         return executor
 
-    def _context(self, tensor: Optional[torch.Tensor]) -> Context:
-        """A call's context on the executor of ``tensor``'s device: the call takes its number
-        here, at its entry, before the builder's checks, as a drop-in's does
-        (:func:`ringcoll.api._common.executor_context`)."""
+    def _context(self, collective: str, tensor: Optional[torch.Tensor]) -> Context:
+        """A ``collective`` call's context on the executor of ``tensor``'s device: the call takes
+        its number here, at its entry, before the builder's checks, and the group's node layout
+        with it, as a drop-in's does (:func:`ringcoll.api._common.call_context`)."""
         device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
-        return executor_context(self.executor(device), machine=self.options.machine)
+        return call_context(self.executor(device), collective, machine=self.options.machine)
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
         """The drop-in's plan for this call on the executor of ``tensor``'s device, with its
         number (one per plan, taken before its checks); bad input raises here, before any
         tensor is touched."""
-        ctx = self._context(tensor)
+        ctx = self._context(collective, tensor)
         plan = BUILDERS[collective](ctx, *args, algorithm=self.options.algorithm(collective), **kwargs)
         group_limit = timeout_seconds(self._timeout)
         if plan.timeout is None and group_limit is not None and get_timeout() is None:
@@ -418,7 +418,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         seconds = timeout_seconds(timeout if timeout is not None else self._timeout)
         if seconds is None:
             raise ValueError(f"timeout must be positive: monitored_barrier needs a deadline, got {timeout!r}")
-        ctx = executor_context(self.executor(torch.device("cpu")))     # its number, at its entry
+        ctx = executor_context(self.executor(torch.device("cpu")), layout=False)   # its number, at its entry
         submit(lambda: ctx.executor.monitored_barrier(ctx.seq, seconds, wait_all_ranks), False)
 
     # -- point to point: the inner group's own ------------------------------------------------

@@ -9,11 +9,13 @@ runs nothing.
 
 **A group's layout is agreed by all its ranks, never inferred by one, once, when the group is
 first used for a collective call.** Every collective call, drop-in (object collectives
-included) or backend (``dist.*`` on a ``"ringcoll"`` group, its sparse all_reduce and
-monitored_barrier included), resolves it at its entry, right after taking its number
+included) or backend (``dist.*`` on a ``"ringcoll"`` group, its sparse all_reduce included),
+resolves it at its entry, right after taking its number
 (``ringcoll.api._common.executor_context``), and carries it in its context; point-to-point
-send/recv never do (not every rank makes them, so they cannot exchange). At the group's
-first collective call (every rank makes it, whatever algorithm it runs), each rank
+send/recv never do (not every rank makes them, so they cannot exchange), nor do barriers and
+monitored_barrier (tokens only, no node-aware algorithm, and a ``timeout=`` that must bound
+the whole call even as a group's first). At the group's first such call (every rank makes
+it, whatever algorithm it runs), each rank
 contributes its own facts in one fixed-size record: its global rank, its
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` and its hostname. The group all-gathers the
 records once, with ringcoll's own ring on a tag of its own, through the group's executor (so

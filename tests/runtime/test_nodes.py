@@ -260,7 +260,8 @@ def test_raw_backend_group_gets_the_agreed_layout(clusters):
 
 def one_exchange_per_group_at_its_first_collective_call():
     """RINGCOLL_LOCAL_SIZE=2 on every rank. A "ringcoll"-backend group: point-to-point calls
-    (not every rank makes them) exchange nothing; its first collective call (torch's
+    (not every rank makes them) and barriers (which need no layout) exchange nothing; its first
+    other collective call (torch's
     all_reduce, the backend path, node-aware by Options) agrees the layout with one exchange;
     the drop-in path's hierarchical all_reduce on the same group reads the same layout with
     none; a plain gloo group's first drop-in call, a binomial broadcast, makes its one
@@ -293,6 +294,9 @@ def one_exchange_per_group_at_its_first_collective_call():
             elif rank == 1:
                 dist.recv(token, 0, group=group)
             out["p2p"] = (len(counted), token.tolist())
+            dist.barrier(group=group)                   # a barrier needs no layout: none either
+            ringcoll.barrier(group=gloo)
+            out["barriers"] = len(counted)
             backend = torch.arange(5, dtype=torch.int64) * 3 + rank
             dist.all_reduce(backend, group=group)
             out["backend"] = len(counted)
@@ -321,7 +325,7 @@ def test_one_exchange_per_group_at_its_first_collective_call_and_one_layout_for_
     layout = ((0, 0, 1, 1), "RINGCOLL_LOCAL_SIZE=2")
     total = [6 + 12 * i for i in range(5)]
     for rank, out in enumerate(clusters(4).run(one_exchange_per_group_at_its_first_collective_call)):
-        assert out["p2p"] == (0, [1 if rank < 2 else rank + 1]), (rank, out)
+        assert out["p2p"] == (0, [1 if rank < 2 else rank + 1]) and out["barriers"] == 0, (rank, out)
         assert (out["backend"], out["drop_in"], out["gloo_first"], out["gloo_later"]) == (1, 1, 2, 2), (rank, out)
         assert out["sums"] == (total, total) and out["kept"] == (layout, layout), (rank, out)
         assert len(out["lines"]) >= 3, out["lines"]          # the backend, the drop-in, gloo (auto may add one)
