@@ -67,7 +67,8 @@ class Context:
         return submit_call(self.executor, plan, self.seq, async_op)
 
 
-def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True) -> Context:
+def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True,
+                     collective: Optional[str] = None) -> Context:
     """A collective call's context on ``executor``: the one place a call takes its sequence
     number in its group, at its entry. The rule, for the drop-ins (:func:`group_context`,
     :func:`run_call`) and the backend (``ringcoll.backend``) alike: a call takes its number
@@ -83,9 +84,11 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *
     (every rank makes it, at the same point), read from the group's record after that, so the
     builders and ``auto`` only read it. Every caller is a collective call (point-to-point
     send/recv never come here); ``layout=False``: a call that needs none (:data:`WITHOUT_LAYOUT`,
-    monitored_barrier), whose context then has none."""
+    monitored_barrier), whose context then has none. ``collective``: the call's, for the
+    exchange's errors."""
     seq = executor.begin_call()
-    nodes, source = group_layout(executor) if layout else (None, None)
+    nodes, source = group_layout(executor, call=f"call #{seq} {collective or ''}".rstrip()) if layout \
+        else (None, None)
     return Context(executor.rank, executor.world, executor, seq, nodes=nodes, nodes_from=source,
                    machine=machine)
 
@@ -93,7 +96,7 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *
 def call_context(executor: P2PExecutor, collective: Optional[str], machine: Optional[Machine] = None) -> Context:
     """:func:`executor_context` for a call of ``collective`` (a builder's name; None: a
     composite call, an object collective): with the group's layout unless the collective needs none."""
-    return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT)
+    return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT, collective=collective)
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

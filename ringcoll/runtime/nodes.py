@@ -228,7 +228,7 @@ def agreed(executor) -> Optional[Tuple[Nodes, str]]:
     return None if known is None else (known.nodes, known.source)
 
 
-def group_layout(executor, device=None) -> Tuple[Nodes, str]:
+def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     """The node of every rank of ``executor``'s group and where that came from (``"hostnames"``,
     ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the group's
     first collective call, then kept for the group (:func:`agreed`) while this rank's facts
@@ -237,7 +237,9 @@ def group_layout(executor, device=None) -> Tuple[Nodes, str]:
     every rank of the group makes the same collective calls in the same order, so the ranks
     exchange at the same call; a call made by some ranks only (send/recv) never asks. A
     group of one rank derives its layout without an exchange. ``device``: where the exchange
-    runs (default: CPU where the group serves it, else the current CUDA device)."""
+    runs (default: CPU where the group serves it, else the current CUDA device). ``call``: the
+    call it runs for (``"call #1 all_reduce"``), named by its errors: a peer that never comes
+    fails the exchange, within the step timeout, naming it and that call."""
     owner = _owner(executor)
     current = settings()
     known = _AGREED.get(owner)
@@ -250,7 +252,7 @@ def group_layout(executor, device=None) -> Tuple[Nodes, str]:
     if executor.world == 1:
         gathered = [record]
     else:
-        gathered = _in_call_order(lambda: _all_gather_records(executor, record, device))
+        gathered = _in_call_order(lambda: _all_gather_records(executor, record, device, call))
     nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
     _AGREED[owner] = Agreed(current, record, nodes, source)
     log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
@@ -288,7 +290,7 @@ def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
     return gathered[0]
 
 
-def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
+def _all_gather_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
     """Every group rank's ``record`` (equal sizes), in group rank order: a ring all-gather on
     the executor's transport, on the layout's own tag (as check mode's fingerprint exchange,
     ``P2PExecutor._check``). A failed transfer leaves the group failed, as any call's."""
@@ -308,7 +310,7 @@ def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
     table = table.to(device)
     plan = Plan("layout", registry.get("all_gather", "ring"), executor.rank, executor.world,
                 Layout(table.numel(), {"in_place": True}), {"output": table},
-                describe="node layout exchange")
+                describe=f"node layout exchange of {call}" if call else "node layout exchange")
     with torch.no_grad():
         executor.execute(plan, tag=LAYOUT_TAG, blocking=True)
     data = table.cpu().numpy().tobytes()
