@@ -70,7 +70,7 @@ def _plan(collective: str, tensor: torch.Tensor, executor, one_port: bool):
 def _measure(rounds_scale: float) -> list:
     """On every rank: [(collective, bytes, {variant: [seconds per round]}, {variant: steps})]."""
     import torch.distributed as dist
-    from ringcoll.api._common import group_executor
+    from ringcoll.api._common import executor_context, group_executor
 
     executor = group_executor(None)
     out = []
@@ -90,7 +90,7 @@ def _measure(rounds_scale: float) -> list:
                     dist.barrier()
                     start = time.perf_counter()
                     with torch.no_grad():
-                        executor.run_prepared(prepared[variant], executor.begin_call())
+                        executor.execute(prepared[variant], executor_context(executor).seq)
                     elapsed = time.perf_counter() - start
                     if round_ >= WARMUP:
                         times[variant].append(elapsed)

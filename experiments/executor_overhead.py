@@ -34,7 +34,7 @@ import torch
 
 import ringcoll
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context
+from ringcoll.api._common import executor_context
 from ringcoll.runtime.executor import P2PExecutor
 
 
@@ -59,17 +59,16 @@ def per_step_overhead(world: int = 4, numel: int = 1 << 16, segment_bytes: int =
     os.environ["RINGCOLL_SEGMENT"] = str(segment_bytes)
     try:
         executor = P2PExecutor(NullTransport(), rank=0, world=world, backend="null")
-        context = Context(0, world, executor)
         out = {}
         for algorithm in ringcoll.algorithms("all_reduce"):
             tensor = torch.ones(numel)
-            plan = BUILDERS["all_reduce"](context, tensor, algorithm=algorithm)
+            plan = BUILDERS["all_reduce"](executor_context(executor), tensor, algorithm=algorithm)
             steps = len(plan.steps())
-            executor.run(plan)                                   # warm: scratch, schedule cache
+            executor.execute(plan)                               # warm: scratch, schedule cache
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                executor.run(plan)
+                executor.execute(plan)
                 times.append(time.perf_counter() - start)
             median = statistics.median(times)
             out[algorithm] = {"steps": steps, "us_per_call": median * 1e6,
@@ -84,11 +83,11 @@ def api_overhead(world: int = 4, numel: int = 256, repeats: int = 2000) -> dict:
     from ringcoll.runtime.work import submit
 
     executor = P2PExecutor(NullTransport(), rank=0, world=world, backend="null")
-    context = Context(0, world, executor)
     tensor = torch.ones(numel)
     out = {}
     for algorithm in ringcoll.algorithms("all_reduce"):
         def call():
+            context = executor_context(executor)
             context.submit(BUILDERS["all_reduce"](context, tensor, algorithm=algorithm), False)
         out[algorithm] = _warm_us(call, repeats)
     del submit

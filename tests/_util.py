@@ -144,31 +144,34 @@ def assert_no_problems(results: Iterable[list]) -> None:
 
 # -- watching ringcoll in a rank ----------------------------------------------------------------
 class CountingPlans:
-    """Counts the plans ringcoll's executor runs in this process while active, by
+    """Counts the calls ringcoll's executor runs in this process while active (its one entry,
+    ``P2PExecutor.execute``; internal exchanges on reserved tags not counted), by
     ``"collective/algorithm"``, and the ops of reducing plans under ``"ops"``."""
 
     def __enter__(self):
-        from ringcoll.runtime.executor import P2PExecutor
+        from ringcoll.runtime.executor import P2PExecutor, Prepared
 
         self.runs: dict = {}
-        self._run = P2PExecutor.run
+        self._execute = P2PExecutor.execute
         outer = self
 
-        def run(executor, plan, *args):
-            key = f"{plan.collective}/{plan.algorithm.name}"
-            outer.runs[key] = outer.runs.get(key, 0) + 1
-            words = plan.describe.split()          # "reduce_scatter_tensor/ring 40xfloat32 AVG"
-            if plan.op is not None and len(words) > 2:
-                outer.runs.setdefault("ops", set()).add(words[2])
-            return outer._run(executor, plan, *args)
+        def execute(executor, call, *args, **kwargs):
+            plan = call.plan if isinstance(call, Prepared) else call
+            if kwargs.get("tag") is None:
+                key = f"{plan.collective}/{plan.algorithm.name}"
+                outer.runs[key] = outer.runs.get(key, 0) + 1
+                words = plan.describe.split()          # "reduce_scatter_tensor/ring 40xfloat32 AVG"
+                if plan.op is not None and len(words) > 2:
+                    outer.runs.setdefault("ops", set()).add(words[2])
+            return outer._execute(executor, call, *args, **kwargs)
 
-        P2PExecutor.run = run
+        P2PExecutor.execute = execute
         return self
 
     def __exit__(self, *exc):
         from ringcoll.runtime.executor import P2PExecutor
 
-        P2PExecutor.run = self._run
+        P2PExecutor.execute = self._execute
 
     def of(self, collective: str) -> int:
         """Plans run of ``collective``, any algorithm."""

@@ -8,7 +8,7 @@ import logging
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import Settings
 from ..runtime.executor import P2PExecutor, Prepared
+from ..runtime.nodes import group_layout, share_layout
 from ..sim.machine import Machine
 from ..runtime.plan import Plan
 from ..selection import checked_settings
@@ -27,9 +28,19 @@ log = logging.getLogger("ringcoll")
 BUILDERS: Dict[str, Callable[..., Optional[Plan]]] = {}
 
 
+#: builder -> the collective it was registered for (its first name)
+_COLLECTIVE: Dict[Callable, str] = {}
+
+#: collectives whose calls do not resolve the group's node layout: a barrier moves tokens, has
+#: no node-aware algorithm, and its ``timeout=`` must bound the whole call, even a group's first
+#: (a barrier that looks for a dead peer); the next other collective call resolves it
+WITHOUT_LAYOUT = frozenset({"barrier"})
+
+
 def builder(collective: str):
     def decorate(fn):
         BUILDERS[collective] = fn
+        _COLLECTIVE.setdefault(fn, collective)
         return fn
     return decorate
 
@@ -43,30 +54,49 @@ class Context:
     world: Optional[int]
     executor: Optional[P2PExecutor] = None
     seq: Optional[int] = None
-    nodes: Optional[Tuple[int, ...]] = None      # node of each rank, if given (ringcoll.runtime.nodes)
+    #: node of each rank: on a group its agreed layout, resolved at the call's entry
+    #: (executor_context); in the simulator simulate's local_size, if given (ringcoll.runtime.nodes)
+    nodes: Optional[Tuple[int, ...]] = None
+    nodes_from: Optional[str] = None             # where ``nodes`` came from, for the log
     machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
 
     def submit(self, plan: Optional[Plan], async_op: bool):
+        """Run this call's ``plan`` (None: nothing to run) now or, with ``async_op``, as a Work."""
         if plan is None:
             return None
-        executor = self.executor
-        executor.raise_if_failed()          # at once, not after the calls queued before it
-        if executor.streamed(plan.device):
-            return submit_streamed(executor, lambda caller: executor.run(plan, caller), async_op,
-                                   plan.result, plan.device, plan.describe, plan.collective)
-
-        def task():
-            with torch.no_grad():
-                executor.run(plan)
-
-        return submit(task, async_op, plan.result, device=plan.device, describe=plan.describe)
+        return submit_call(self.executor, plan, self.seq, async_op)
 
 
-def executor_context(executor: P2PExecutor) -> Context:
-    """A call's context on ``executor``: takes the call's sequence number now. Code that builds
-    plans itself (the backend) calls this once per call, before checks that not every rank
-    makes; a plan built without a number takes one when it runs."""
-    return Context(executor.rank, executor.world, executor, executor.begin_call())
+def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True,
+                     collective: Optional[str] = None) -> Context:
+    """A collective call's context on ``executor``: the one place a call takes its sequence
+    number in its group, at its entry. The rule, for the drop-ins (:func:`group_context`,
+    :func:`run_call`) and the backend (``ringcoll.backend``) alike: a call takes its number
+    on the caller's thread once its group is known, before any check that depends on this
+    rank's role, so an argument error raised on one rank only still consumes that rank's
+    number and its later calls stay aligned with its peers'; a composite call (an object
+    collective, the backend's sparse all_reduce) takes its inner calls' numbers at its
+    entry too, in the order they will run. ``machine``: auto's model (the backend's
+    ``Options(machine=)``).
+
+    The context also carries the group's node layout (:func:`ringcoll.runtime.nodes.group_layout`),
+    resolved here, after the number: agreed by one exchange at the group's first collective call
+    (every rank makes it, at the same point), read from the group's record after that, so the
+    builders and ``auto`` only read it. Every caller is a collective call (point-to-point
+    send/recv never come here); ``layout=False``: a call that needs none (:data:`WITHOUT_LAYOUT`,
+    monitored_barrier), whose context then has none. ``collective``: the call's, for the
+    exchange's errors."""
+    seq = executor.begin_call()
+    nodes, source = group_layout(executor, call=f"call #{seq} {collective or ''}".rstrip()) if layout \
+        else (None, None)
+    return Context(executor.rank, executor.world, executor, seq, nodes=nodes, nodes_from=source,
+                   machine=machine)
+
+
+def call_context(executor: P2PExecutor, collective: Optional[str], machine: Optional[Machine] = None) -> Context:
+    """:func:`executor_context` for a call of ``collective`` (a builder's name; None: a
+    composite call, an object collective): with the group's layout unless the collective needs none."""
+    return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT, collective=collective)
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -78,6 +108,7 @@ def _executor(group) -> P2PExecutor:
     executor = _executors.get(group)
     if executor is None:
         executor = _executors[group] = P2PExecutor(group, weak=True)
+        share_layout(executor, group)       # one layout per group, the backend's executors' too
     return executor
 
 
@@ -125,7 +156,7 @@ def _call_settings(executor) -> Settings:
         return checked_settings()
     except ValueError:
         if executor is not None:
-            executor_context(executor)
+            executor_context(executor, layout=False)        # the number only: its facts are unreadable
         raise
 
 
@@ -230,8 +261,11 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     executor = group_executor(group)
     current = _call_settings(executor)
     limit = PERSISTENT_PLANS if current.persistent_plans is None else current.persistent_plans
-    if executor is None or async_op or limit <= 0:
-        ctx = Context(None, None) if executor is None else executor_context(executor)
+    if executor is None:
+        ctx = Context(None, None)
+        return ctx.submit(build(ctx, *args, **kwargs), async_op)
+    ctx = call_context(executor, _COLLECTIVE.get(build))
+    if async_op or limit <= 0:
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []
     try:
@@ -244,7 +278,6 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         persistent_plans(executor).pop(key, None)
         prepared = None
     if prepared is not None:
-        seq = executor.begin_call()
         try:
             persistent_plans(executor).move_to_end(key)
         except KeyError:                    # dropped meanwhile by a call on another thread
@@ -252,8 +285,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
         plan = prepared.plan
         log.info("%s: world %d, rank %d -> %s (%s; plan reused)", plan.describe, plan.world,
                  plan.rank, plan.algorithm.name, plan.why)
-        return run_prepared(executor, prepared, seq)
-    ctx = executor_context(executor)
+        return submit_call(executor, prepared, ctx.seq, False)
     plan = build(ctx, *args, **kwargs)
     if plan is None:
         return None
@@ -265,7 +297,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     persistent_plans(executor)[key] = prepared
     if len(persistent_plans(executor)) > limit:
         persistent_plans(executor).popitem(last=False)
-    return run_prepared(executor, prepared, ctx.seq)
+    return submit_call(executor, prepared, ctx.seq, False)
 
 
 def _rerunnable(plan: Plan, tensors: list, executor: P2PExecutor) -> bool:
@@ -294,18 +326,21 @@ def submit_streamed(executor: P2PExecutor, run: Callable, async_op: bool, result
                          blocking=collective == "barrier")
 
 
-def run_prepared(executor: P2PExecutor, prepared: Prepared, seq: int) -> None:
-    """Run a synchronous call's prepared plan as call ``seq``, in call order."""
-    executor.raise_if_failed()
-    if getattr(prepared.transport, "streamed", False):
-        plan = prepared.plan
-        return submit_streamed(executor, lambda caller: executor.run_prepared(prepared, seq, caller), False,
+def submit_call(executor: P2PExecutor, call: Union[Plan, Prepared], seq: int, async_op: bool):
+    """Run call ``seq`` (a plan, or a persistent one prepared earlier) in call order, now or as
+    a Work: the api's one way to the runtime (:meth:`P2PExecutor.execute`), on the
+    stream-ordered path enqueued after the caller's stream."""
+    executor.raise_if_failed()          # at once, not after the calls queued before it
+    plan = call.plan if isinstance(call, Prepared) else call
+    if executor.streamed(plan.device):
+        return submit_streamed(executor, lambda caller: executor.execute(call, seq, caller=caller), async_op,
                                plan.result, plan.device, plan.describe, plan.collective)
-    if not (prepared.before or prepared.after):      # the schedule alone: detached buffers
-        return submit(lambda: executor.run_prepared(prepared, seq), False, device=prepared.device)
+    if isinstance(call, Prepared) and not (call.before or call.after):   # the schedule alone: detached buffers
+        return submit(lambda: executor.execute(call, seq), async_op, plan.result, device=plan.device,
+                      describe=plan.describe)
 
     def task():
         with torch.no_grad():
-            executor.run_prepared(prepared, seq)
+            executor.execute(call, seq)
 
-    return submit(task, False, device=prepared.device)
+    return submit(task, async_op, plan.result, device=plan.device, describe=plan.describe)

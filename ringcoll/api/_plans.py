@@ -40,8 +40,11 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context,
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1)
         return None, ""
+    # a group's call reads the layout its entry resolved; a barrier's has none (its model then
+    # weighs the machine's own nodes: it has no node-aware algorithm)
+    nodes = None if ctx.executor is not None and ctx.nodes is None else (lambda: group_nodes(ctx))
     name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
-                       nodes=lambda: group_nodes(ctx), device=table_device(ctx, tensor))
+                       nodes=nodes, device=table_device(ctx, tensor))
     return registry.get(collective, name), why
 
 
@@ -60,8 +63,9 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
         layout = Layout(layout.numel, {**layout.params, "segment": segment_elements(
             collective, algorithm.name, first.element_size(), table_device(ctx, first))})
     if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
-        # the group's agreed layout (exchanged at its first node-aware call), named in the log
-        nodes, source = context_layout(ctx, next(iter(buffers.values())).device)
+        # the layout the call's entry put in its context (on a group: agreed at the group's
+        # first collective call), named in the log; read, never asked for
+        nodes, source = context_layout(ctx)
         layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
         why = f"{why}; {describe_layout(nodes)} from {source}"
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,

@@ -31,10 +31,11 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import settings
 from ..selection import checked_settings
-from ..api._common import BUILDERS, Context, submit_streamed
+from ..api._common import BUILDERS, Context, call_context, executor_context, submit_streamed
 from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import get_timeout
+from ..runtime.nodes import share_layout
 from ..sim.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork
@@ -241,18 +242,25 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _named(self, executor: P2PExecutor) -> P2PExecutor:
         """``executor`` naming peers by this group's global ranks in its errors (built on an
-        inner group that torch does not know, it would count them from 0)."""
+        inner group that torch does not know, it would count them from 0), and reading this
+        group's one node layout (agreed at its first collective call, whichever executor
+        and path, drop-in or backend, makes it)."""
         executor.global_ranks = list(self.global_ranks)
+        share_layout(executor, self)
         return executor
 
-    def _context(self, tensor: Optional[torch.Tensor]) -> Context:
+    def _context(self, collective: str, tensor: Optional[torch.Tensor]) -> Context:
+        """A ``collective`` call's context on the executor of ``tensor``'s device: the call takes
+        its number here, at its entry, before the builder's checks, and the group's node layout
+        with it, as a drop-in's does (:func:`ringcoll.api._common.call_context`)."""
         device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
-        return Context(self._rank, self._world, self.executor(device), machine=self.options.machine)
+        return call_context(self.executor(device), collective, machine=self.options.machine)
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
-        """The drop-in's plan for this call on the executor of ``tensor``'s device; bad input
-        raises here, before any tensor is touched."""
-        ctx = self._context(tensor)
+        """The drop-in's plan for this call on the executor of ``tensor``'s device, with its
+        number (one per plan, taken before its checks); bad input raises here, before any
+        tensor is touched."""
+        ctx = self._context(collective, tensor)
         plan = BUILDERS[collective](ctx, *args, algorithm=self.options.algorithm(collective), **kwargs)
         group_limit = timeout_seconds(self._timeout)
         if plan.timeout is None and group_limit is not None and get_timeout() is None:
@@ -274,7 +282,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                 def run(caller):
                     call = None
                     for _, plan in planned:
-                        call = executor.run(plan, caller)
+                        call = executor.execute(plan, caller=caller)
                     return call
 
                 return submit_streamed(executor, run, True, result, device, first.describe, first.collective)
@@ -282,7 +290,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         def task():
             with torch.no_grad():
                 for executor, plan in planned:
-                    executor.run(plan)
+                    executor.execute(plan)
 
         device = planned[0][1].device if planned else None
         return submit(task, True, result, device=device,         # the caller's stream, on gloo too
@@ -299,9 +307,9 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _sparse_allreduce(self, tensors, op):
         device = tensors[0].device if tensors else torch.device("cpu")
-        executor = self.executor(device)
-        ctx = Context(self._rank, self._world, executor, machine=self.options.machine)
-        return sparse_all_reduce(tensors, op, executor, ctx, self.options.algorithm("all_gather_into_tensor"))
+        # its three inner all_gathers take their numbers here, at the call's entry
+        contexts = [executor_context(self.executor(device), machine=self.options.machine) for _ in range(3)]
+        return sparse_all_reduce(tensors, op, contexts, self.options.algorithm("all_gather_into_tensor"))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -410,8 +418,8 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         seconds = timeout_seconds(timeout if timeout is not None else self._timeout)
         if seconds is None:
             raise ValueError(f"timeout must be positive: monitored_barrier needs a deadline, got {timeout!r}")
-        executor = self.executor(torch.device("cpu"))
-        submit(lambda: executor.monitored_barrier(seconds, wait_all_ranks), False)
+        ctx = executor_context(self.executor(torch.device("cpu")), layout=False)   # its number, at its entry
+        submit(lambda: ctx.executor.monitored_barrier(ctx.seq, seconds, wait_all_ranks), False)
 
     # -- point to point: the inner group's own ------------------------------------------------
     def _staged(self, tensor: torch.Tensor) -> bool:

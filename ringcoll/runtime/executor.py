@@ -12,8 +12,9 @@ tensors on gloo through the host-polled batched transport and its NCCL shim,
 ``RINGCOLL_TRANSPORT=streamed`` through the stream-ordered transport on emulated streams.
 
 Isolation between calls. Every call on a group has a sequence number in that group (taken
-when the drop-in resolves its group, before any check that depends on this rank's role, so
-an argument error raised on one rank only leaves every rank's numbering aligned) and a
+at the call's entry, drop-in and backend alike, before any check that depends on this rank's
+role, so an argument error raised on one rank only leaves every rank's numbering aligned;
+:meth:`P2PExecutor.execute` runs a call only with its number) and a
 fingerprint (collective, algorithm, element count, dtype, op, root). On gloo every message
 of the call carries a tag made of both, in [2**30, 2**31), away from user tags: a message of
 one call can only ever be received by the same call, and a mismatched call times out with
@@ -50,7 +51,7 @@ import time
 import weakref
 from collections import deque
 from datetime import timedelta
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -71,7 +72,7 @@ from .transport.stream import (EmulatedNccl, InFlight, PostedStep, StreamTranspo
                                private_gloo, private_nccl, private_timeout)
 from .watchdog import watchdog
 
-#: steps whose transfers may be in flight at once (see P2PExecutor.run); RINGCOLL_WINDOW overrides
+#: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides
 DEFAULT_WINDOW = 2
 
 def _device_backends(backend: str) -> Dict[str, str]:
@@ -137,10 +138,12 @@ class P2PExecutor:
 
     # -- calls -------------------------------------------------------------------------
     def begin_call(self) -> int:
-        """The next call's sequence number in this group (raises if the group has failed). A
-        composite call (an object collective) takes one of its own in group_context, before its
-        checks, and its inner calls one each: a check failing on one rank only shifts that
-        rank's later calls past the others' pending ones."""
+        """The next call's sequence number in this group (raises if the group has failed).
+        Called in one place only, the call's entry (``ringcoll.api._common.executor_context``,
+        which the drop-ins and the backend both use), on the caller's thread, before any check
+        that depends on this rank's role: a check failing on one rank only then leaves the
+        numbering aligned. A composite call (an object collective, the backend's sparse
+        all_reduce) takes its numbers at its entry too."""
         self.raise_if_failed()
         self._seq += 1
         return self._seq
@@ -277,58 +280,75 @@ class P2PExecutor:
         return Prepared(plan, steps, buffers, tuple(posts), self.transport(plan.device),
                         print_bits(fingerprint(plan)), timeout, tuple(before), tuple(after))
 
-    def run(self, plan: Plan, caller=None) -> Optional[InFlight]:
-        """Run the plan's steps in order (see :meth:`run_prepared`)."""
-        self.raise_if_failed()
-        seq = plan.seq if plan.seq is not None else self.begin_call()
-        return self.run_prepared(self.prepare(plan), seq, caller)
+    def execute(self, call: Union[Plan, "Prepared"], seq: Optional[int] = None, *, tag: Optional[int] = None,
+                caller=None, blocking: bool = False) -> Optional[InFlight]:
+        """The one way a call reaches the runtime: run ``call`` (a plan, prepared here, or a
+        plan prepared earlier and kept: :class:`Prepared`) on this rank, keeping up to
+        ``window`` steps' transfers in flight.
 
-    def run_prepared(self, prepared: "Prepared", seq: int, caller=None) -> Optional[InFlight]:
-        """Run a prepared plan as call ``seq``, keeping up to ``window`` steps' transfers in
-        flight: step j is posted early, while earlier steps are still moving or reducing,
-        when none of its transfers touches what those steps still read or write. A step's
-        local operations run as soon as its own transfers are done, so the reduction of one
-        segment overlaps the transfer of the next.
+        ``seq``: the call's number in the group (default: the plan's own). Numbers are taken in
+        one place, at the call's entry, never here (``ringcoll.api._common.executor_context``);
+        a call that reaches the executor without one is refused. ``tag``: an internal
+        exchange's reserved tag instead of a number (the node layout, check mode's
+        fingerprints): such a run has no number, is not itself checked and is named by its
+        plan's ``describe``. ``caller``: on the stream-ordered path, the event of the caller's
+        stream the call is enqueued after (None: the calling thread's current stream now).
+        ``blocking``: on the stream-ordered path, wait on the host for the call to complete
+        (for callers that read its result on the host next); elsewhere every run is blocking.
 
-        On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream`) the same loop enqueues
-        the call on ringcoll's stream, after ``caller`` (an event of the caller's stream; None:
-        the calling thread's current stream now), and returns the call in flight (its end
+        Step j is posted early, while earlier steps are still moving or reducing, when none of
+        its transfers touches what those steps still read or write; a step's local operations
+        run as soon as its own transfers are done, so the reduction of one segment overlaps the
+        transfer of the next. On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream`)
+        the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
+        prepared = call if isinstance(call, Prepared) else self.prepare(call)
         plan, transport = prepared.plan, prepared.transport
+        if tag is None:
+            seq = plan.seq if seq is None else seq
+            if seq is None:
+                raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
+                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
+            name, tag = f"call #{seq} {plan.describe}", tag_of(seq, prepared.print_bits)
+        else:
+            name = plan.describe
         timeout = self.timeout(plan, prepared.group_timeout)
         try:
             transport.ready(time.monotonic() + timeout)
         except (TimeoutError, RuntimeError) as error:   # set-up is part of the first step (NCCL)
             first = next((st.comms for st in prepared.steps if st.comms), ())
-            failure = self._peer_error(f"call #{seq} {plan.describe}", 0, len(prepared.steps),
+            failure = self._peer_error(name, 0, len(prepared.steps),
                                        TransferError(first, error, timed_out=True, batch=True), timeout)
             self._failed(failure, [])
             raise failure from error
+        if self.check and seq is not None:
+            # on the stream-ordered path its own call on the stream, read by the host: check
+            # mode's one wait
+            self._check(plan, seq, timeout)
         if transport.batched and getattr(transport, "streamed", False):
-            return self._enqueue(prepared, seq, timeout, caller)
-        if self.check:
-            self._check(plan, seq, transport, timeout)
+            in_flight = self._enqueue(prepared, name, tag, timeout, caller)
+            if not blocking:
+                return in_flight
+            self._await(in_flight)
+            return None
         for before in prepared.before:
             before()
-        self._run_steps(prepared, tag_of(seq, prepared.print_bits), timeout, seq)
+        self._run_steps(prepared, tag, timeout, name)
         for after in prepared.after:
             after()
         return None
 
-    def _enqueue(self, prepared: "Prepared", seq: int, timeout: float, caller) -> InFlight:
-        """The stream-ordered run of :meth:`run_prepared`: everything the call does, its
-        copies before and after the schedule included, on the transport's stream."""
-        plan, transport = prepared.plan, prepared.transport
-        if self.check:       # its own call on the stream, read by the host: check mode's one wait
-            self._check(plan, seq, transport, timeout)
-        name = f"call #{seq} {plan.describe}"
+    def _enqueue(self, prepared: "Prepared", name: str, tag: int, timeout: float, caller) -> InFlight:
+        """The stream-ordered run of :meth:`execute`: everything the call does, its copies
+        before and after the schedule included, on the transport's stream."""
+        transport = prepared.transport
         call = transport.open(name, timeout, len(prepared.steps), caller)
         call.on_failure = self._in_flight_failed
         try:
             for before in prepared.before:
                 transport.local(before)
-            self._run_steps(prepared, tag_of(seq, prepared.print_bits), timeout, seq)
+            self._run_steps(prepared, tag, timeout, name)
             for after in prepared.after:
                 transport.local(after)
         except BaseException:
@@ -344,40 +364,14 @@ class P2PExecutor:
             self._failed(failure, [call.keep, call.steps])
         return failure
 
-    def run_blocking(self, plan: Plan) -> None:
-        """Run ``plan`` and return once its results are there for the host to read (on the
-        stream-ordered path: enqueued, then waited for: one host wait, for callers that read
-        the result on the host next, e.g. the sparse all-reduce's counts)."""
-        call = self.run(plan)
-        if call is not None:
-            self._await(call)
-
     def _await(self, call: InFlight) -> None:
         """Block the host until ``call`` completed and the watchdog gave its verdict; raise
         its error."""
         call.host_wait()
         self.raise_if_failed()
 
-    def exchange(self, prepared: "Prepared", tag: int, timeout: float, name: str) -> None:
-        """Run an internal exchange whose result the host reads next (check mode's table, the
-        node layout): on the stream-ordered path, enqueued and then waited for by the host
-        (the one host wait of such an exchange)."""
-        transport = prepared.transport
-        if not getattr(transport, "streamed", False):
-            self._run_steps(prepared, tag, timeout, name)
-            return
-        transport.ready(time.monotonic() + timeout)
-        call = transport.open(name, timeout, len(prepared.steps))
-        call.on_failure = self._in_flight_failed
-        try:
-            self._run_steps(prepared, tag, timeout, name)
-        except BaseException:
-            transport.drop()
-            raise
-        self._await(transport.close(tensors_in(prepared.buffers)))
-
-    def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, seq) -> None:
-        """``seq``: the call's number (or a name), for errors. On the stream-ordered path the
+    def _run_steps(self, prepared: "Prepared", tag: int, timeout: float, name: str) -> None:
+        """``name``: the call, for errors (``call #7 all_reduce/ring ...``). On the stream-ordered path the
         transport's ``wait`` only orders its stream, and local operations are launched on it."""
         transport, op, local = prepared.transport, prepared.plan.op, prepared.local
         streamed = getattr(transport, "streamed", False)
@@ -398,8 +392,7 @@ class P2PExecutor:
                     else:
                         run_resolved(op, local[index])
         except TransferError as error:
-            call = f"call #{seq} {prepared.plan.describe}" if isinstance(seq, int) else seq
-            failure = self._peer_error(call, getattr(error, "step", index), len(reach), error, timeout)
+            failure = self._peer_error(name, getattr(error, "step", index), len(reach), error, timeout)
             self._failed(failure, [handle] + list(posted))
             raise failure from error.error
 
@@ -465,7 +458,7 @@ class P2PExecutor:
             transport.abort()
 
     # -- monitored barrier -----------------------------------------------------------------
-    def monitored_barrier(self, seconds: float, wait_all_ranks: bool = False) -> None:
+    def monitored_barrier(self, seq: int, seconds: float, wait_all_ranks: bool = False) -> None:
         """gloo's ``monitoredBarrier`` on this group, as one call (it takes a call number and
         a tag of its own): every other rank sends rank 0 a token and waits for rank 0's
         release; rank 0 waits for each rank in turn, all within ``seconds`` of entering, and
@@ -473,8 +466,10 @@ class P2PExecutor:
         rank 0 raise a :class:`PeerError` naming it (``wait_all_ranks``: naming every such
         rank, found by waiting on each until the same deadline) and leaves the group failed,
         as every timeout does; the others then time out waiting for the release. What it is
-        for: finding the rank that hangs, where ``barrier()`` only says that some peer did."""
-        seq = self.begin_call()
+        for: finding the rank that hangs, where ``barrier()`` only says that some peer did.
+        ``seq``: its number, taken at its entry as every call's (not a plan: it posts its own
+        transfers, so it is the one call that does not go through :meth:`execute`)."""
+        self.raise_if_failed()
         if self.world == 1:
             return
         tag, group = call_tag(seq, MONITORED), self.group
@@ -539,9 +534,9 @@ class P2PExecutor:
                 raise failure from error
 
     # -- check mode ----------------------------------------------------------------------
-    def _check(self, plan: Plan, seq: int, transport, timeout: float) -> None:
+    def _check(self, plan: Plan, seq: int, timeout: float) -> None:
         """Exchange every rank's sequence number and fingerprint (a fixed-size record) with a
-        ring all-gather through this transport on its own tag, and raise the same
+        ring all-gather on the call's device, through :meth:`execute` on its own tag, and raise the same
         :class:`MismatchError` on every rank if they differ, and leave the group failed on
         every rank: from a mismatch alone no rank can tell a different call from a skipped one
         (numbers count each rank's own calls, so a rank that skipped a call compares its next
@@ -555,9 +550,9 @@ class P2PExecutor:
         table = table.to(plan.device)
         ring = registry.get("all_gather", "ring")
         layout = Layout(table.numel(), {"in_place": True})
-        check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table},
+        check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table}, timeout=timeout,
                           describe=f"fingerprint check of call #{seq} {plan.describe}")
-        self.exchange(self.prepare(check_plan), CHECK_TAG, timeout, check_plan.describe)
+        self.execute(check_plan, tag=CHECK_TAG, blocking=True)
         table = table.cpu()
         rows = [unpack_record(bytes(table[r * RECORD.size:(r + 1) * RECORD.size].tolist())) for r in range(self.world)]
         names = ("call number",) + FIELDS

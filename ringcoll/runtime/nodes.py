@@ -3,10 +3,19 @@
 The layout reaches a schedule as the Layout parameter ``"nodes"``: a tuple giving the node
 index of every group rank (nodes numbered in order of their lowest rank; a node's ranks need
 not be consecutive and nodes may differ in size). The builders (``ringcoll.api._plans.new_plan``)
-add it, for schedules marked with :func:`needs_nodes` only.
+add it, for schedules marked with :func:`needs_nodes` only, and ``auto``'s model reads it; both
+read it from the call's context (:func:`context_layout`), never ask for it: building a plan
+runs nothing.
 
-**A group's layout is agreed by all its ranks, never inferred by one.** At the group's first
-node-aware call (every rank of the group makes that call, with the same algorithm), each rank
+**A group's layout is agreed by all its ranks, never inferred by one, once, when the group is
+first used for a collective call.** Every collective call, drop-in (object collectives
+included) or backend (``dist.*`` on a ``"ringcoll"`` group, its sparse all_reduce included),
+resolves it at its entry, right after taking its number
+(``ringcoll.api._common.executor_context``), and carries it in its context; point-to-point
+send/recv never do (not every rank makes them, so they cannot exchange), nor do barriers and
+monitored_barrier (tokens only, no node-aware algorithm, and a ``timeout=`` that must bound
+the whole call even as a group's first). At the group's first such call (every rank makes
+it, whatever algorithm it runs), each rank
 contributes its own facts in one fixed-size record: its global rank, its
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` and its hostname. The group all-gathers the
 records once, with ringcoll's own ring on a tag of its own, through the group's executor (so
@@ -23,10 +32,12 @@ and every rank derives the layout from the same gathered list, by the first of:
 
 torchrun's ``LOCAL_WORLD_SIZE`` is never used: it counts the ranks of one node only, and
 nodes may differ (``--nproc-per-node 3`` on one host, ``1`` on another) -- grouping every
-rank by its own count gave each rank a different layout. The layout is kept on the group's
-executor with its source (:func:`group_layout`), keyed by this rank's record: a setting
-changed on every rank between calls takes effect, with a new exchange, at the next
-node-aware call.
+rank by its own count gave each rank a different layout. The layout is kept per group with
+its source (:func:`group_layout`), for every executor of the group (:func:`share_layout`: the
+drop-in's and the ``"ringcoll"`` backend's, so both paths see one layout from one exchange),
+keyed by this rank's record: a setting changed on every rank between calls takes effect,
+with a new exchange, at the next collective call. The cost: one ring all-gather of
+``world`` × 327-byte records per group (``world - 1`` steps), once.
 
 Outside a process group (the simulator), the layout is ``simulate(..., local_size=L)``'s
 (the context's ``nodes``), else ``RINGCOLL_LOCAL_SIZE``'s, else one node.
@@ -44,8 +55,13 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 from .. import config
 from ..config import settings
 from ..schedules.vocabulary import Nodes, needs_nodes  # noqa: F401 - a layout is a Nodes
+from .identity import tag_of
 
 log = logging.getLogger("ringcoll")
+
+#: the layout exchange's reserved tag: the fingerprint bits 0 are never a call's, the sequence
+#: bits 1 never check mode's tag (identity.CHECK_TAG)
+LAYOUT_TAG = tag_of(1, 0)
 
 
 def grouped(keys: Sequence) -> Nodes:
@@ -176,44 +192,85 @@ def own_facts(executor) -> Facts:
     return Facts(global_rank, local_size, group_rank, socket.gethostname())
 
 
-#: each group's agreed layout, by its executor: (this rank's packed facts, nodes, source); kept
-#: beside the executor, not on it, and gone with it
+class Agreed(NamedTuple):
+    """A group's agreed layout as one rank knows it: the settings and packed facts this rank
+    contributed, the nodes and their source."""
+
+    settings: object
+    record: bytes
+    nodes: Nodes
+    source: str
+
+
+#: each group's agreed layout, by its owner (:func:`share_layout`: the group, for a drop-in's
+#: executor and every executor of a "ringcoll"-backend group; else the executor itself); kept
+#: beside the executors, not on them, and gone with the owner
 _AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: executor -> weak reference to the owner its layout is kept under
+_OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def share_layout(executor, owner) -> None:
+    """Keep ``executor``'s layout under ``owner`` (a process group): the executors of one group
+    (the drop-in's, the backend's per device) then agree once and read one layout."""
+    _OWNERS[executor] = weakref.ref(owner)
+
+
+def _owner(executor):
+    ref = _OWNERS.get(executor)
+    owner = ref() if ref is not None else None
+    return executor if owner is None else owner
 
 
 def agreed(executor) -> Optional[Tuple[Nodes, str]]:
     """The layout ``executor``'s group agreed, with its source, or None before its exchange."""
-    known = _AGREED.get(executor)
-    return None if known is None else (known[1], known[2])
+    known = _AGREED.get(_owner(executor))
+    return None if known is None else (known.nodes, known.source)
 
 
-def group_layout(executor, device=None) -> Tuple[Nodes, str]:
+def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     """The node of every rank of ``executor``'s group and where that came from (``"hostnames"``,
-    ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the first
-    call, then kept for the group (:func:`agreed`) while this rank's facts stay the same. Every rank of the
-    group must call it at the same point (a collective call that needs the layout); a call
-    made by some ranks only waits for the others until the group's timeout. ``device``: where
-    the exchange runs (default: CPU where the group serves it, else the current CUDA device)."""
+    ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the group's
+    first collective call, then kept for the group (:func:`agreed`) while this rank's facts
+    stay the same (the same settings: about a microsecond to tell). Called at every collective
+    call's entry (``ringcoll.api._common.executor_context``), never while a plan is built:
+    every rank of the group makes the same collective calls in the same order, so the ranks
+    exchange at the same call; a call made by some ranks only (send/recv) never asks. A
+    group of one rank derives its layout without an exchange. ``device``: where the exchange
+    runs (default: CPU where the group serves it, else the current CUDA device). ``call``: the
+    call it runs for (``"call #1 all_reduce"``), named by its errors: a peer that never comes
+    fails the exchange, within the step timeout, naming it and that call."""
+    owner = _owner(executor)
+    current = settings()
+    known = _AGREED.get(owner)
+    if known is not None and known.settings is current:
+        return known.nodes, known.source
     record = pack_facts(own_facts(executor))
-    known = _AGREED.get(executor)
-    if known is not None and known[0] == record:
-        return known[1], known[2]
-    gathered = _in_call_order(lambda: _all_gather_records(executor, record, device))
+    if known is not None and known.record == record:
+        _AGREED[owner] = known._replace(settings=current)
+        return known.nodes, known.source
+    if executor.world == 1:
+        gathered = [record]
+    else:
+        gathered = _in_call_order(lambda: _all_gather_records(executor, record, device, call))
     nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
-    _AGREED[executor] = (record, nodes, source)
+    _AGREED[owner] = Agreed(current, record, nodes, source)
     log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
              describe_layout(nodes), source)
     return nodes, source
 
 
-def context_layout(ctx, device=None) -> Tuple[Nodes, str]:
-    """(nodes, source) for a call's context: the simulator's ``local_size``, else its group's
-    agreed layout (:func:`group_layout`), else (no group: the simulator) RINGCOLL_LOCAL_SIZE's
-    nodes, else one node."""
+def context_layout(ctx) -> Tuple[Nodes, str]:
+    """(nodes, source) for a call's context, read, never exchanged: the layout its entry put
+    there (``ctx.nodes``: its group's agreed layout, or simulate's ``local_size``), else (no
+    group: the simulator) RINGCOLL_LOCAL_SIZE's nodes, else one node. A context on a group
+    without its layout is a call that skipped its entry: refused, so that building a plan can
+    never run an exchange."""
     if getattr(ctx, "nodes", None) is not None:
-        return tuple(ctx.nodes), "simulate's local_size"
+        return tuple(ctx.nodes), getattr(ctx, "nodes_from", None) or "simulate's local_size"
     if ctx.executor is not None:
-        return group_layout(ctx.executor, device)
+        raise RuntimeError("ringcoll: a call on a process group builds its plan with the layout its entry "
+                           "resolved (ringcoll.api._common.executor_context); this context has none")
     size = local_size_from_env()
     if size is not None:
         return even_nodes(ctx.world, size), f"RINGCOLL_LOCAL_SIZE={size}"
@@ -223,7 +280,7 @@ def context_layout(ctx, device=None) -> Tuple[Nodes, str]:
 def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
     """Run ``exchange`` after every call this process queued before it (an NCCL group matches
     messages by order, not tag), on the caller's thread when nothing is queued; inline when
-    already on the queue's worker thread (a plan built inside a queued call)."""
+    already on the queue's worker thread (a call made from inside a queued one)."""
     from . import work
 
     if getattr(work._queue, "_thread", None) is threading.current_thread():
@@ -233,14 +290,13 @@ def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
     return gathered[0]
 
 
-def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
+def _all_gather_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
     """Every group rank's ``record`` (equal sizes), in group rank order: a ring all-gather on
     the executor's transport, on the layout's own tag (as check mode's fingerprint exchange,
     ``P2PExecutor._check``). A failed transfer leaves the group failed, as any call's."""
     import torch
 
     from ..schedules import registry
-    from .identity import tag_of
     from .plan import Plan
     from ..schedules.vocabulary import Layout
 
@@ -254,10 +310,8 @@ def _all_gather_records(executor, record: bytes, device=None) -> List[bytes]:
     table = table.to(device)
     plan = Plan("layout", registry.get("all_gather", "ring"), executor.rank, executor.world,
                 Layout(table.numel(), {"in_place": True}), {"output": table},
-                describe="node layout exchange")
-    # the fingerprint bits 0 are never a call's, the sequence bits 1 never check mode's tag
-    tag = tag_of(1, 0)
+                describe=f"node layout exchange of {call}" if call else "node layout exchange")
     with torch.no_grad():
-        executor.exchange(executor.prepare(plan), tag, executor.timeout(plan), plan.describe)
+        executor.execute(plan, tag=LAYOUT_TAG, blocking=True)
     data = table.cpu().numpy().tobytes()
     return [data[r * size:(r + 1) * size] for r in range(executor.world)]

@@ -31,7 +31,7 @@ class Plan:
     result: object = None                            # what Work.result() returns
     describe: str = ""                               # for logs and errors
     timeout: Optional[float] = None                  # seconds a step may wait; None: the group's
-    seq: Optional[int] = None                        # the call's number in its group (executor.begin_call)
+    seq: Optional[int] = None                        # its number in its group, from the call's entry
     why: str = ""                                    # what chose the algorithm (RINGCOLL_DEBUG=INFO)
     #: buffers the plan made itself that hold none of the caller's data from when it was
     #: built (its ``before`` steps fill them on every run, or a token whose bytes never

@@ -206,9 +206,10 @@ def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optio
 
 
 def group_nodes(ctx) -> tuple:
-    """The node of every rank of ``ctx``'s group, as its node-aware schedules will see it:
-    simulate's ``local_size``, else the layout every rank of the group agreed
-    (:func:`ringcoll.runtime.nodes.context_layout`): the one place ``auto`` asks."""
+    """The node of every rank of ``ctx``'s group, as its node-aware schedules will see it,
+    read from the context (:func:`ringcoll.runtime.nodes.context_layout`): the layout every
+    rank of the group agreed at its first collective call, put there by the call's entry,
+    else simulate's ``local_size``: the one place ``auto`` reads it (never exchanged here)."""
     return context_layout(ctx)[0]
 
 

@@ -19,6 +19,7 @@ from ringcoll.api import _common
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import GroupFailedError, PeerError
 from ringcoll.runtime.identity import call_tag, fingerprint
+from ringcoll.runtime.nodes import LAYOUT_TAG
 
 ROUNDS = 3
 KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
@@ -271,7 +272,8 @@ def tags_and_failure_of_a_reused_call():
     except GroupFailedError as error:
         raised = str(error)
     dist.destroy_process_group(group)
-    return sorted(set(tags)) == expected, raised
+    # (not the group's node layout exchange, on its reserved tag at the group's first call)
+    return sorted(set(tags) - {LAYOUT_TAG}) == expected, raised
 
 
 def test_a_reused_call_has_its_own_tag_and_a_failed_group_refuses_it(clusters):

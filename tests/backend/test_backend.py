@@ -120,22 +120,22 @@ def ddp_failing_backward() -> str:
 
     rank = dist.get_rank()
     ddp = DDP(mlp(seed=0), process_group=ringcoll_group())
-    original = P2PExecutor.run
+    original = P2PExecutor.execute
 
-    def run(executor, plan):
+    def execute(executor, plan, *args, **kwargs):
         if plan.collective == "all_reduce":
             raise PeerError(f"ringcoll {plan.describe}: rank {rank} step 1/1: receive from peer 1 failed: "
                             f"injected fault", rank=rank, peer=1, step=0)
-        return original(executor, plan)
+        return original(executor, plan, *args, **kwargs)
 
-    P2PExecutor.run = run
+    P2PExecutor.execute = execute
     try:
         x, y = batch(0, rank)
         nn.functional.mse_loss(ddp(x), y).backward()
     except Exception as error:  # noqa: BLE001 - what the test inspects
         return f"{type(error).__name__}: {error}"
     finally:
-        P2PExecutor.run = original
+        P2PExecutor.execute = original
     return "no error"
 
 
@@ -509,7 +509,8 @@ def options_and_log() -> dict:
         except (TypeError, ValueError) as caught:
             errors.append(f"{type(caught).__name__}: {caught}")
     errors.append(integers.tolist())
-    return {"runs": counting.runs, "log": records, "errors": errors, "name": group.name(),
+    calls = [line for line in records if " -> " in line]        # not a group's layout line
+    return {"runs": counting.runs, "log": calls, "errors": errors, "name": group.name(),
             "backend": dist.get_backend(group), "group_name": group.group_name}
 
 
@@ -588,3 +589,39 @@ def test_shutdown_joins_the_inner_groups_and_later_calls_say_so():
     aborted.abort()
     with pytest.raises(RuntimeError, match="aborted"):
         aborted.broadcast([tensor])
+
+
+def refused_backend_call_keeps_its_number():
+    """On a ringcoll group in check mode, rank 0's scatter fails ringcoll's own checks (one
+    tensor short) and rank 0 goes on to an all_reduce, while the other ranks post the scatter.
+    The refused call must have taken its number at its entry, as a drop-in's does, so the
+    check finds the numbers differ; when the backend's plans took their numbers where they
+    ran, rank 0's all_reduce took the scatter's number and only the collective differed."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.environ["RINGCOLL_CHECK"] = "1"
+    try:
+        group = dist.new_group(list(range(world)), backend="ringcoll")   # its executor reads it
+    finally:
+        os.environ.pop("RINGCOLL_CHECK")
+    out = {}
+    try:
+        if rank == 0:
+            try:
+                dist.scatter(torch.zeros(2), [torch.zeros(2)] * (world - 1), src=0, group=group)
+            except ValueError as refused:
+                out["refused"] = str(refused)
+            dist.all_reduce(torch.ones(2), group=group)
+        else:
+            dist.scatter(torch.zeros(2), None, src=0, group=group)
+        out["next"] = "returned"
+    except Exception as error:  # noqa: BLE001 - what the test inspects
+        out["next"] = f"{type(error).__name__}: {error}"
+    return out
+
+
+def test_a_refused_backend_call_takes_its_number_as_a_drop_ins_does(clusters):
+    results = clusters(3).run(refused_backend_call_keeps_its_number)
+    assert "scatter_list must hold one tensor per rank" in results[0].get("refused", ""), results[0]
+    for rank, out in enumerate(results):
+        assert "MismatchError" in out["next"] and "call number" in out["next"], (rank, out)
+        assert "'scatter' on ranks [1, 2]" in out["next"] and "'all_reduce' on ranks [0]" in out["next"], (rank, out)

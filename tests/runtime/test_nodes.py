@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
+from _util import ringcoll_log
+from ringcoll.api._common import Context
 from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,6 +81,67 @@ def test_simulator_log_names_layout_and_source(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records if "rank 0 -> hierarchical" in r.getMessage()]
     assert "3 nodes of 3+1+1 ranks (0, 0, 0, 1, 2) from simulate's local_size" in lines[0]
     assert "2 nodes of 2+1 ranks (0, 0, 1) from RINGCOLL_LOCAL_SIZE=2" in lines[1]
+
+
+class _Echo:
+    """Rank 0 of two on a raw group whose peer echoes what rank 0 sends (its facts too)."""
+
+    class _Done:
+        def __init__(self, then=None):
+            self._then = then
+
+        def wait(self, *args):
+            if self._then is not None:
+                self._then()
+            return True
+
+        def is_completed(self):
+            return True
+
+    def __init__(self):
+        self.sent: list = []
+
+    def send(self, tensors, peer, tag):
+        self.sent.append(tensors[0].clone())
+        return self._Done()
+
+    def recv(self, tensors, peer, tag):
+        return self._Done(lambda: tensors[0].copy_(self.sent.pop(0)))
+
+
+def test_plan_building_reads_the_layout_its_entry_resolved_and_never_exchanges(monkeypatch):
+    """The layout is agreed at the call's entry (executor_context: one exchange, at the group's
+    first collective call) and carried in the context; building a node-aware plan, and auto's
+    model deciding, only read it. Before, the builder asked group_layout, which exchanged at
+    the group's first node-aware call."""
+    from ringcoll.api import BUILDERS
+    from ringcoll.api._common import executor_context
+    from ringcoll.runtime import nodes
+    from ringcoll.runtime.executor import P2PExecutor
+
+    for name in ("RINGCOLL_LOCAL_SIZE", "GROUP_RANK", "RINGCOLL_TRANSPORT", "RINGCOLL_CHECK", "RINGCOLL_ALGO"):
+        monkeypatch.delenv(name, raising=False)
+    exchanges = []
+    original = nodes._all_gather_records
+    monkeypatch.setattr(nodes, "_all_gather_records", lambda *args: exchanges.append(1) or original(*args))
+    executor = P2PExecutor(_Echo(), rank=0, world=2, backend="gloo")
+    ctx = executor_context(executor)
+    assert exchanges == [1] and (ctx.nodes, ctx.nodes_from) == ((0, 0), "hostnames")
+    assert executor_context(executor).nodes == (0, 0) and exchanges == [1]     # once per group
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan building asked for the group's layout")
+
+    monkeypatch.setattr(nodes, "group_layout", refuse)
+    monkeypatch.setattr(nodes, "_all_gather_records", refuse)
+    plan = BUILDERS["all_reduce"](ctx, torch.arange(1, 8, dtype=torch.int64), algorithm="hierarchical")
+    assert plan.layout.params["nodes"] == (0, 0) and "from hostnames" in plan.why
+    machine = ringcoll.Machine(ranks_per_node=1, inter_alpha=1e-4, inter_beta=1e-8)    # the model decides
+    ctx.machine = machine
+    assert BUILDERS["all_reduce"](ctx, torch.ones(1 << 16), algorithm="auto") is not None
+    # a context on a group that skipped its entry has no layout: refused, never exchanged
+    with pytest.raises(RuntimeError, match="builds its plan with the layout its entry resolved"):
+        BUILDERS["all_reduce"](Context(0, 2, executor, 5), torch.ones(4), algorithm="hierarchical")
 
 
 # -- real gloo ranks ----------------------------------------------------------------------------
@@ -195,6 +258,82 @@ def test_raw_backend_group_gets_the_agreed_layout(clusters):
         assert "2 nodes of 1+2 ranks (0, 1, 1) from RINGCOLL_LOCAL_SIZE=2" in lines[1], lines
 
 
+def one_exchange_per_group_at_its_first_collective_call():
+    """RINGCOLL_LOCAL_SIZE=2 on every rank. A "ringcoll"-backend group: point-to-point calls
+    (not every rank makes them) and barriers (which need no layout) exchange nothing; its first
+    other collective call (torch's
+    all_reduce, the backend path, node-aware by Options) agrees the layout with one exchange;
+    the drop-in path's hierarchical all_reduce on the same group reads the same layout with
+    none; a plain gloo group's first drop-in call, a binomial broadcast, makes its one
+    exchange, its hierarchical and auto calls none. The exchanges counted, each one's seconds,
+    the sums, the layouts kept and the hierarchical calls' log lines."""
+    from ringcoll.runtime import nodes
+
+    rank = dist.get_rank()
+    counted: list = []
+    original = nodes._all_gather_records
+
+    def counting(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            counted.append(time.perf_counter() - start)
+
+    nodes._all_gather_records = counting
+    os.environ["RINGCOLL_LOCAL_SIZE"] = "2"
+    out = {}
+    group = gloo = None
+    try:
+        group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(all_reduce="hierarchical"))
+        gloo = dist.new_group(backend="gloo")
+        with ringcoll_log() as records:
+            token = torch.tensor([rank + 1])
+            if rank == 0:
+                dist.send(token, 1, group=group)
+            elif rank == 1:
+                dist.recv(token, 0, group=group)
+            out["p2p"] = (len(counted), token.tolist())
+            dist.barrier(group=group)                   # a barrier needs no layout: none either
+            ringcoll.barrier(group=gloo)
+            out["barriers"] = len(counted)
+            backend = torch.arange(5, dtype=torch.int64) * 3 + rank
+            dist.all_reduce(backend, group=group)
+            out["backend"] = len(counted)
+            drop_in = torch.arange(5, dtype=torch.int64) * 3 + rank
+            ringcoll.all_reduce(drop_in, group=group, algorithm="hierarchical")
+            out["drop_in"] = len(counted)
+            out["sums"] = (backend.tolist(), drop_in.tolist())
+            out["kept"] = (agreed(group.executor(torch.device("cpu"))), agreed(group_executor_of(group)))
+            ringcoll.broadcast(torch.ones(3), src=0, group=gloo, algorithm="binomial")
+            out["gloo_first"] = len(counted)
+            ringcoll.all_reduce(torch.ones(9), group=gloo, algorithm="hierarchical")
+            ringcoll.all_reduce(torch.ones(1 << 12), group=gloo)
+            out["gloo_later"] = len(counted)
+    finally:
+        nodes._all_gather_records = original
+        os.environ.pop("RINGCOLL_LOCAL_SIZE")
+        for made in (group, gloo):
+            if made is not None:
+                dist.destroy_process_group(made)
+    out["seconds"] = counted
+    out["lines"] = [line for line in records if "-> hierarchical" in line]
+    return out
+
+
+def test_one_exchange_per_group_at_its_first_collective_call_and_one_layout_for_both_paths(clusters):
+    layout = ((0, 0, 1, 1), "RINGCOLL_LOCAL_SIZE=2")
+    total = [6 + 12 * i for i in range(5)]
+    for rank, out in enumerate(clusters(4).run(one_exchange_per_group_at_its_first_collective_call)):
+        assert out["p2p"] == (0, [1 if rank < 2 else rank + 1]) and out["barriers"] == 0, (rank, out)
+        assert (out["backend"], out["drop_in"], out["gloo_first"], out["gloo_later"]) == (1, 1, 2, 2), (rank, out)
+        assert out["sums"] == (total, total) and out["kept"] == (layout, layout), (rank, out)
+        assert len(out["lines"]) >= 3, out["lines"]          # the backend, the drop-in, gloo (auto may add one)
+        for line in out["lines"]:
+            assert "2 nodes of 2 ranks (0, 0, 1, 1) from RINGCOLL_LOCAL_SIZE=2" in line, line
+        print(f"rank {rank}: layout exchanges took {[round(s * 1e3, 2) for s in out['seconds']]} ms")
+
+
 # -- real torchrun launches on localhost, one per node ------------------------------------------
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -248,10 +387,10 @@ def test_uneven_nodes_under_torchrun(tmp_path, per_node, rendezvous, layouts):
 
 
 def exchange_behind_queued_calls():
-    """The layout exchange of a fresh group's first hierarchical call runs in call order: after
-    an async call still queued on the default group; and from inside a queued call (a
-    ringcoll-backend group's sparse all_reduce builds its all_gather plans on the queue's
-    worker thread), inline. Each rank's results and layouts."""
+    """The layout exchange of a fresh group's first collective call runs in call order, after
+    an async call still queued on the default group; a ringcoll-backend group's first call
+    is a sparse all_reduce (its entry resolves the layout; it builds its all_gather plans on
+    the queue's worker thread, reading it). Each rank's results and layouts."""
     rank, world = dist.get_rank(), dist.get_world_size()
     os.environ["GROUP_RANK"] = str(rank // 2)
     group = dist.new_group(list(range(world)))

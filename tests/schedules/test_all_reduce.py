@@ -252,7 +252,9 @@ def silent_peer():
 def test_silent_peer_is_an_error_naming_it_within_the_timeout():
     with ringcoll.launch(2, threads=1) as cluster:
         message, waited = cluster.run(silent_peer)[0]
-    assert "rank 0 step 1/2" in message and "peer 1" in message and "Timed out" in message, message
+    # the group's first collective call: its node layout exchange, one step at 2 ranks, times out
+    assert "node layout exchange of call #1 all_reduce" in message, message
+    assert "rank 0 step 1/1" in message and "peer 1" in message and "Timed out" in message, message
     assert waited < 10
 
 

@@ -94,9 +94,8 @@ def test_a_bad_device_in_a_tune_file_names_file_and_line(plain_env, tmp_path):
 def test_a_call_on_cuda_tensors_picks_by_the_cuda_table(plain_env, monkeypatch):
     """The drop-ins' pick passes the tensor's device on a process group; the simulator's CPU
     tensors (no executor) stand for any device."""
-    monkeypatch.setattr(_plans, "group_nodes", lambda ctx: (0, 0, 0, 0))
     on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
-    group = _common.Context(0, 4, executor=object())
+    group = _common.Context(0, 4, executor=object(), nodes=(0, 0, 0, 0))   # the layout its entry resolved
     assert _plans.table_device(group, on_gpu) == "cuda"
     assert _plans.table_device(group, torch.ones(1)) == "cpu"
     assert _plans.table_device(_common.Context(0, 4), on_gpu) is None
