@@ -59,6 +59,8 @@ class Context:
     nodes: Optional[Tuple[int, ...]] = None
     nodes_from: Optional[str] = None             # where ``nodes`` came from, for the log
     machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
+    #: the call's checked settings, read once at its entry (run_call); None: read when needed
+    settings: Optional[Settings] = None
 
     def submit(self, plan: Optional[Plan], async_op: bool):
         """Run this call's ``plan`` (None: nothing to run) now or, with ``async_op``, as a Work."""
@@ -262,9 +264,10 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     current = _call_settings(executor)
     limit = PERSISTENT_PLANS if current.persistent_plans is None else current.persistent_plans
     if executor is None:
-        ctx = Context(None, None)
+        ctx = Context(None, None, settings=current)
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     ctx = call_context(executor, _COLLECTIVE.get(build))
+    ctx.settings = current              # the call reads its settings once: choosing reads these
     if async_op or limit <= 0:
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
     tensors: list = []

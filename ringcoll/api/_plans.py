@@ -38,13 +38,13 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context,
     the group too (world unknown there)."""
     if ctx.world is None:
         if algorithm != "auto":
-            choose(collective, algorithm, nbytes, 1)
+            choose(collective, algorithm, nbytes, 1, current=ctx.settings)
         return None, ""
     # a group's call reads the layout its entry resolved; a barrier's has none (its model then
     # weighs the machine's own nodes: it has no node-aware algorithm)
     nodes = None if ctx.executor is not None and ctx.nodes is None else (lambda: group_nodes(ctx))
     name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
-                       nodes=nodes, device=table_device(ctx, tensor))
+                       nodes=nodes, device=table_device(ctx, tensor), current=ctx.settings)
     return registry.get(collective, name), why
 
 

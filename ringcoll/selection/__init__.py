@@ -145,7 +145,7 @@ def _forced(current) -> dict:
 
 def choose(collective: str, algorithm: str, nbytes: int, world: int,
            exclude: tuple = (), machine: Optional[Machine] = None,
-           nodes=None, device=None) -> tuple[str, str]:
+           nodes=None, device=None, current=None) -> tuple[str, str]:
     """The algorithm to run and why: an explicit name (checked), the RINGCOLL_ALGO override,
     else ``auto``: the tuning table (RINGCOLL_TUNING); then, on a group that has a machine
     (``machine``: its ``Options(machine=...)`` or simulate's; else RINGCOLL_MACHINE), the
@@ -156,11 +156,13 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     function giving it (read only when the model decides; None: the machine's nodes, else
     the environment's). ``device`` (``"cuda"``, ``"cpu"``, a torch.device, or None for the
     table being priced, else gloo's) picks the table (:func:`table`): its tuning rows, rules
-    and default machine. The reason names the source that decided, for
-    ``RINGCOLL_DEBUG=INFO``."""
+    and default machine. ``current``: the call's settings as :func:`checked_settings` gave
+    them at its entry (a drop-in's call reads them once); None: read them now. The reason
+    names the source that decided, for ``RINGCOLL_DEBUG=INFO``."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a str, got {type(algorithm).__name__} {algorithm!r}")
-    current = checked_settings()     # every call: an explicit name does not hide a typo in RINGCOLL_ALGO
+    if current is None:     # every call checks: an explicit name does not hide a typo in RINGCOLL_ALGO
+        current = checked_settings()
     if algorithm != "auto":
         registry.get(collective, algorithm)          # ValueError naming the choices
         return algorithm, "requested"
@@ -168,14 +170,13 @@ def choose(collective: str, algorithm: str, nbytes: int, world: int,
     if forced is not None and forced not in exclude:
         return forced, "RINGCOLL_ALGO"
     name, why = _auto(collective, nbytes, world, exclude, machine, nodes, table(device))
-    return name, _unforced(collective, forced) + why
+    return name, _unforced(collective, forced, current.algo_text) + why
 
 
-def _unforced(collective: str, forced: Optional[str]) -> str:
+def _unforced(collective: str, forced: Optional[str], setting: str) -> str:
     """What the log says when RINGCOLL_ALGO is set but does not decide this call: a setting
     such as ``ring`` leaves every collective without a ring at ``auto``, which a user reading
     the log would otherwise take for the override having no effect at all."""
-    setting = settings().algo_text
     if not setting:
         return ""
     if forced is not None:

@@ -267,3 +267,38 @@ def test_init_process_group_refuses_and_launch_shows_the_rank_error(name, value,
     text = str(caught.value)
     assert name in text and value in text and accepts in text, text
     assert "rank 0" in str(caught.value.__cause__) and "create" in str(caught.value.__cause__)
+
+
+def settings_reads_per_call():
+    """How many times one drop-in call of each kind reads the checked settings (auto and a
+    named algorithm, a fresh plan each: persistent plans off), once auto's model has priced
+    its candidates (a cold decision builds their plans: the pricer's own reads)."""
+    from ringcoll import selection
+    from ringcoll.api import _common
+
+    counts, original = [], selection.checked_settings
+
+    def counting():
+        counts[-1] += 1
+        return original()
+
+    os.environ["RINGCOLL_PERSISTENT_PLANS"] = "0"
+    ringcoll.all_gather_single(torch.empty(15, dtype=torch.int64), torch.arange(5))      # auto's model, warm
+    _common.checked_settings, selection.checked_settings = counting, counting
+    try:
+        for algorithm in ("auto", "ring"):
+            counts.append(0)
+            ringcoll.all_reduce(torch.arange(5) + dist.get_rank(), algorithm=algorithm)
+            counts.append(0)
+            ringcoll.all_gather_single(torch.empty(15, dtype=torch.int64), torch.arange(5), algorithm=algorithm)
+    finally:
+        _common.checked_settings = selection.checked_settings = original
+        del os.environ["RINGCOLL_PERSISTENT_PLANS"]
+    return counts
+
+
+def test_a_drop_in_call_reads_its_settings_once(clusters):
+    """The settings a call checks at its entry are the ones its algorithm is chosen by (the
+    old path read them again in choose)."""
+    for counts in clusters(3).run(settings_reads_per_call):
+        assert counts == [1, 1, 1, 1], counts
