@@ -30,7 +30,7 @@ KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
 class _Counting:
     """Counts P2PExecutor.prepare of the calls' own plans in this rank while active (not the
     group's node layout exchange, which a fresh process makes once, at its group's first
-    node-aware decision)."""
+    collective call)."""
 
     def __enter__(self):
         self.count, self._original = 0, P2PExecutor.prepare
