@@ -122,6 +122,15 @@ class Timeline:
         return chain
 
 
+def _over_ranks(combine, name: str) -> property:
+    """A statistic of the whole run: ``combine`` (sum or max) of every rank's ``name`` (0 for
+    no ranks)."""
+    def value(stats) -> int:
+        values = [getattr(r, name) for r in stats.ranks]
+        return combine(values) if values else 0
+    return property(value, doc=f"{combine.__name__} over the ranks of RankStats.{name}")
+
+
 @dataclass
 class SimStats:
     ranks: List[RankStats] = field(default_factory=list)
@@ -146,29 +155,12 @@ class SimStats:
     def rank_steps(self) -> List[int]:
         return [r.steps for r in self.ranks]
 
-    @property
-    def messages(self) -> int:
-        return sum(r.messages for r in self.ranks)
-
-    @property
-    def bytes_sent(self) -> int:
-        return sum(r.bytes_sent for r in self.ranks)
-
-    @property
-    def max_bytes_sent(self) -> int:
-        return max((r.bytes_sent for r in self.ranks), default=0)
-
-    @property
-    def max_bytes_received(self) -> int:
-        return max((r.bytes_received for r in self.ranks), default=0)
-
-    @property
-    def bytes_reduced(self) -> int:
-        return sum(r.bytes_reduced for r in self.ranks)
-
-    @property
-    def max_bytes_reduced(self) -> int:
-        return max((r.bytes_reduced for r in self.ranks), default=0)
+    messages = _over_ranks(sum, "messages")
+    bytes_sent = _over_ranks(sum, "bytes_sent")
+    max_bytes_sent = _over_ranks(max, "bytes_sent")
+    max_bytes_received = _over_ranks(max, "bytes_received")
+    bytes_reduced = _over_ranks(sum, "bytes_reduced")
+    max_bytes_reduced = _over_ranks(max, "bytes_reduced")
 
     @property
     def links(self) -> Dict[Tuple[int, int], int]:
