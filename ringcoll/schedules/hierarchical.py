@@ -114,12 +114,27 @@ def node_period(world: int, layout: Layout) -> Optional[int]:
     """``symmetry`` of the two-level schedules: nodes of L consecutive ranks, all alike, and
     equal chunks (numel a multiple of the world) make rank r's schedule rank r % L's moved by
     a whole number of nodes, a rotation of period L."""
-    nodes = layout.get("nodes")
-    if not nodes or layout.numel % world:
+    return _rows_period(layout.get("nodes"), world, layout.numel, False)
+
+
+def _all_reduce_period(world: int, layout: Layout) -> Optional[object]:
+    """``symmetry`` of the hierarchical all-reduce: :func:`node_period`, and on one node of
+    every rank the ring all-reduce, the same on every rank up to a rotation (period 1). (The
+    hierarchical reduce-scatter and all-gather order a node's ring so that each rank ends with
+    its own block: not a rotation inside one node.)"""
+    return _rows_period(layout.get("nodes"), world, layout.numel, True)
+
+
+def _rows_period(nodes, world: int, numel: int, whole_ring: bool) -> Optional[object]:
+    """The rotation period of the two-level rings over ``nodes`` (see :func:`node_period`);
+    one node of every rank: "rotation" with ``whole_ring``, else None."""
+    if not nodes or numel % world:
         return None
     local = sum(1 for node in nodes if node == nodes[0])
     if world % local or any(node != rank // local for rank, node in enumerate(nodes)):
         return None
+    if local == world:
+        return "rotation" if whole_ring else None
     return local
 
 
@@ -175,7 +190,7 @@ def _all_reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) 
     return _two_level_cost(world, nbytes, _local_size(world, local_size))
 
 
-@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=node_period)
+@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=_all_reduce_period)
 @needs_nodes
 def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical all-reduce (Horovod's): (1) a ring reduce-scatter among the L ranks of
@@ -204,7 +219,16 @@ def _torus_cost(world: int, nbytes: int) -> Cost:
     return _two_level_cost(world, nbytes, torus_grid(world)[0])
 
 
-@register("all_reduce", "torus2d", cost=_torus_cost)
+def torus_period(world: int, layout: Layout) -> Optional[object]:
+    """``symmetry`` of the 2-D torus all-reduce: the two-level rings with the rows (X
+    consecutive ranks) as nodes, a rotation of period X (period 1 on the 1 × p grid)."""
+    if layout.numel % world:
+        return None
+    x, _ = torus_grid(world)
+    return "rotation" if x == world else x
+
+
+@register("all_reduce", "torus2d", cost=_torus_cost, symmetry=torus_period)
 def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """2-D torus all-reduce on an X × Y grid, X·Y = p (rows of X consecutive ranks, Y the
     largest divisor of p not above √p): a ring reduce-scatter along each row, a ring

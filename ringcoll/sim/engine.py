@@ -327,8 +327,12 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
         if period == world:
             return None
     if not machine.flat:
+        # shifts by whole nodes map nodes onto nodes
         per_node = machine.ranks_per_node
-        if kind != "rotation" or machine.placement is not None or period % per_node or world % per_node:
+        if kind != "rotation" or machine.placement is not None or world % per_node:
+            return None
+        period = math.lcm(period, per_node)
+        if period == world:
             return None
     references = {}
     for sample in SAMPLED:

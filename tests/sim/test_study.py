@@ -2,6 +2,7 @@
 result checks and registration."""
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -150,6 +151,8 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
                 if declared is None:
                     continue
                 kind, period = ("rotation", declared) if isinstance(declared, int) else (declared, 1)
+                if local_size:
+                    period = math.lcm(period, local_size)       # shifts by whole nodes
                 where = f"{collective}/{algorithm} world {world} numel {numel} nodes of {local_size}"
                 references = [list(signature(0, world, algo.schedule(rank, world, layout), kind))
                               for rank in range(period)]

@@ -320,7 +320,9 @@ def test_readme_topology_example_runs_as_printed(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("dims, name, numel", [((4, 4), "ring", 1600), ((8,), "ring", 800),
-                                                ((2, 4), "ring", 800), ((4, 4), "direct", 160)])
+                                                ((2, 4), "ring", 800), ((4, 4), "direct", 160),
+                                                ((4, 4), "hierarchical", 1600), ((4, 4), "torus2d", 1600),
+                                                ((8, 4), "torus2d", 3200)])
 def test_mirrored_torus_run_equals_every_rank(dims, name, numel):
     machine = ringcoll.Machine.torus(dims)
     world = machine.network.hosts
@@ -331,8 +333,10 @@ def test_mirrored_torus_run_equals_every_rank(dims, name, numel):
     assert fast.stats.network.link_bytes == full.stats.network.link_bytes
     assert fast.stats.network.hop_bytes == full.stats.network.hop_bytes
     assert fast.stats.links == full.stats.links and fast.stats.messages == full.stats.messages
-    # the ring never waits on a link (mirrored); direct's messages share links (every rank runs)
-    assert fast.stats.mirrored == ("rotation" if name == "ring" else None)
+    # the rings (one node of all: the ring; rows of the grid as nodes: torus2d) never wait on
+    # a link (mirrored); direct's messages share links (every rank runs)
+    assert fast.stats.mirrored == (None if name == "direct" else "rotation")
+    assert [vars(r) for r in fast.stats.ranks] == [vars(r) for r in full.stats.ranks]
 
 
 def test_critical_path_runs_from_zero_to_the_end():
