@@ -256,6 +256,11 @@ def write_report(results, pictures, path, seconds):
                 text = f"{cell['us']:.4g}"
                 cells.append(f"**{text}**" if cell["us"] == best else text)
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        missing = [n for n in registry.algorithms("all_reduce") if n not in used]
+        if missing:
+            lines += ["", f"Not run on this machine: {', '.join(missing)} (p² messages that share links, so "
+                      "every rank runs: minutes each at 4,096 ranks; python -m experiments.topology_scale "
+                      "times it)."]
         lines += ["", "The busiest link's busy time is a lower bound on the run (its wire time alone); "
                   "where the time is close to it, that link is the bottleneck.", "",
                   "| size | winner | µs | busiest link µs | max link MiB | mean link MiB | hop-GiB | "
