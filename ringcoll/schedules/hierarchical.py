@@ -14,6 +14,8 @@ collectives, the root leads its own node).
 """
 from __future__ import annotations
 
+import bisect
+import functools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
@@ -141,33 +143,40 @@ def _rows_period(nodes, world: int, numel: int, whole_ring: bool) -> Optional[ob
 def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Iterator[Step]:
     """Reduce-scatter inside each node, all-reduce of each shard across nodes, all-gather
     inside each node, every phase a ring (see :func:`all_reduce_hierarchical`)."""
-    members = members_of(nodes)
+    members, owned = _two_level_pieces(tuple(nodes), numel)
     mine = members[nodes[rank]]
     local = mine.index(rank)
-    bounds = [chunk_bounds(numel, len(m)) for m in members]
     own = chunks("data", numel, len(mine))
     # 1. reduce-scatter inside the node: local rank l ends with chunk l of its node's cut
     yield from ring_reduce_scatter(mine, local, own)
-    # 2. across nodes: the pieces where all nodes' cuts agree, each all-reduced by a ring of
-    # its owners, one per node, in node order; pieces in ascending order, so that ranks that
-    # own several (uneven nodes) meet their partners in the same order
-    cuts = sorted({b for node_bounds in bounds for b in node_bounds})
-    for lo, hi in zip(cuts, cuts[1:]):
-        if lo == hi:
-            continue
-        owners = [m[_owner(b, lo)] for m, b in zip(members, bounds)]
-        if rank in owners and len(owners) > 1:
-            me = owners.index(rank)
-            pieces = chunks("data", hi - lo, len(owners), lo)
-            yield from ring_reduce_scatter(owners, me, pieces)
-            yield from ring_all_gather(owners, me, pieces)
+    # 2. across nodes: the pieces this rank owns, each all-reduced by a ring of its owners
+    for lo, hi, owners, me in owned.get(rank, ()):
+        pieces = chunks("data", hi - lo, len(owners), lo)
+        yield from ring_reduce_scatter(owners, me, pieces)
+        yield from ring_all_gather(owners, me, pieces)
     # 3. all-gather inside the node
     yield from ring_all_gather(mine, local, own)
 
 
-def _owner(bounds: List[int], element: int) -> int:
-    """The chunk of a node's cut that holds ``element``."""
-    return next(i for i in range(len(bounds) - 1) if bounds[i] <= element < bounds[i + 1])
+@functools.lru_cache(maxsize=8)
+def _two_level_pieces(nodes: Tuple[int, ...], numel: int):
+    """The members of each node, and per rank the pieces it all-reduces across nodes, found
+    once per (nodes, numel) for every rank: the pieces where all nodes' cuts agree, in
+    ascending order (so that ranks that own several, on uneven nodes, meet their partners in
+    the same order), each with its owners, one per node in node order, and the rank's place
+    among them (``(lo, hi, owners, me)``); a piece's owner on a node is the one whose chunk
+    of the node's cut holds it."""
+    members = members_of(nodes)
+    bounds = [chunk_bounds(numel, len(m)) for m in members]
+    cuts = sorted({b for node_bounds in bounds for b in node_bounds})
+    owned: dict = {}
+    if len(members) < 2:
+        return members, owned
+    for lo, hi in zip(cuts, cuts[1:]):
+        owners = [m[bisect.bisect_right(b, lo) - 1] for m, b in zip(members, bounds)]
+        for me, owner in enumerate(owners):
+            owned.setdefault(owner, []).append((lo, hi, owners, me))
+    return members, owned
 
 
 def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
@@ -239,8 +248,14 @@ def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: 2(X+Y-2)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
     """
+    return two_level_all_reduce(rank, world, _rows(world), layout.numel)
+
+
+@functools.lru_cache(maxsize=8)
+def _rows(world: int) -> Tuple[int, ...]:
+    """Each rank's row of the torus grid (:func:`torus_grid`), the nodes of torus2d."""
     x, _ = torus_grid(world)
-    return two_level_all_reduce(rank, world, tuple(r // x for r in range(world)), layout.numel)
+    return tuple(r // x for r in range(world))
 
 
 # -- rooted and gathering collectives: leaders (MPICH's SMP-aware collectives) ----------------
