@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, step
+from .vocabulary import Buf, Copies, Copy, Layout, Recv, Send, Step, ceil_log2, step
 from .registry import Cost, register, rotation_when_even
 
 
@@ -74,14 +74,15 @@ def all_to_all_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     yield step(comms, [Copy(recv_blocks[rank], send_blocks[rank])])
 
 
-def _bruck_moves(world: int) -> list[list[int]]:
-    """For each step k, the block positions i < world that move (bit k of i is set)."""
-    return [[i for i in range(world) if i >> k & 1] for k in range(ceil_log2(world))]
+def _bruck_moved(world: int, k: int) -> int:
+    """How many positions i < world have bit k set: the blocks that move at step k."""
+    period, half = 2 << k, 1 << k
+    return (world // period) * half + max(0, world % period - half)
 
 
 def _bruck_cost(world: int, nbytes: int) -> Cost:
     block = nbytes / world
-    return Cost(ceil_log2(world), sum(len(moved) for moved in _bruck_moves(world)) * block, 0)
+    return Cost(ceil_log2(world), sum(_bruck_moved(world, k) for k in range(ceil_log2(world))) * block, 0)
 
 
 @register("all_to_all", "bruck", cost=_bruck_cost, symmetry=rotation_when_even)
@@ -103,25 +104,52 @@ def all_to_all_bruck(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     if any(b.numel != block for b in (*send_blocks, *recv_blocks)):
         raise ValueError(f"all_to_all/bruck needs equal blocks, got send blocks "
                          f"{[b.numel for b in send_blocks]} and receive blocks {[b.numel for b in recv_blocks]}")
-    moves = _bruck_moves(world)
-    # where[i]: where the block at position i is now
-    where = {i: send_blocks[(rank + i) % world] for i in range(world)}
+    steps = ceil_log2(world)
+    for k in range(-1, steps):
+        comms = ()
+        if k >= 0 and block:
+            distance, size = 1 << k, _bruck_moved(world, k) * block
+            comms = (Send((rank + distance) % world, Buf("send_buf", 0, size)),
+                     Recv((rank - distance) % world, Buf("recv_buf", 0, size)))
+        yield Step(comms, _BruckCopies(rank, world, k, steps, block, send_blocks, recv_blocks) if block else ())
 
-    def packed(name: str, k: int) -> dict[int, Buf]:
-        return {i: Buf(name, j * block, (j + 1) * block) for j, i in enumerate(moves[k])}
 
-    def pack(k: int) -> list[Copy]:
-        return [Copy(dst, where[i]) for i, dst in packed("send_buf", k).items()] if k < len(moves) else []
+class _BruckCopies(Copies):
+    """The local copies of Bruck's step k (k = -1: the one before the first transfer): the
+    blocks received at step k unpacked to where they now live, then those that move at step
+    k + 1 packed into its message, positions in ascending order; the own block is copied
+    first at k = -1. After steps 0 .. d - 1 the block at position i (moved at the steps of
+    its set bits) is still in the input if none of its bits is below d, in its receiver's
+    output if all are, else in scratch at position i."""
 
-    yield step((), [Copy(recv_blocks[rank], send_blocks[rank]), *pack(0)])
-    for k, moved in enumerate(moves):
-        distance = 1 << k
-        send_peer, recv_peer = (rank + distance) % world, (rank - distance) % world
-        unpack = []
-        for i, src in packed("recv_buf", k).items():
-            last_move = i >> (k + 1) == 0
-            where[i] = recv_blocks[(rank - i) % world] if last_move else Buf("scratch", i * block, (i + 1) * block)
-            unpack.append(Copy(where[i], src))
-        size = len(moved) * block
-        yield step([Send(send_peer, Buf("send_buf", 0, size)), Recv(recv_peer, Buf("recv_buf", 0, size))],
-                   [*unpack, *pack(k + 1)])
+    __slots__ = ("rank", "world", "k", "steps", "block", "send_blocks", "recv_blocks")
+
+    def __init__(self, rank, world, k, steps, block, send_blocks, recv_blocks):
+        self.rank, self.world, self.k, self.steps, self.block = rank, world, k, steps, block
+        self.send_blocks, self.recv_blocks = send_blocks, recv_blocks
+
+    def _where(self, i: int, done: int) -> Buf:
+        if not i & ((1 << done) - 1):
+            return self.send_blocks[(self.rank + i) % self.world]
+        if i >> done == 0:
+            return self.recv_blocks[(self.rank - i) % self.world]
+        return Buf("scratch", i * self.block, (i + 1) * self.block)
+
+    def __len__(self) -> int:
+        k, world = self.k, self.world
+        unpacked = _bruck_moved(world, k) if k >= 0 else 1
+        return unpacked + (_bruck_moved(world, k + 1) if k + 1 < self.steps else 0)
+
+    def __iter__(self):
+        rank, world, k, block = self.rank, self.world, self.k, self.block
+        done = k + 1
+        if k < 0:
+            yield Copy(self.recv_blocks[rank], self.send_blocks[rank])
+        else:
+            bit = 1 << k
+            for j, i in enumerate(i for i in range(bit, world) if i & bit):
+                yield Copy(self._where(i, done), Buf("recv_buf", j * block, (j + 1) * block))
+        if done < self.steps:
+            bit = 1 << done
+            for j, i in enumerate(i for i in range(bit, world) if i & bit):
+                yield Copy(Buf("send_buf", j * block, (j + 1) * block), self._where(i, done))

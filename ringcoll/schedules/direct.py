@@ -17,7 +17,7 @@ from typing import Iterator
 
 from . import all_gather, all_reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register, rotation_when_even
-from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
+from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, chunk_table, reduce, step
 
 
 def _exchange(rank: int, world: int, send_for, recv_from) -> list:
@@ -47,7 +47,7 @@ def all_reduce_direct(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     if world == 1:
         return
     data = Buf("data", 0, layout.numel)
-    slots = chunks("scratch", world * layout.numel, world)
+    slots = chunk_table("scratch", world * layout.numel, world)      # one table for every rank
     operands = [data if q == rank else slots[q] for q in range(world)]
     # reduced into the first operand (rank 0's), the result also written to data
     yield step(_exchange(rank, world, lambda to: data, lambda frm: slots[frm]),
@@ -68,10 +68,10 @@ def reduce_scatter_direct(rank: int, world: int, layout: Layout) -> Iterator[Ste
 
     Cost: (p-1)(α + n/p·β) + (p-1)/p·nγ (n: the input total).
     """
-    inputs = chunks("input", layout.numel, world)
+    inputs = chunk_table("input", layout.numel, world)
     block = inputs[0].numel
     output = Buf("output", 0, block)
-    slots = chunks("scratch", world * block, world)
+    slots = chunk_table("scratch", world * block, world)
     # the first operand (rank 0's) is copied into the output, which accumulates the rest
     operands = [inputs[rank] if q == rank else slots[q] for q in range(world)]
     local = [Copy(output, operands[0])]
@@ -92,7 +92,7 @@ def all_gather_direct(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: (p-1)(α + n/p·β) (n: the gathered total).
     """
-    output = chunks("output", layout.numel, world)
+    output = chunk_table("output", layout.numel, world)
     own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
     # the builder hands a separate input unless it is this rank's block, so the receives
     # never write what the sends read

@@ -14,6 +14,8 @@ collectives, the root leads its own node).
 """
 from __future__ import annotations
 
+import bisect
+import functools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
@@ -114,45 +116,67 @@ def node_period(world: int, layout: Layout) -> Optional[int]:
     """``symmetry`` of the two-level schedules: nodes of L consecutive ranks, all alike, and
     equal chunks (numel a multiple of the world) make rank r's schedule rank r % L's moved by
     a whole number of nodes, a rotation of period L."""
-    nodes = layout.get("nodes")
-    if not nodes or layout.numel % world:
+    return _rows_period(layout.get("nodes"), world, layout.numel, False)
+
+
+def _all_reduce_period(world: int, layout: Layout) -> Optional[object]:
+    """``symmetry`` of the hierarchical all-reduce: :func:`node_period`, and on one node of
+    every rank the ring all-reduce, the same on every rank up to a rotation (period 1). (The
+    hierarchical reduce-scatter and all-gather order a node's ring so that each rank ends with
+    its own block: not a rotation inside one node.)"""
+    return _rows_period(layout.get("nodes"), world, layout.numel, True)
+
+
+def _rows_period(nodes, world: int, numel: int, whole_ring: bool) -> Optional[object]:
+    """The rotation period of the two-level rings over ``nodes`` (see :func:`node_period`);
+    one node of every rank: "rotation" with ``whole_ring``, else None."""
+    if not nodes or numel % world:
         return None
     local = sum(1 for node in nodes if node == nodes[0])
     if world % local or any(node != rank // local for rank, node in enumerate(nodes)):
         return None
+    if local == world:
+        return "rotation" if whole_ring else None
     return local
 
 
 def two_level_all_reduce(rank: int, world: int, nodes: Nodes, numel: int) -> Iterator[Step]:
     """Reduce-scatter inside each node, all-reduce of each shard across nodes, all-gather
     inside each node, every phase a ring (see :func:`all_reduce_hierarchical`)."""
-    members = members_of(nodes)
+    members, owned = _two_level_blocks(tuple(nodes), numel)
     mine = members[nodes[rank]]
     local = mine.index(rank)
-    bounds = [chunk_bounds(numel, len(m)) for m in members]
     own = chunks("data", numel, len(mine))
     # 1. reduce-scatter inside the node: local rank l ends with chunk l of its node's cut
     yield from ring_reduce_scatter(mine, local, own)
-    # 2. across nodes: the blocks where all nodes' cuts agree, each all-reduced by a ring of
-    # its owners, one per node, in node order; blocks in ascending order, so that ranks that
-    # own several (uneven nodes) meet their partners in the same order
-    cuts = sorted({b for node_bounds in bounds for b in node_bounds})
-    for lo, hi in zip(cuts, cuts[1:]):
-        if lo == hi:
-            continue
-        owners = [m[_owner(b, lo)] for m, b in zip(members, bounds)]
-        if rank in owners and len(owners) > 1:
-            me = owners.index(rank)
-            blocks = chunks("data", hi - lo, len(owners), lo)
-            yield from ring_reduce_scatter(owners, me, blocks)
-            yield from ring_all_gather(owners, me, blocks)
+    # 2. across nodes: the blocks this rank owns, each all-reduced by a ring of its owners
+    for lo, hi, owners, me in owned.get(rank, ()):
+        blocks = chunks("data", hi - lo, len(owners), lo)
+        yield from ring_reduce_scatter(owners, me, blocks)
+        yield from ring_all_gather(owners, me, blocks)
     # 3. all-gather inside the node
     yield from ring_all_gather(mine, local, own)
 
 
-def _owner(bounds: List[int], element: int) -> int:
-    """The chunk of a node's cut that holds ``element``."""
-    return next(i for i in range(len(bounds) - 1) if bounds[i] <= element < bounds[i + 1])
+@functools.lru_cache(maxsize=8)
+def _two_level_blocks(nodes: Tuple[int, ...], numel: int):
+    """The members of each node, and per rank the blocks it all-reduces across nodes, found
+    once per (nodes, numel) for every rank: the blocks where all nodes' cuts agree, in
+    ascending order (so that ranks that own several, on uneven nodes, meet their partners in
+    the same order), each with its owners, one per node in node order, and the rank's place
+    among them (``(lo, hi, owners, me)``); a block's owner on a node is the one whose chunk
+    of the node's cut holds it."""
+    members = members_of(nodes)
+    bounds = [chunk_bounds(numel, len(m)) for m in members]
+    cuts = sorted({b for node_bounds in bounds for b in node_bounds})
+    owned: dict = {}
+    if len(members) < 2:
+        return members, owned
+    for lo, hi in zip(cuts, cuts[1:]):
+        owners = [m[bisect.bisect_right(b, lo) - 1] for m, b in zip(members, bounds)]
+        for me, owner in enumerate(owners):
+            owned.setdefault(owner, []).append((lo, hi, owners, me))
+    return members, owned
 
 
 def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
@@ -175,7 +199,7 @@ def _all_reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) 
     return _two_level_cost(world, nbytes, _local_size(world, local_size))
 
 
-@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=node_period)
+@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=_all_reduce_period)
 @needs_nodes
 def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical all-reduce (Horovod's): (1) a ring reduce-scatter among the L ranks of
@@ -204,7 +228,16 @@ def _torus_cost(world: int, nbytes: int) -> Cost:
     return _two_level_cost(world, nbytes, torus_grid(world)[0])
 
 
-@register("all_reduce", "torus2d", cost=_torus_cost)
+def torus_period(world: int, layout: Layout) -> Optional[object]:
+    """``symmetry`` of the 2-D torus all-reduce: the two-level rings with the rows (X
+    consecutive ranks) as nodes, a rotation of period X (period 1 on the 1 × p grid)."""
+    if layout.numel % world:
+        return None
+    x, _ = torus_grid(world)
+    return "rotation" if x == world else x
+
+
+@register("all_reduce", "torus2d", cost=_torus_cost, symmetry=torus_period)
 def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """2-D torus all-reduce on an X × Y grid, X·Y = p (rows of X consecutive ranks, Y the
     largest divisor of p not above √p): a ring reduce-scatter along each row, a ring
@@ -215,8 +248,14 @@ def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: 2(X+Y-2)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
     """
+    return two_level_all_reduce(rank, world, _rows(world), layout.numel)
+
+
+@functools.lru_cache(maxsize=8)
+def _rows(world: int) -> Tuple[int, ...]:
+    """Each rank's row of the torus grid (:func:`torus_grid`), the nodes of torus2d."""
     x, _ = torus_grid(world)
-    return two_level_all_reduce(rank, world, tuple(r // x for r in range(world)), layout.numel)
+    return tuple(r // x for r in range(world))
 
 
 # -- rooted and gathering collectives: leaders (MPICH's SMP-aware collectives) ----------------

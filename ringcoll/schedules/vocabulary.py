@@ -88,6 +88,28 @@ class Step:
     local: Tuple[Reduce | Copy, ...] = ()
 
 
+class Copies(Sequence):
+    """A step's local operations when every one is a :class:`Copy`, built on access (a
+    subclass says how, in ``__iter__`` and ``__len__``): a step that moves O(world) blocks
+    would otherwise build O(world) objects per rank that the simulator's clock never reads
+    (it reads only reductions, and a step of copies reduces nothing). Compares equal to the
+    tuple of its copies, as :class:`Step`'s ``local`` tuples do."""
+
+    __slots__ = ()
+
+    def __getitem__(self, i):
+        return tuple(self)[i]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({tuple(self)!r})"
+
+
 def step(comms: Iterable[Send | Recv] = (), local: Iterable[Reduce | Copy] = ()) -> Step:
     """A step without the empty parts: transfers and local work on zero elements are dropped
     on both sides alike (a chunk's extent is a function of the layout, which every rank shares)."""

@@ -49,7 +49,7 @@ import torch
 from ..runtime.local import run_local
 from .machine import Machine
 from ..runtime.plan import Plan
-from ..schedules.vocabulary import Recv, Reduce, Send, extents
+from ..schedules.vocabulary import Copies, Recv, Reduce, Send, extents
 
 __all__ = ["Machine", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
 
@@ -336,7 +336,10 @@ def symmetric(plans: Sequence[Plan], machine: Machine) -> Optional[Tuple[str, in
 
 
 def reduced_bytes(local, itemsize: int) -> int:
-    """Bytes a step's local operations reduce (what ringcoll.runtime.local.run_local returns)."""
+    """Bytes a step's local operations reduce (what ringcoll.runtime.local.run_local returns);
+    :class:`~ringcoll.schedules.vocabulary.Copies` reduce nothing and are never built here."""
+    if isinstance(local, Copies):
+        return 0
     return sum(op.dst.numel * len(op.srcs) for op in local if isinstance(op, Reduce)) * itemsize
 
 

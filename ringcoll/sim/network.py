@@ -76,7 +76,7 @@ class Network:
     description; links, routes and placement are built from it."""
 
     __slots__ = ("kind", "params", "placement", "hop_latency", "links", "hosts", "group",
-                 "position", "_index", "_routes", "_next", "_memo")
+                 "position", "_index", "_routes", "_next", "_memo", "_hops")
 
     def __init__(self, kind: str, params: dict, placement=None, hop_latency: float = 0.0):
         if kind not in KINDS:
@@ -87,6 +87,7 @@ class Network:
         self._routes: Dict[Tuple[int, int], Tuple[int, ...]] = {}
         self._next: Dict[int, Dict[int, int]] = {}
         self._memo: Dict[tuple, dict] = {}
+        self._hops = None
         getattr(self, "_build_" + kind)(**self.params)
         self._index = {}
         for i, link in enumerate(self.links):
@@ -427,19 +428,23 @@ class Network:
     def _route(self, a, b):
         kind = self.kind
         if kind in ("torus", "mesh"):
-            dims = self.params["dims"]
-            cur, dst = list(self.coords(a)), self.coords(b)
-            nodes = [a]
-            for dim, k in enumerate(dims):
-                delta = (dst[dim] - cur[dim]) % k if kind == "torus" else dst[dim] - cur[dim]
+            # dimension order: each dimension's hops, the shorter way round on a torus (ties:
+            # forward), walked on the hop tables (each host's next host and link per direction)
+            hops = self._grid_hops()
+            path, cur, stride = [], a, 1
+            for dim, k in enumerate(self.params["dims"]):
+                delta = (b // stride) % k - (a // stride) % k
                 if kind == "torus":
+                    delta %= k
                     sign, count = (1, delta) if delta <= k // 2 else (-1, k - delta)
                 else:
                     sign, count = (1 if delta > 0 else -1), abs(delta)
+                nxt, link = hops[dim][sign > 0]
                 for _ in range(count):
-                    cur[dim] = (cur[dim] + sign) % k
-                    nodes.append(self.host_at(cur))
-            return self._path(nodes)
+                    path.append(link[cur])
+                    cur = nxt[cur]
+                stride *= k
+            return path
         if kind == "fat_tree":
             radix, levels = self.params["radix"], self.params["levels"]
             half = radix // 2
@@ -482,6 +487,26 @@ class Network:
             nodes.append(b)
             return self._path(nodes)
         return self._graph_route(a, b)
+
+    def _grid_hops(self):
+        """Per dimension, for the backward and the forward direction: each host's neighbour
+        and the id of the link to it (None where a mesh ends), built on first use."""
+        if self._hops is None:
+            hops, stride = [], 1
+            for k in self.params["dims"]:
+                per_dim = []
+                for sign in (-1, 1):
+                    nxt, link = [], []
+                    for host in range(self.hosts):
+                        c = (host // stride) % k
+                        other = host + ((c + sign) % k - c) * stride
+                        nxt.append(other)
+                        link.append(self._index.get((host, other)))
+                    per_dim.append((nxt, link))
+                hops.append(tuple(per_dim))
+                stride *= k
+            self._hops = hops
+        return self._hops
 
     def _globals(self, ga, gb):
         cache = self._next.setdefault(-1, {})
@@ -564,10 +589,9 @@ class Network:
         if self.kind == "nodes":
             nodes = self.params["nodes"]
             size = nodes.count(0)
-            if world != self.hosts or period % size or world % size \
-                    or any(n != h // size for h, n in enumerate(nodes)):
+            if world != self.hosts or world % size or any(n != h // size for h, n in enumerate(nodes)):
                 return None
-            return period
+            return math.lcm(period, size)       # shifts by whole nodes map nodes onto nodes
         if self.kind != "torus" or self.placement is not None or world != self.hosts:
             return None
         return math.lcm(period, self.hosts // self.params["dims"][-1])

@@ -161,9 +161,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     ``symmetry`` (default on) lets a run without data and timeline run only the
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
-    symmetry=)``; the rings, pairwise, Bruck, PAT, dissemination, direct, the butterflies on
-    powers of two, the node-aware ones on nodes of L), on a flat machine or one whose nodes
-    the relabelling maps onto nodes: same statistics and time, in O(L ranks' steps)
+    symmetry=)``; the rings, pairwise, Bruck, PAT, dissemination, direct, the butterflies,
+    Swing and Bine on powers of two, the node-aware ones on nodes of L, torus2d on its rows),
+    on a flat machine, one whose nodes the relabelling maps onto nodes (the period widened to
+    whole nodes), or a whole torus placed linearly while no link makes a message wait: same
+    statistics and time, in O(L ranks' steps)
     (``stats.mirrored`` says so); ``symmetry=False`` runs every rank.
 
     >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)

@@ -406,3 +406,38 @@ def test_sub_group_async_and_bad_input_on_gloo(clusters, world):
         errors, after = out["bad"]
         assert errors == ["ValueError", "ValueError", "TypeError", "ValueError"], f"rank {rank}: {errors}"
         assert after == list(range(1, world + 1)), f"rank {rank}"
+
+
+@pytest.mark.parametrize("world", [1, 2, 5, 8, 13])
+def test_bruck_copies_are_built_on_access_and_match_the_rule(world):
+    """Bruck's steps carry their copies as a lazy Copies sequence (O(world) blocks per step
+    at a million ranks): its length is its copies' count, it equals their tuple, the clock
+    reads no reduction from it, and the copies are the rule's: the own block first, each
+    step's received blocks unpacked to their receiver's output on their last move (scratch
+    before), then the next step's movers packed from where they are, positions ascending."""
+    from ringcoll.schedules.vocabulary import Buf, Copies, Copy, Layout, chunks
+    from ringcoll.sim.engine import reduced_bytes
+
+    block, rank = 3, world - 1
+    send, recv = tuple(chunks("input", world * block, world)), tuple(chunks("output", world * block, world))
+    layout = Layout(world * block, {"send_blocks": send, "recv_blocks": recv})
+    steps = list(ringcoll.schedules.registry.get("all_to_all", "bruck").schedule(rank, world, layout))
+    where = {i: send[(rank + i) % world] for i in range(world)}
+    lg = (world - 1).bit_length()
+
+    def pack(k):
+        moved = [i for i in range(world) if i >> k & 1] if k < lg else []
+        return [Copy(Buf("send_buf", j * block, (j + 1) * block), where[i]) for j, i in enumerate(moved)]
+
+    want = [[Copy(recv[rank], send[rank]), *pack(0)]]
+    for k in range(lg):
+        unpack = []
+        for j, i in enumerate(i for i in range(world) if i >> k & 1):
+            where[i] = recv[(rank - i) % world] if i >> (k + 1) == 0 else Buf("scratch", i * block, (i + 1) * block)
+            unpack.append(Copy(where[i], Buf("recv_buf", j * block, (j + 1) * block)))
+        want.append(unpack + pack(k + 1))
+    assert len(steps) == lg + 1
+    for st, copies in zip(steps, want):
+        assert isinstance(st.local, Copies) and reduced_bytes(st.local, 8) == 0
+        assert len(st.local) == len(copies) and st.local == tuple(copies) and tuple(copies) == st.local
+        assert list(st.local) == copies and st.local[-1] == copies[-1]

@@ -2,6 +2,7 @@
 result checks and registration."""
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -150,6 +151,8 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
                 if declared is None:
                     continue
                 kind, period = ("rotation", declared) if isinstance(declared, int) else (declared, 1)
+                if local_size:
+                    period = math.lcm(period, local_size)       # shifts by whole nodes
                 where = f"{collective}/{algorithm} world {world} numel {numel} nodes of {local_size}"
                 references = [list(signature(0, world, algo.schedule(rank, world, layout), kind))
                               for rank in range(period)]
@@ -437,3 +440,16 @@ def test_study_cli_sweep_and_validate(tmp_path, capsys):
     assert main(["validate", path]) == 0
     out = capsys.readouterr().out
     assert "measured us" in out and "median |error|" in out
+
+
+def test_a_rotation_on_a_machine_with_nodes_widens_to_whole_nodes():
+    """The ring (rotation, period 1) on nodes of 4 ranks runs ranks 0 .. 3 alone, shifted by
+    whole nodes (the period widened to a node), with the statistics of every rank's run."""
+    machine = ringcoll.Machine.hierarchical(4, intra=(1e-6, 1e-11), inter=(4e-6, 1e-9), gamma=3e-11)
+    run = dict(numel=12 * 64, data=False, machine=machine, record=False)
+    fast = ringcoll.simulate("all_reduce", "ring", 12, **run).stats
+    full = ringcoll.simulate("all_reduce", "ring", 12, symmetry=False, **run).stats
+    assert fast.mirrored == "rotation" and full.mirrored is None
+    assert (fast.time, fast.steps, fast.rank_steps, dict(fast.link_bytes), fast.crossing) == \
+        (full.time, full.steps, full.rank_steps, full.link_bytes, full.crossing)
+    assert [vars(r) for r in fast.ranks] == [vars(r) for r in full.ranks]

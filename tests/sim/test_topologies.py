@@ -41,6 +41,28 @@ def test_mesh_routes_have_no_wrap():
     assert ends(net, net.route(11, 0)) == [(11, 10), (10, 9), (9, 8), (8, 4), (4, 0)]
 
 
+@pytest.mark.parametrize("kind, dims", [("torus", (3, 5, 2)), ("torus", (2, 3)), ("torus", (1, 4)), ("torus", (6, 4)),
+                                        ("mesh", (3, 2, 2)), ("mesh", (1, 4))])
+def test_grid_routes_walk_coordinates_in_dimension_order(kind, dims):
+    """Every route of small tori and meshes is the coordinate walk: dimension 0 first, each
+    dimension the shorter way round a torus (a tie forward), one link per step (the routes
+    are walked on precomputed hop tables)."""
+    net = getattr(ringcoll.Machine, kind)(dims).network
+    for a in range(net.hosts):
+        for b in range(net.hosts):
+            cur, want = list(net.coords(a)), []
+            for dim, k in enumerate(dims):
+                delta = net.coords(b)[dim] - cur[dim]
+                if kind == "torus":
+                    delta %= k
+                    delta = delta if delta <= k // 2 else delta - k
+                for _ in range(abs(delta)):
+                    before = net.host_at(cur)
+                    cur[dim] = (cur[dim] + (1 if delta > 0 else -1)) % k
+                    want.append((before, net.host_at(cur)))
+            assert ends(net, net.route(a, b)) == want, (a, b)
+
+
 def test_fat_tree_up_down_routes():
     net = ringcoll.Machine.fat_tree(4).network               # 4 leaves of 2 hosts, 2 spines
     assert net.hosts == 8
@@ -426,7 +448,9 @@ def test_readme_topology_example_runs_as_printed(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("dims, name, numel", [((4, 4), "ring", 1600), ((8,), "ring", 800),
-                                                ((2, 4), "ring", 800), ((4, 4), "direct", 160)])
+                                                ((2, 4), "ring", 800), ((4, 4), "direct", 160),
+                                                ((4, 4), "hierarchical", 1600), ((4, 4), "torus2d", 1600),
+                                                ((8, 4), "torus2d", 3200)])
 def test_mirrored_torus_run_equals_every_rank(dims, name, numel):
     machine = ringcoll.Machine.torus(dims)
     world = machine.network.hosts
@@ -437,8 +461,10 @@ def test_mirrored_torus_run_equals_every_rank(dims, name, numel):
     assert fast.stats.network.link_bytes == full.stats.network.link_bytes
     assert fast.stats.network.hop_bytes == full.stats.network.hop_bytes
     assert fast.stats.links == full.stats.links and fast.stats.messages == full.stats.messages
-    # the ring never waits on a link (mirrored); direct's messages share links (every rank runs)
-    assert fast.stats.mirrored == ("rotation" if name == "ring" else None)
+    # the rings (one node of all: the ring; rows of the grid as nodes: torus2d) never wait on
+    # a link (mirrored); direct's messages share links (every rank runs)
+    assert fast.stats.mirrored == (None if name == "direct" else "rotation")
+    assert [vars(r) for r in fast.stats.ranks] == [vars(r) for r in full.stats.ranks]
 
 
 def test_critical_path_runs_from_zero_to_the_end():
