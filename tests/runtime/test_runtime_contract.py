@@ -207,12 +207,14 @@ def test_monitored_barrier_names_the_ranks_that_did_not_arrive(clusters, wait_al
 def stalled_ring(victim: int, timeout: float) -> dict:
     """A ring all_reduce in which global rank ``victim`` stalls before its first step, past
     the step timeout: on a gloo group of every rank through the drop-in, then on a ringcoll
-    group of ranks 1..world-1 through ``dist.*``. Each rank's error and its peers."""
+    group of ranks 1..world-1 through ``dist.*``. Each rank's error and its peers. Rank 0
+    waits ``timeout``, the others twice that: rank 0's wait on both neighbours ends first, so
+    neither neighbour's own failure (which gloo reports to rank 0 as "a remote worker
+    crashing") can reach it before its timeout names them (a race when all waited alike)."""
     from ringcoll.runtime import executor as executor_module
 
     rank, world = dist.get_rank(), dist.get_world_size()
     previous = ringcoll.get_timeout()
-    ringcoll.set_timeout(timeout)
     groups = {"gloo": dist.new_group(list(range(world))),
               "ringcoll": dist.new_group(list(range(1, world)), backend="ringcoll",
                                          pg_options=ringcoll.Options(all_reduce="ring"))}
@@ -220,7 +222,7 @@ def stalled_ring(victim: int, timeout: float) -> dict:
 
     def stall(self, prepared, index, *rest):
         if rank == victim and index == 0 and prepared.plan.collective == "all_reduce":
-            time.sleep(2.5 * timeout)
+            time.sleep(3 * timeout)            # past every rank's wait (2 x timeout at most)
         return original(self, prepared, index, *rest)
 
     out = {}
@@ -231,7 +233,8 @@ def stalled_ring(victim: int, timeout: float) -> dict:
                 continue
             call = ((lambda x: ringcoll.all_reduce(x, group=group, algorithm="ring")) if name == "gloo"
                     else (lambda x: dist.all_reduce(x, group=group)))
-            call(torch.ones(4 * world))          # connected before the stall
+            call(torch.ones(4 * world))          # connected (and the layout agreed) before the stall
+            ringcoll.set_timeout(timeout if rank == 0 else 2 * timeout)
             executor_module.P2PExecutor._post = stall
             try:
                 call(torch.arange(4 * world, dtype=torch.float32) + rank)
@@ -240,6 +243,7 @@ def stalled_ring(victim: int, timeout: float) -> dict:
                 out[name] = (str(error), error.peer, tuple(error.peers))
             finally:
                 executor_module.P2PExecutor._post = original
+                ringcoll.set_timeout(previous)
             dist.barrier()                        # on the default group: the victim is done too
     finally:
         ringcoll.set_timeout(previous)
@@ -256,8 +260,11 @@ def test_a_timeout_names_the_peers_this_rank_was_waiting_on(clusters):
     # the ringcoll group of global ranks 1, 2, 3: group ranks, named with their global ranks
     assert one["ringcoll"][1:] == (1, (1,)) and "send to peer 1 (global rank 2)" in one["ringcoll"][0], one
     assert three["ringcoll"][1:] == (1, (1,)) and "receive from peer 1 (global rank 2)" in three["ringcoll"][0]
+    assert "timed out after 1.5s" in zero["gloo"][0], zero
+    for out in (one["gloo"], three["gloo"], one["ringcoll"], three["ringcoll"]):
+        assert "timed out after 3s" in out[0], out
     for out in (zero["gloo"], one["gloo"], three["gloo"], one["ringcoll"], three["ringcoll"]):
-        assert "timed out after 1.5s" in out[0] and "the peer named is the one this rank was waiting on" in out[0]
+        assert "the peer named is the one this rank was waiting on" in out[0], out
 
 
 def mismatch_without_check(timeout: float) -> list:
