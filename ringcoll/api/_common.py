@@ -141,12 +141,14 @@ def group_executor(group) -> Optional[P2PExecutor]:
 def group_context(group) -> Context:
     """The context of ``group`` (None: the default group) for this process."""
     executor = group_executor(group)
-    _call_settings(executor)
+    current = _call_settings(executor)
     # The call takes its number here, once the group is known and before any check that
     # depends on this rank's role (the root's list, say): an argument error on one rank
     # only leaves the numbering aligned, so the others' pending call can never match this
     # rank's next one. A failed group raises here, at once.
-    return Context(None, None) if executor is None else executor_context(executor)
+    ctx = Context(None, None) if executor is None else executor_context(executor)
+    ctx.settings = current              # read once, as run_call's
+    return ctx
 
 
 def _call_settings(executor) -> Settings:

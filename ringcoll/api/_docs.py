@@ -1,8 +1,9 @@
 """The drop-ins' docstrings mirror c10d's: the entries every collective shares (``group``,
-``async_op``, ``op``, ``algorithm`` and the plain ``Returns`` section, header included) are
-written once here and put in place of a line such as ``{group, async_op, algorithm}`` (those entries, in that order)
-by :func:`c10d_doc`. ``{algorithm}`` lists
-the built-in algorithms of the collective as the registry has them, so it cannot go stale."""
+``async_op``, ``op``, ``group_src``/``group_dst``, ``algorithm`` and the plain ``Returns``
+section, header included) are written once here. :func:`c10d_doc` puts them in place of a
+docstring line such as ``{group, async_op, algorithm}`` (those entries, in that order);
+``{algorithm}`` lists the collective's built-in algorithms as the registry has them, so it
+cannot go stale."""
 from __future__ import annotations
 
 import re

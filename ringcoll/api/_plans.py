@@ -14,6 +14,7 @@ from ..selection import choose, group_nodes, segment_elements
 from ..runtime.nodes import context_layout, describe_layout
 
 from ._common import Context
+from ._checks import check_device, flat
 
 log = logging.getLogger("ringcoll")
 
@@ -80,8 +81,6 @@ def rooted_plan(collective: str, ctx: Context, tensor, real: torch.Tensor, root:
     the flat data it moves, once the tensor and the root are checked: the algorithm, then on a
     member of the group the device. A non-contiguous tensor is written back after the
     caller's own after-steps (it inserts them before). None outside the group."""
-    from ._checks import check_device, flat
-
     chosen, why = pick(collective, algorithm, real.numel() * real.element_size(), ctx, tensor=real)
     if ctx.rank is None:
         return None

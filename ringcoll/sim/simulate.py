@@ -123,11 +123,6 @@ def _clone(value):
     return value
 
 
-def _check_numel(numel) -> None:
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
-        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
-
-
 def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
@@ -194,8 +189,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     if nodes is not None and len(nodes) != world:
         raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
     plans, before, after = [], [], []
-    if numel is not None and not data and call is None and inputs is None:
-        _check_numel(numel)     # without data: one builder call serves every rank
+    by_numel = numel is not None and call is None and inputs is None
+    if by_numel and (isinstance(numel, bool) or not isinstance(numel, int) or numel < 0):
+        raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+    if by_numel and not data:
+        # without data: one builder call serves every rank
         plans = uniform_plans(collective, world, numel, dtype, {"algorithm": algorithm, **kwargs},
                               Context(0, world, nodes=nodes, machine=chosen_on))
     for rank in range(len(plans), world):
@@ -208,7 +206,6 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             args = inputs[rank] if isinstance(inputs[rank], tuple) else (inputs[rank],)
             extra = kwargs
         elif numel is not None:
-            _check_numel(numel)
             args, extra = numel_call(collective, rank, world, numel, dtype, kwargs, fill=data)
         else:
             raise ValueError("simulate needs inputs=, numel= or call=")
