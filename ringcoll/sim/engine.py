@@ -14,8 +14,8 @@ and its receiver's previous receive of that step), so a rank that posts k sends 
 k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
 network (:mod:`ringcoll.sim.network`; a 2-level machine's nodes are one, ``Machine.network_for``)
 a message takes its route's α and β (``Network.price``) and also holds every link of its route:
-for its wire time, each link serving messages first come first served, or, a link held per
-message (a NIC), for the whole message like a port. A step ends when its last transfer
+for its wire time, each link lane taking it like a port in the earliest gap that fits, or, a
+link held per message (a NIC), for the whole message like a port. A step ends when its last transfer
 does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
 It is a discrete-event simulation ordered by time: its result does not depend on the order
@@ -445,8 +445,9 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         route = net.route
         links = net.links
         single = single and all(link.lanes == 1 for link in links if link.hold == "message")
-        link_free = [[0.0] * link.lanes for link in links]     # each wire lane's end of its last booking
-        link_ports = [[[] for _ in range(link.lanes)] if link.hold == "message" else None for link in links]
+        # each lane of each link: its busy intervals (start, end), sorted, like a port's: for a
+        # message's wire time on a wire-held link, its whole time on a message-held one
+        link_lanes = [[[] for _ in range(link.lanes)] for link in links]
         net_bytes = [0] * len(links)
         net_busy = [0.0] * len(links)
         hop_bytes = [0]
@@ -571,6 +572,20 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         duration (``durations[i]`` for ``tables[i]``), the ports that are, and the time; a
         port's busy intervals are sorted and a message may take a gap before a later-booked
         one (a port never idles while a ready message could go)."""
+        # the first lane of each table free from ``start`` on, where every table has one:
+        # the first choice of the search below that starts at ``start`` (many ports or lanes
+        # make that search a product)
+        free = []
+        for table, duration in zip(tables, durations):
+            for busy in table:
+                i = bisect.bisect_right(busy, (start, _INF))
+                if (i == 0 or busy[i - 1][1] <= start) and (i == len(busy) or busy[i][0] >= start + duration):
+                    free.append(busy)
+                    break
+            else:
+                break
+        else:
+            return start, free
         best = None
         for choice in _choices(tables):
             t = start
@@ -623,8 +638,8 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             hops = 0
         else:
             # a network message: its path's α + n·β_path (ringcoll.sim.network: Network.price);
-            # its wire-held links serve messages first come first served (in booking order),
-            # each for its wire time n·β_path; its message-held links are held like ports
+            # its wire-held links are held like ports for its wire time n·β_path (the
+            # earliest gap of a lane), its message-held links for its whole time
             peer = dst if mirror is None else send_item.peer
             key = src * peers + peer
             path_alpha, path_beta, wires, held, hops, crosses, twice = paths.get(key) or path_of(key, src, peer)
@@ -637,30 +652,24 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             out_port[:] = in_port[:] = [(start, end)]
         else:
             tables = (send_ports[src], recv_ports[dst])
-            ready = floor
             if hops:
                 if held:
-                    tables += tuple(map(link_ports.__getitem__, held))
-                lanes = []
-                if wire > 0:
-                    for i in wires:
-                        frees = link_free[i]
-                        j = 0 if len(frees) == 1 else frees.index(min(frees))
-                        lanes.append(j)
-                        if frees[j] > ready:
-                            ready = frees[j]
-            durations = (duration,) * len(tables)
-            if single and all(not t[0] or t[0][-1][1] <= ready for t in tables):
-                start, chosen = ready, [t[0] for t in tables]
+                    tables += tuple(map(link_lanes.__getitem__, held))
+                durations = (duration,) * len(tables)
+                if wire > 0 and wires:
+                    if canon is not None and (twice or any(
+                            lane and lane[-1][1] > floor for i in wires for lane in link_lanes[i])):
+                        # mirrored on a torus: exact only while no link can make a message
+                        # wait (then every rank does what its representative does); else run all
+                        raise _Contended()
+                    tables += tuple(map(link_lanes.__getitem__, wires))
+                    durations += (wire,) * len(wires)
             else:
-                start, chosen = slot(tables, ready, durations)
-            if hops and wires and wire > 0:
-                if canon is not None and (ready > floor or twice):
-                    # mirrored on a torus: exact only while no link makes a message wait
-                    # (then every rank does what its representative does); else run all
-                    raise _Contended()
-                for i, j in zip(wires, lanes):
-                    link_free[i][j] = start + wire
+                durations = (duration,) * len(tables)
+            if single and all(len(t) == 1 and (not t[0] or t[0][-1][1] <= floor) for t in tables):
+                start, chosen = floor, [t[0] for t in tables]
+            else:
+                start, chosen = slot(tables, floor, durations)
             end = start + duration
             for busy, held_for in zip(chosen, durations):
                 if busy and busy[-1][1] <= now:

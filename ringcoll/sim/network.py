@@ -23,7 +23,8 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
 seed)`` (a seeded permutation of the hosts), or a sequence giving each rank's host (distinct
 hosts). How the clock uses links (:mod:`ringcoll.sim.engine`): a message holds every link of
 its route for its wire time n·β_path (β_path the slowest of its links and the machine's own β),
-first come first served per lane, while the message as a whole takes α + Σ link latencies +
+each lane, like a port, taking it in the earliest gap that fits (first come first served, no
+lane idle while a message fits), while the message as a whole takes α + Σ link latencies +
 hops · ``hop_latency`` + n·β_path.
 """
 from __future__ import annotations
@@ -36,8 +37,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 KINDS = ("torus", "mesh", "fat_tree", "dragonfly", "graph", "nodes")
 
-#: how a link is held: for the message's wire time n·β_path, first come first served per
-#: lane ("wire"), or like a port for the message's whole time α + n·β, a message taking the
+#: how a link is held: for the message's wire time n·β_path, in the earliest gap of a lane
+#: ("wire"), or like a port for the message's whole time α + n·β, a message taking the
 #: earliest gap of any lane ("message": a NIC's send or receive engine serves one message at
 #: a time, as a rank's port does)
 HOLDS = ("wire", "message")
