@@ -24,6 +24,8 @@ OUT = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "study")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dims", default="64,64")
+    parser.add_argument("--ports", type=int, default=1, help="send and receive ports per rank (a tag p<ports> "
+                        "names the files when above 1)")
     parser.add_argument("--bytes", type=int, default=1 << 20, help="all_reduce size in bytes (float32)")
     parser.add_argument("--algorithms", default=None, help="comma-separated (default: every all_reduce)")
     parser.add_argument("--out", default=OUT)
@@ -32,10 +34,10 @@ def main(argv=None) -> None:
                         help="CPU seconds after which an algorithm's run is given up (recorded as unfinished)")
     args = parser.parse_args(argv)
     dims = tuple(int(d) for d in args.dims.split(","))
-    machine = ringcoll.Machine.torus(dims)
+    machine = ringcoll.Machine.torus(dims, ports=args.ports)
     world = machine.network.hosts
     names = args.algorithms.split(",") if args.algorithms else list(registry.algorithms("all_reduce"))
-    tag = "x".join(str(d) for d in dims)
+    tag = "x".join(str(d) for d in dims) + (f"p{args.ports}" if args.ports > 1 else "")
     json_path = os.path.join(args.out, f"topology_scale_{tag}.json")
     rows = []
     if args.append and os.path.exists(json_path):

@@ -9,8 +9,9 @@ import torch
 
 from ..schedules import registry
 from ..runtime.plan import Plan
-from ..schedules.vocabulary import Layout
+from ..schedules.vocabulary import GRID, Layout
 from ..selection import choose, group_nodes, segment_elements
+from ..selection.model import machine as model_machine
 from ..runtime.nodes import context_layout, describe_layout
 
 from ._common import Context
@@ -55,6 +56,15 @@ def pick_per_block(collective: str, algorithm, block: torch.Tensor, ctx: Context
     return pick(collective, algorithm, block.numel() * block.element_size() * (ctx.world or 1), ctx, tensor=block)
 
 
+def machine_grid(machine, world: Optional[int]) -> Optional[Tuple[int, ...]]:
+    """The dimensions of ``machine``'s torus or mesh when it has one host per rank of the
+    world and rank r on host r (``layout[GRID]`` of the schedules that read it), else None."""
+    net = getattr(machine, "network", None)
+    if net is None or net.kind not in ("torus", "mesh") or net.hosts != world or net.placement is not None:
+        return None
+    return tuple(net.params["dims"])
+
+
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,
              layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
              result=None, describe_as: str = "") -> Plan:
@@ -69,6 +79,13 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
         nodes, source = context_layout(ctx)
         layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
         why = f"{why}; {describe_layout(nodes)} from {source}"
+    if getattr(algorithm.schedule, "needs_grid", False) and GRID not in layout.params:
+        # the torus of the group's machine (Options(machine=), else RINGCOLL_MACHINE's), or
+        # of the machine the simulator runs on
+        grid = machine_grid(model_machine(ctx.machine)[0], ctx.world)
+        if grid is not None:
+            layout = Layout(layout.numel, {**layout.params, GRID: grid})
+            why = f"{why}; on the {'x'.join(map(str, grid))} grid of the machine"
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
                 result=result, describe=describe_as, seq=ctx.seq, why=why)
     log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)

@@ -29,20 +29,22 @@ ranks adding and odd ones subtracting, mod p, and ``swing_bandwidth`` runs the p
   so every rank reduces the same operands in the same order (bitwise-identical floats);
   the pairs and the cost are the paper's;
 - a non-power-of-two p takes MPICH's fold, not the paper's own scheme for such p;
-- one dimension only: the paper's multi-dimensional (torus) form, which runs one Swing per
-  dimension and direction at once on a share of the vector, is not built;
+- the paper's multi-dimensional (torus) form, one Swing per dimension and direction at once
+  on a share of the vector, is ``swing_torus`` (below), bandwidth-optimal only; on a torus
+  whose dimensions are not powers of two it takes the default 2-D grid;
 - blocks are numbered depth-first along the nested reach sets rather than by libswing's
   remapping (the same messages, each one contiguous chunk).
 """
 from __future__ import annotations
 
 import functools
-from typing import Iterator, Tuple
+import math
+from typing import Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .registry import register
-from .vocabulary import Buf, Layout, Step, chunks, reduce, sendrecv, span, step
+from .registry import Cost, register
+from .vocabulary import GRID, Buf, Layout, Step, chunks, needs_grid, reduce, sendrecv, span, step
 from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
 from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
 
@@ -83,34 +85,41 @@ def swing_blocks(world: int) -> SwingBlocks:
     that rank r keeps after step s of the reduce-scatter, i.e. the blocks of the ranks it
     reaches over steps s+1 .. lg p - 1 (the last step leaves it one block). Positions are
     given depth-first: the set a step splits is cut into the half of its smallest member,
-    then the other half.
+    then the other half (:func:`nested_blocks` on Swing's pairs)."""
+    ranks = np.arange(world, dtype=np.int64)
+    even = ranks % 2 == 0
+    return nested_blocks(tuple(np.where(even, ranks + rho(s), ranks - rho(s)) % world
+                               for s in range(world.bit_length() - 1)), "swing")
+
+
+def nested_blocks(partners: Sequence[np.ndarray], name: str) -> SwingBlocks:
+    """The block ranges of a reduce-scatter whose step s pairs rank r with ``partners[s][r]``
+    (a perfect matching of a power-of-two world per step, lg p steps), as :func:`swing_blocks`
+    describes them.
 
     Computed for all ranks at once in O(p lg p) array operations (a million ranks in about a
     second): the smallest member of the set rank r reaches over steps s+1 .. is the smaller of
     the smallest members its own and its step-(s+1) partner's sets reach over steps s+2 ..;
     rank r's half at step s is the first one iff its set's smallest member is its parent
     set's. Checked as built: every step pairs each rank with one in the other half of the
-    same parent set, and the sets halve (AssertionError otherwise)."""
-    steps = world.bit_length() - 1
+    same parent set, and the sets halve (AssertionError naming ``name`` otherwise)."""
+    steps = len(partners)
+    world = 1 << steps
     ranks = np.arange(world, dtype=np.int64)
-    even = ranks % 2 == 0
-
-    def partners(s: int) -> np.ndarray:
-        return np.where(even, ranks + rho(s), ranks - rho(s)) % world
-
     smallest = [ranks]                       # smallest[i]: over steps k - i .. (k = steps)
     for s in range(steps - 1, 0, -1):
-        smallest.append(np.minimum(smallest[-1], smallest[-1][partners(s)]))
+        smallest.append(np.minimum(smallest[-1], smallest[-1][partners[s]]))
     smallest.reverse()                       # smallest[s]: the set reached over steps s+1 ..
     starts = np.zeros((steps, world), dtype=np.int64)
     parent, lo = np.zeros(world, dtype=np.int64), np.zeros(world, dtype=np.int64)
     for s in range(steps):
-        peer = partners(s)
+        peer = partners[s]
         lo = lo + np.where(smallest[s] == parent, 0, world >> (s + 1))
         sizes = np.bincount(smallest[s], minlength=world)
         sizes = sizes[sizes > 0]
-        if np.any(parent[peer] != parent) or np.any(lo[peer] == lo) or np.any(sizes != world >> (s + 1)):
-            raise AssertionError(f"swing: step {s} does not halve the sets of step {s - 1} at world {world}")
+        if np.any(peer[peer] != ranks) or np.any(parent[peer] != parent) or np.any(lo[peer] == lo) \
+                or np.any(sizes != world >> (s + 1)):
+            raise AssertionError(f"{name}: step {s} does not halve the sets of step {s - 1} at world {world}")
         starts[s], parent = lo, smallest[s]
     return SwingBlocks(starts)
 
@@ -187,3 +196,139 @@ def all_reduce_swing_bandwidth(rank: int, world: int, layout: Layout) -> Iterato
     two (Rabenseifner's).
     """
     return butterfly(rank, world, layout)
+
+
+# -- Swing on a torus: one Swing per dimension and direction at once (the paper's Section 4) --
+def swing_grid(world: int, given: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
+    """The torus Swing runs on for a power-of-two ``world``: ``given`` (``layout[GRID]``, the
+    machine's torus, dimension 0 fastest) when its dimensions are powers of two whose product
+    is the world, else the 2-D grid of torus2d (X × Y, X·Y = p, Y = 2^⌊lg p / 2⌋: rows of X
+    consecutive ranks); dimensions of one rank are dropped (a ring is one dimension)."""
+    if given is not None and math.prod(given) == world and all(d & (d - 1) == 0 for d in given):
+        dims = tuple(given)
+    else:
+        y = 1 << ((world.bit_length() - 1) // 2)
+        dims = (world // y, y)
+    return tuple(d for d in dims if d > 1)
+
+
+def grid_steps(dims: Sequence[int], start: int) -> Tuple[Tuple[int, int], ...]:
+    """``(dimension, step within it)`` of each of the lg p steps of the Swing that starts on
+    dimension ``start``: the dimensions taken in turn (start, start + 1, ... mod D), one step
+    each, skipping those whose lg d_i steps are done (libswing's ``compute_step_info``)."""
+    done = [0] * len(dims)
+    left = [d.bit_length() - 1 for d in dims]
+    out, dim = [], start % len(dims)
+    for _ in range(sum(left)):
+        while done[dim] >= left[dim]:
+            dim = (dim + 1) % len(dims)
+        out.append((dim, done[dim]))
+        done[dim] += 1
+        dim = (dim + 1) % len(dims)
+    return tuple(out)
+
+
+def grid_peers(ranks, dims: Sequence[int], dim: int, k: int, mirrored: bool):
+    """The partners of ``ranks`` (an int or an array) at a step on ``dim`` that is the k-th
+    on it: the coordinate on ``dim`` moves by ρ(k), + from an even coordinate and - from an
+    odd one (the other way round when ``mirrored``), mod d_dim; the others stay."""
+    stride = math.prod(dims[:dim])
+    coord = (ranks // stride) % dims[dim]
+    sign = 1 - 2 * (coord % 2)
+    if mirrored:
+        sign = -sign
+    return ranks + ((coord + sign * rho(k)) % dims[dim] - coord) * stride
+
+
+@functools.lru_cache(maxsize=16)
+def grid_plan(dims: Tuple[int, ...]):
+    """Per sub-collective c = 0 .. 2D - 1 (D = len(dims)): its steps (:func:`grid_steps`
+    from dimension c mod D), whether it is mirrored (c >= D) and its blocks
+    (:func:`nested_blocks` on its pairs)."""
+    world = math.prod(dims)
+    ranks = np.arange(world, dtype=np.int64)
+    subs = []
+    for c in range(2 * len(dims)):
+        steps, mirrored = grid_steps(dims, c), c >= len(dims)
+        partners = tuple(grid_peers(ranks, dims, d, k, mirrored) for d, k in steps)
+        subs.append((steps, mirrored, nested_blocks(partners, f"swing_torus {dims} sub-collective {c}")))
+    return tuple(subs)
+
+
+def _swing_torus_cost(world: int, nbytes: int) -> Cost:
+    """Rabenseifner's bytes in 2D messages per step (D: the dimensions of the default grid,
+    :func:`swing_grid`), all through the one port of the flat machine."""
+    pof2 = largest_pof2(world)
+    subs = 2 * len(swing_grid(pof2)) if pof2 > 1 else 1
+    base = _rabenseifner_cost(world, nbytes)
+    folds = 2 if pof2 < world else 0
+    return Cost((base.alpha - folds) * subs + folds, base.beta, base.gamma)
+
+
+def grid_rotation(world: int, layout: Layout):
+    """``symmetry`` of swing_torus on a power-of-two world cut into equal blocks: moving a
+    rank by two along the last dimension (a rotation by 2·p / d_last ranks) keeps the parity
+    of every coordinate, so its pairs are its representative's moved alike."""
+    if world < 2 or world & (world - 1):
+        return None
+    dims = swing_grid(world, layout.get(GRID))
+    if layout.numel % (2 * len(dims) * world):
+        return None
+    return 2 * world // dims[-1]
+
+
+@register("all_reduce", "swing_torus", cost=_swing_torus_cost, symmetry=grid_rotation)
+@needs_grid
+def all_reduce_swing_torus(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Swing on a D-dimensional torus, as the paper runs it on every port (De Sensi et al.
+    NSDI '24, Section 4; libswing's multi-port form): the vector is cut into 2D parts and 2D
+    bandwidth-optimal Swings run at once, one per part; Swing c starts on dimension c mod D
+    and takes the dimensions in turn (a dimension whose steps are done is skipped), its step
+    on a dimension moving the coordinate there by ρ(k) (k: the step's rank on that
+    dimension), + from an even coordinate and - from an odd one; Swings c >= D are the
+    mirrored ones (the signs swapped). So at every step each rank sends on 2D different
+    links, one per direction of each dimension, where the links are not shared with the other
+    Swings' messages. Each Swing is a reduce-scatter then an all-gather over its part's pof2
+    blocks (:func:`nested_blocks`), so every block is reduced once, along one chain:
+    bitwise identical on every rank.
+
+    The torus is ``layout[GRID]`` (the dimensions of the group's or simulator's machine when
+    it is a torus or a mesh of one host per rank, placed linearly, with dimensions powers of
+    two), else the 2-D grid of torus2d (:func:`swing_grid`). A world that is not a power of
+    two folds first (MPICH), the folded ranks on the grid. ``machine.ports`` of 2D lets the
+    2D Swings' messages of a step go at once; on one port they queue.
+
+    Cost (one port): 4D lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus 2α + 2nβ + nγ when p is not
+    a power of two.
+    """
+    data = Buf("data", 0, layout.numel)
+    yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
+    me = folded_rank(rank, world)
+    pof2 = largest_pof2(world)
+    if me is not None and pof2 > 1:
+        dims = swing_grid(pof2, layout.get(GRID))
+        subs = grid_plan(dims)
+        parts = chunks("data", layout.numel, len(subs))
+        # per Swing: its pof2 blocks, its partners, its block ranges
+        mine = []
+        for part, (steps, mirrored, blocks) in zip(parts, subs):
+            partners = [int(grid_peers(me, dims, d, k, mirrored)) for d, k in steps]
+            mine.append((chunks("data", part.numel, pof2, part.start), partners, blocks, part.start))
+        count = len(subs[0][0])
+        for s in range(count):                      # reduce-scatter
+            comms, local = [], []
+            for part_chunks, partners, blocks, start in mine:
+                q = partners[s]
+                keep, give = span(part_chunks, *blocks[me][s]), span(part_chunks, *blocks[q][s])
+                recv_buf = Buf("scratch", start, start + keep.numel)
+                comms += sendrecv(real_rank(q, world), give, real_rank(q, world), recv_buf)
+                local.append(reduce(keep, recv_buf))
+            yield step(comms, local)
+        for s in reversed(range(count)):            # all-gather, the same pairs in reverse
+            comms = []
+            for part_chunks, partners, blocks, _ in mine:
+                q = partners[s]
+                comms += sendrecv(real_rank(q, world), span(part_chunks, *blocks[me][s]),
+                                  real_rank(q, world), span(part_chunks, *blocks[q][s]))
+            yield step(comms)
+    yield from fold_out(rank, world, data)

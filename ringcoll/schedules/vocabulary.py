@@ -339,3 +339,17 @@ def needs_nodes(schedule: Callable) -> Callable:
     """Mark a schedule as reading ``layout["nodes"]`` (the builders then add it)."""
     schedule.needs_nodes = True
     return schedule
+
+
+#: a layout parameter: the torus (or mesh) the ranks are laid out on, its dimensions with
+#: dimension 0 varying fastest (rank r at coordinates r % d0, r // d0 % d1 ...), as
+#: ``Machine.torus(dims)`` numbers its hosts; the builders add it, from the group's or the
+#: simulator's machine, for schedules marked with :func:`needs_grid` (absent: no torus known)
+GRID = "grid"
+
+
+def needs_grid(schedule: Callable) -> Callable:
+    """Mark a schedule as reading ``layout[GRID]`` where the caller's machine is a torus or a
+    mesh of the world's size (the builders then add it)."""
+    schedule.needs_grid = True
+    return schedule
