@@ -138,6 +138,16 @@ def group_executor(group) -> Optional[P2PExecutor]:
     return executor
 
 
+def group_machine(group) -> Optional[Machine]:
+    """The machine a ringcoll-backend group was made with (``pg_options=ringcoll.Options(
+    machine=)``; None: the default group), so that the drop-ins on it choose and lay out as
+    its own calls do; None for any other group."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    machine = getattr(getattr(group, "options", None), "machine", None)
+    return machine if isinstance(machine, Machine) else None
+
+
 def group_context(group) -> Context:
     """The context of ``group`` (None: the default group) for this process."""
     executor = group_executor(group)
@@ -146,7 +156,7 @@ def group_context(group) -> Context:
     # depends on this rank's role (the root's list, say): an argument error on one rank
     # only leaves the numbering aligned, so the others' pending call can never match this
     # rank's next one. A failed group raises here, at once.
-    ctx = Context(None, None) if executor is None else executor_context(executor)
+    ctx = Context(None, None) if executor is None else executor_context(executor, group_machine(group))
     ctx.settings = current              # read once, as run_call's
     return ctx
 
@@ -268,7 +278,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     if executor is None:
         ctx = Context(None, None, settings=current)
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
-    ctx = call_context(executor, _COLLECTIVE.get(build))
+    ctx = call_context(executor, _COLLECTIVE.get(build), group_machine(group))
     ctx.settings = current              # the call reads its settings once: choosing reads these
     if async_op or limit <= 0:
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
