@@ -432,6 +432,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
     recv_ports = [[[] for _ in range(ports)] for _ in range(world)]
     net = machine.network_for(peers)   # a 2-level machine's nodes are a network too
     single = ports == 1
+    positive = alpha > 0                # every message holds its ports for more than no time
     crossing = [0]              # messages between a network's groups (nodes, dragonfly groups ...)
     canon = None
     if net is not None:
@@ -671,13 +672,31 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             else:
                 start, chosen = slot(tables, floor, durations)
             end = start + duration
-            for busy, held_for in zip(chosen, durations):
+            # the wire lanes come last; where every duration is positive (α > 0 for ports, a
+            # wire time for links) touching intervals merge: no message fits a gap of zero
+            fixed = len(durations) - (len(wires) if hops and wire > 0 else 0)
+            for k, (busy, held_for) in enumerate(zip(chosen, durations)):
                 if busy and busy[-1][1] <= now:
                     busy.clear()                    # past intervals can never matter again
                 else:
                     while busy and busy[0][1] <= now:
                         busy.pop(0)
-                bisect.insort(busy, (start, start + held_for))
+                stop = start + held_for
+                if not (positive or k >= fixed):
+                    bisect.insort(busy, (start, stop))
+                    continue
+                i = bisect.bisect_left(busy, (start, stop))
+                if i < len(busy) and busy[i][0] == stop:
+                    stop = busy[i][1]
+                    if i and busy[i - 1][1] == start:
+                        busy[i - 1] = (busy[i - 1][0], stop)
+                        del busy[i]
+                    else:
+                        busy[i] = (start, stop)
+                elif i and busy[i - 1][1] == start:
+                    busy[i - 1] = (busy[i - 1][0], stop)
+                else:
+                    busy.insert(i, (start, stop))
         if hops:
             if wire > 0:
                 for i in wires:
