@@ -47,7 +47,7 @@ def machines(quick: bool):
          ringcoll.Machine.dragonfly(*DRAGONFLY, **LINK), 64, SIZES),
     ]
     # the tori again with 2D ports per rank, one per direction of each dimension (the Swing
-    # paper's multiported nodes): swing_torus sends its 2D Swings' messages at once
+    # paper's multiported nodes): swing_torus_bandwidth sends its 2D Swings' messages at once
     found[2:2] = [
         ("ring of 64, 2 ports", "ring64p2", ringcoll.Machine.torus((64,), ports=2, **LINK), 64, SIZES),
         ("8x8 torus, 4 ports", "torus8x8p4", ringcoll.Machine.torus((8, 8), ports=4, **LINK), 64, SIZES),
@@ -215,7 +215,7 @@ PICTURES = {("torus8x8", 32 << 20, "recursive_doubling"), ("torus8x8", 32 << 20,
             ("dragonfly", 32 << 20, "bine"), ("dragonfly", 32 << 20, "rabenseifner"),
             ("fattree", 32 << 20, "bine"), ("fattree", 32 << 20, "rabenseifner"),
             ("torus64x64", 16 << 20, "swing_bandwidth"), ("torus64x64", 16 << 20, "rabenseifner"),
-            ("torus8x8p4", 32 << 20, "swing_torus"), ("torus64x64p4", 16 << 20, "swing_torus")}
+            ("torus8x8p4", 32 << 20, "swing_torus_bandwidth"), ("torus64x64p4", 16 << 20, "swing_torus_bandwidth")}
 
 
 def ratio(rows, a, b, n):
@@ -330,10 +330,11 @@ def findings(tag, rows, sizes):
                    f"up to {r:.2f}× faster (at {size_name(n)}); hop-bytes "
                    f"{rows[('swing_bandwidth', n)]['hop_GiB']:.3g} against {rows[('rabenseifner', n)]['hop_GiB']:.3g} GiB.")
     for baseline in ("torus2d", "rabenseifner", "swing_bandwidth"):
-        if best("swing_torus", baseline):
-            n, r = best("swing_torus", baseline)
-            out.append(f"- swing_torus (a Swing per port, on the torus's dimensions) against {baseline}: up to "
-                       f"{r:.2f}× faster (at {size_name(n)}); busiest link {rows[('swing_torus', n)]['max_link_MiB']:.3g} "
+        if best("swing_torus_bandwidth", baseline):
+            n, r = best("swing_torus_bandwidth", baseline)
+            out.append(f"- swing_torus_bandwidth (a Swing per port, on the torus's dimensions) against {baseline}: "
+                       f"up to {r:.2f}× faster (at {size_name(n)}); busiest link "
+                       f"{rows[('swing_torus_bandwidth', n)]['max_link_MiB']:.3g} "
                        f"against {rows[(baseline, n)]['max_link_MiB']:.3g} MiB.")
     if best("bine", "rabenseifner"):
         n, r = best("bine", "rabenseifner")
@@ -397,7 +398,7 @@ def dragonfly_global_bytes(placement, nbytes: int = 32 << 20, world: int = 64):
 
 
 #: ringcoll's Swings: the 1-D schedules and the paper's multi-dimensional, multiported form
-SWINGS = ("swing_bandwidth", "swing_latency", "swing_torus")
+SWINGS = ("swing_bandwidth", "swing_latency", "swing_torus_bandwidth", "swing_torus_latency")
 
 
 def _swing_time(rows, n):
@@ -424,7 +425,8 @@ def papers(results) -> list:
            "outperforms by up to 3x existing allreduce algorithms for vectors ranging from 32B to "
            "128MiB, on different types of torus and torus-like topologies, regardless of their shape "
            "and size\". Closest here: the tori below, sizes within 32 B – 128 MiB; \"Swing\" is the "
-           "fastest of `swing_torus` (the paper's form: one Swing per port on the torus's dimensions), "
+           "fastest of `swing_torus_bandwidth` and `swing_torus_latency` (the paper's forms: one Swing per "
+           "port on the torus's dimensions), "
            "`swing_bandwidth` and `swing_latency` (the 1-D schedules over rank numbers).", ""]
     swing_names = SWINGS + ("bine",)     # bine's all_reduce times as swing_bandwidth
     wins = cells = 0
@@ -541,12 +543,13 @@ def papers(results) -> list:
             "### Caveats of this comparison", "",
             "- ringcoll's `swing_bandwidth` and `swing_latency` are the 1-D schedules over rank numbers "
             "(peers r ± ρ(s), ρ = 1, −1, 3, −5, 11, …): on a 2-D torus placed linearly their far peers "
-            "leave their row through the y links. `swing_torus` is the paper's multi-dimensional form "
-            "(Section 4, libswing's multi-port code): 2D Swings at once on 2D parts of the vector, each "
-            "taking the dimensions in turn from its own, half of them mirrored, on the machine's torus "
-            "(`layout[\"grid\"]`). Its departures: dimensions that are not powers of two fall back to a "
-            "2-D power-of-two grid, and worlds that are not powers of two fold first (MPICH), where the "
-            "paper has schemes of its own; the latency-optimal form is 1-D only (`swing_latency`).",
+            "leave their row through the y links. `swing_torus_bandwidth` and `swing_torus_latency` are the "
+            "paper's multi-dimensional forms (Section 4, libswing's multi-port code): 2D Swings at once on "
+            "2D parts of the vector, each taking the dimensions in turn from its own, half of them "
+            "mirrored, on the machine's torus (`layout[\"grid\"]`). Their departures: dimensions that are "
+            "not powers of two fall back to a 2-D power-of-two grid, worlds that are not powers of two "
+            "fold first (MPICH), where the paper has schemes of its own, and the latency form runs its "
+            "steps far partner first (bitwise-identical floats; same pairs and cost).",
             "- Routing matters as much as peers: dimension order sends a distance of exactly k/2 the + way, "
             "so recursive doubling's and Rabenseifner's exchanges at distance k/2 (every rank at once) load "
             "each + link of that dimension twice while the − links idle (the bright + links in the 8x8 "

@@ -28,7 +28,8 @@ def ddp_comm_hook(algorithm: str = "auto") -> Callable:
         algorithm (str): ``"auto"`` (the selection table, or ``RINGCOLL_ALGO``) or one of
             ``ringcoll.algorithms("all_reduce")``: ``ring``, ``recursive_doubling``,
             ``rabenseifner``, ``double_binary_tree``, ``swing_latency``, ``swing_bandwidth``,
-            ``swing_torus``, ``bine``, ``direct``, ``hierarchical``, ``torus2d``, ``rabenseifner_far``.
+            ``swing_torus_bandwidth``, ``swing_torus_latency``, ``bine``, ``direct``,
+            ``hierarchical``, ``torus2d``, ``rabenseifner_far``.
 
     Returns:
         ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``, which resolves to the

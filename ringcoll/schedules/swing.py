@@ -30,8 +30,9 @@ ranks adding and odd ones subtracting, mod p, and ``swing_bandwidth`` runs the p
   the pairs and the cost are the paper's;
 - a non-power-of-two p takes MPICH's fold, not the paper's own scheme for such p;
 - the paper's multi-dimensional (torus) form, one Swing per dimension and direction at once
-  on a share of the vector, is ``swing_torus`` (below), bandwidth-optimal only; on a torus
-  whose dimensions are not powers of two it takes the default 2-D grid;
+  on a share of the vector, is ``swing_torus_bandwidth`` and ``swing_torus_latency`` (below;
+  the latency form far partner first, as ``swing_latency``); on a torus whose dimensions are
+  not powers of two they take the default 2-D grid;
 - blocks are numbered depth-first along the nested reach sets rather than by libswing's
   remapping (the same messages, each one contiguous chunk).
 """
@@ -251,44 +252,63 @@ def grid_plan(dims: Tuple[int, ...]):
     for c in range(2 * len(dims)):
         steps, mirrored = grid_steps(dims, c), c >= len(dims)
         partners = tuple(grid_peers(ranks, dims, d, k, mirrored) for d, k in steps)
-        subs.append((steps, mirrored, nested_blocks(partners, f"swing_torus {dims} sub-collective {c}")))
+        subs.append((steps, mirrored, nested_blocks(partners, f"Swing {c} on the {dims} torus")))
     return tuple(subs)
 
 
-def _swing_torus_cost(world: int, nbytes: int) -> Cost:
-    """Rabenseifner's bytes in 2D messages per step (D: the dimensions of the default grid,
+def _in_parts(base: Cost, world: int) -> Cost:
+    """``base``, a butterfly's cost with one message per step (and its fold), with each step's
+    message cut into 2D, one per part (D: the dimensions of the default grid,
     :func:`swing_grid`), all through the one port of the flat machine."""
     pof2 = largest_pof2(world)
-    subs = 2 * len(swing_grid(pof2)) if pof2 > 1 else 1
-    base = _rabenseifner_cost(world, nbytes)
+    parts = 2 * len(swing_grid(pof2)) if pof2 > 1 else 1
     folds = 2 if pof2 < world else 0
-    return Cost((base.alpha - folds) * subs + folds, base.beta, base.gamma)
+    return Cost((base.alpha - folds) * parts + folds, base.beta, base.gamma)
 
 
-def grid_rotation(world: int, layout: Layout):
-    """``symmetry`` of swing_torus on a power-of-two world cut into equal blocks: moving a
-    rank by two along the last dimension (a rotation by 2·p / d_last ranks) keeps the parity
-    of every coordinate, so its pairs are its representative's moved alike."""
+def _swing_torus_bandwidth_cost(world: int, nbytes: int) -> Cost:
+    return _in_parts(_rabenseifner_cost(world, nbytes), world)
+
+
+def _swing_torus_latency_cost(world: int, nbytes: int) -> Cost:
+    return _in_parts(_recursive_doubling_cost(world, nbytes), world)
+
+
+def _grid_rotation(world: int, layout: Layout, per_part: int):
+    """Moving a rank by two along the last dimension of the grid (a rotation by 2·p / d_last
+    ranks) keeps the parity of every coordinate, so its pairs are its representative's moved
+    alike: the period, on a power-of-two world whose 2D parts hold ``per_part`` equal pieces
+    each (None otherwise)."""
     if world < 2 or world & (world - 1):
         return None
     dims = swing_grid(world, layout.get(GRID))
-    if layout.numel % (2 * len(dims) * world):
+    if layout.numel % (2 * len(dims) * per_part):
         return None
     return 2 * world // dims[-1]
 
 
-@register("all_reduce", "swing_torus", cost=_swing_torus_cost, symmetry=grid_rotation)
+def grid_rotation(world: int, layout: Layout):
+    """``symmetry`` of swing_torus_bandwidth: :func:`_grid_rotation` where every part's pof2
+    blocks are equal."""
+    return _grid_rotation(world, layout, world)
+
+
+def grid_rotation_parts(world: int, layout: Layout):
+    """``symmetry`` of swing_torus_latency: :func:`_grid_rotation` where the 2D parts are equal."""
+    return _grid_rotation(world, layout, 1)
+
+
+@register("all_reduce", "swing_torus_bandwidth", cost=_swing_torus_bandwidth_cost, symmetry=grid_rotation)
 @needs_grid
-def all_reduce_swing_torus(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+def all_reduce_swing_torus_bandwidth(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing on a D-dimensional torus, as the paper runs it on every port (De Sensi et al.
     NSDI '24, Section 4; libswing's multi-port form): the vector is cut into 2D parts and 2D
     bandwidth-optimal Swings run at once, one per part; Swing c starts on dimension c mod D
     and takes the dimensions in turn (a dimension whose steps are done is skipped), its step
     on a dimension moving the coordinate there by ρ(k) (k: the step's rank on that
     dimension), + from an even coordinate and - from an odd one; Swings c >= D are the
-    mirrored ones (the signs swapped). So at every step each rank sends on 2D different
-    links, one per direction of each dimension, where the links are not shared with the other
-    Swings' messages. Each Swing is a reduce-scatter then an all-gather over its part's pof2
+    mirrored ones (the signs swapped). So at every step each rank's 2D messages leave on 2D
+    different links, one per direction of each dimension. Each Swing is a reduce-scatter then an all-gather over its part's pof2
     blocks (:func:`nested_blocks`), so every block is reduced once, along one chain:
     bitwise identical on every rank.
 
@@ -301,6 +321,38 @@ def all_reduce_swing_torus(rank: int, world: int, layout: Layout) -> Iterator[St
     Cost (one port): 4D lg p α + 2(p-1)/p·nβ + (p-1)/p·nγ, plus 2α + 2nβ + nγ when p is not
     a power of two.
     """
+    return _on_the_grid(rank, world, layout, _reduce_scatter_all_gather)
+
+
+def _reduce_scatter_all_gather(me: int, world: int, swings) -> Iterator[Step]:
+    """The bandwidth form's steps of folded rank ``me``: each Swing's reduce-scatter over its
+    part's pof2 blocks, then its all-gather on the same pairs in reverse."""
+    pof2 = largest_pof2(world)
+    mine = [(chunks("data", part.numel, pof2, part.start), partners, blocks, part.start)
+            for part, partners, blocks in swings]
+    count = len(swings[0][1])
+    for s in range(count):                      # reduce-scatter
+        comms, local = [], []
+        for part_chunks, partners, blocks, start in mine:
+            q = partners[s]
+            keep, give = span(part_chunks, *blocks[me][s]), span(part_chunks, *blocks[q][s])
+            recv_buf = Buf("scratch", start, start + keep.numel)
+            comms += sendrecv(real_rank(q, world), give, real_rank(q, world), recv_buf)
+            local.append(reduce(keep, recv_buf))
+        yield step(comms, local)
+    for s in reversed(range(count)):            # all-gather, the same pairs in reverse
+        comms = []
+        for part_chunks, partners, blocks, _ in mine:
+            q = partners[s]
+            comms += sendrecv(real_rank(q, world), span(part_chunks, *blocks[me][s]),
+                              real_rank(q, world), span(part_chunks, *blocks[q][s]))
+        yield step(comms)
+
+
+def _on_the_grid(rank: int, world: int, layout: Layout, body) -> Iterator[Step]:
+    """Fold in (non-powers of two), then ``body(me, world, swings)``'s steps on the folded
+    ranks' grid (:func:`swing_grid`): ``swings[c]`` is Swing c's part of the data, its
+    partners by step (folded ranks) and its blocks (:func:`grid_plan`); then fold out."""
     data = Buf("data", 0, layout.numel)
     yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
     me = folded_rank(rank, world)
@@ -308,27 +360,38 @@ def all_reduce_swing_torus(rank: int, world: int, layout: Layout) -> Iterator[St
     if me is not None and pof2 > 1:
         dims = swing_grid(pof2, layout.get(GRID))
         subs = grid_plan(dims)
-        parts = chunks("data", layout.numel, len(subs))
-        # per Swing: its pof2 blocks, its partners, its block ranges
-        mine = []
-        for part, (steps, mirrored, blocks) in zip(parts, subs):
-            partners = [int(grid_peers(me, dims, d, k, mirrored)) for d, k in steps]
-            mine.append((chunks("data", part.numel, pof2, part.start), partners, blocks, part.start))
-        count = len(subs[0][0])
-        for s in range(count):                      # reduce-scatter
-            comms, local = [], []
-            for part_chunks, partners, blocks, start in mine:
-                q = partners[s]
-                keep, give = span(part_chunks, *blocks[me][s]), span(part_chunks, *blocks[q][s])
-                recv_buf = Buf("scratch", start, start + keep.numel)
-                comms += sendrecv(real_rank(q, world), give, real_rank(q, world), recv_buf)
-                local.append(reduce(keep, recv_buf))
-            yield step(comms, local)
-        for s in reversed(range(count)):            # all-gather, the same pairs in reverse
-            comms = []
-            for part_chunks, partners, blocks, _ in mine:
-                q = partners[s]
-                comms += sendrecv(real_rank(q, world), span(part_chunks, *blocks[me][s]),
-                                  real_rank(q, world), span(part_chunks, *blocks[q][s]))
-            yield step(comms)
+        swings = [(part, [int(grid_peers(me, dims, d, k, mirrored)) for d, k in steps], blocks)
+                  for part, (steps, mirrored, blocks) in zip(chunks("data", layout.numel, len(subs)), subs)]
+        yield from body(me, world, swings)
     yield from fold_out(rank, world, data)
+
+
+@register("all_reduce", "swing_torus_latency", cost=_swing_torus_latency_cost, symmetry=grid_rotation_parts)
+@needs_grid
+def all_reduce_swing_torus_latency(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """Swing's latency-optimal form on a D-dimensional torus, as libswing runs it on every
+    port: the vector is cut into 2D parts and, at each of the lg p steps, each part is
+    exchanged whole with the partner of its Swing (the pairs of
+    :func:`all_reduce_swing_torus_bandwidth`: Swing c starts on dimension c mod D, Swings
+    c >= D mirrored) and reduced in, so each rank's 2D messages of a step leave on 2D
+    different links. The steps run far partner first (s = lg p - 1 .. 0), as swing_latency's
+    do, so that partners reduce the same two operands: the sets each Swing has combined nest
+    (checked by :func:`nested_blocks`) and every rank ends with the same bits. Same torus and
+    fold as the bandwidth form.
+
+    Cost (one port): lg p (2D α + nβ + nγ), plus 2α + 2nβ + nγ when p is not a power of two.
+    """
+    return _on_the_grid(rank, world, layout, _whole_parts_far_first)
+
+
+def _whole_parts_far_first(me: int, world: int, swings) -> Iterator[Step]:
+    """The latency form's steps: at each step, far partner first, every part exchanged whole
+    with its Swing's partner and reduced in."""
+    for s in reversed(range(len(swings[0][1]))):
+        comms, local = [], []
+        for part, partners, _ in swings:
+            peer = real_rank(partners[s], world)
+            recv_buf = Buf("scratch", part.start, part.stop)
+            comms += sendrecv(peer, part, peer, recv_buf)
+            local.append(reduce(part, recv_buf))
+        yield step(comms, local)

@@ -18,8 +18,8 @@ from ringcoll.sim.simulate import BUILDER_OF, rank_data
 R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 LATER = {
-    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "swing_torus", "bine", "torus2d", "hierarchical",
-                   "rabenseifner_far"),
+    "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "swing_torus_bandwidth", "swing_torus_latency",
+                   "bine", "torus2d", "hierarchical", "rabenseifner_far"),
     "reduce_scatter": ("direct", "pat", "hierarchical"),
     "all_gather": ("direct", "pat", "hierarchical"),
     "broadcast": ("bine", "bine_near", "hierarchical"),

@@ -1,6 +1,6 @@
-"""Swing on a D-dimensional torus (``swing_torus``): the paper's peers and dimension order,
-the 2D Swings on distinct links, the grid taken from the machine, and the same result as the
-built-in on a real group whose machine names the torus."""
+"""Swing on a D-dimensional torus (``swing_torus_bandwidth``, ``swing_torus_latency``): the
+paper's peers and dimension order, the 2D Swings on distinct links, the grid taken from the
+machine, and the same result as the built-in on a real group whose machine names the torus."""
 from __future__ import annotations
 
 import os
@@ -97,11 +97,15 @@ def test_grid_defaults_and_choices():
     assert swing_grid(64, (4, 1, 16)) == (4, 16)      # a dimension of one rank is no dimension
 
 
+@pytest.mark.parametrize("algorithm", ["swing_torus_bandwidth", "swing_torus_latency"])
 @pytest.mark.parametrize("dims", [(4, 4, 4), (64,), (8, 8)])
-def test_the_machine_names_the_grid_and_the_result_is_exact(dims):
+def test_the_machine_names_the_grid_and_the_result_is_exact(dims, algorithm):
     machine = ringcoll.Machine.torus(dims, alpha=1e-6, beta=1 / 50e9, ports=2 * len(dims))
-    sim = ringcoll.simulate("all_reduce", "swing_torus", 64, numel=6 * 64 + 5, op=R.BXOR, machine=machine)
+    sim = ringcoll.simulate("all_reduce", algorithm, 64, numel=6 * 64 + 5, op=R.BXOR, machine=machine)
     assert sim.plans[0].layout[GRID] == dims
+    floats = [torch.randn(301, generator=torch.Generator().manual_seed(r)) for r in range(64)]
+    bits = ringcoll.simulate("all_reduce", algorithm, 64, inputs=floats, machine=machine).outputs
+    assert all(torch.equal(out[0].view(torch.int32), bits[0][0].view(torch.int32)) for out in bits)
     # every message of the run crosses one dimension, rho(k) hops: on the machine's torus
     net = machine.network
     for rank, steps in enumerate(sim.schedules):
@@ -112,7 +116,7 @@ def test_the_machine_names_the_grid_and_the_result_is_exact(dims):
                     assert len({net.links[i].level for i in path}) == 1
     # placed at random, the machine's grid no longer says where ranks are: the default grid
     shuffled = ringcoll.Machine.torus(dims, placement=("random", 1))
-    assert GRID not in ringcoll.simulate("all_reduce", "swing_torus", 64, numel=100, machine=shuffled,
+    assert GRID not in ringcoll.simulate("all_reduce", algorithm, 64, numel=100, machine=shuffled,
                                          data=False).plans[0].layout.params
 
 
@@ -125,29 +129,29 @@ def test_four_ports_run_the_four_swings_at_once():
     times = {}
     for ports in (1, 4):
         machine = ringcoll.Machine.torus((8, 8), ports=ports, **link)
-        for name in ("swing_torus", "swing_bandwidth", "rabenseifner"):
+        for name in ("swing_torus_bandwidth", "swing_bandwidth", "rabenseifner"):
             sim = ringcoll.simulate("all_reduce", name, 64, numel=4 << 20, dtype=torch.float32, machine=machine,
                                     data=False)
             times[name, ports] = sim.stats.time
-            if name == "swing_torus":
+            if name == "swing_torus_bandwidth":
                 # every directed link of the torus carries the same bytes (the paper's point)
                 net = sim.stats.network
                 assert net.used_links == len(machine.network.links)
                 assert net.max_link_bytes == net.mean_link_bytes
             elif name == "rabenseifner":
                 assert sim.stats.network.max_link_bytes > 1.5 * sim.stats.network.mean_link_bytes
-    assert times["swing_torus", 4] < times["swing_torus", 1] / 2
-    assert times["swing_torus", 4] * 2 < min(times["swing_bandwidth", 4], times["rabenseifner", 4])
+    assert times["swing_torus_bandwidth", 4] < times["swing_torus_bandwidth", 1] / 2
+    assert times["swing_torus_bandwidth", 4] * 2 < min(times["swing_bandwidth", 4], times["rabenseifner", 4])
     assert times["swing_bandwidth", 4] == times["swing_bandwidth", 1]     # one message per step
 
 
-def group_on_torus(dims, numel):
+def group_on_torus(dims, numel, algorithm):
     import torch.distributed as dist
 
     machine = ringcoll.Machine.torus(dims)
     rank = dist.get_rank()
     saved = os.environ.get("RINGCOLL_ALGO")
-    os.environ["RINGCOLL_ALGO"] = "all_reduce=swing_torus"      # read at every call
+    os.environ["RINGCOLL_ALGO"] = f"all_reduce={algorithm}"      # read at every call
     try:
         with ringcoll_log() as records:
             group = dist.new_group(backend="ringcoll", pg_options=ringcoll.Options(machine=machine))
@@ -159,7 +163,7 @@ def group_on_torus(dims, numel):
             dist.all_reduce(floats, group=group)
             # the drop-in on the same group sees the group's machine too
             again = torch.arange(numel, dtype=torch.int64) * 7 + rank * 1000 + 1
-            ringcoll.all_reduce(again, group=group, algorithm="swing_torus")
+            ringcoll.all_reduce(again, group=group, algorithm=algorithm)
     finally:
         if saved is None:
             os.environ.pop("RINGCOLL_ALGO", None)
@@ -169,16 +173,18 @@ def group_on_torus(dims, numel):
     return torch.equal(mine, want) and torch.equal(again, want), floats.view(torch.int32).tolist(), records
 
 
-@pytest.mark.parametrize("world,dims", [(4, (4,)), (4, (2, 2))])
-def test_a_group_whose_machine_is_a_torus_runs_on_its_grid(clusters, world, dims):
+@pytest.mark.parametrize("world,dims,algorithm", [(4, (4,), "swing_torus_bandwidth"),
+                                                  (4, (2, 2), "swing_torus_bandwidth"),
+                                                  (4, (4,), "swing_torus_latency")])
+def test_a_group_whose_machine_is_a_torus_runs_on_its_grid(clusters, world, dims, algorithm):
     """A ringcoll group whose Options(machine=) is a torus: its all_reduce, and the drop-in's on
     it, run Swing on that torus's grid (named in the log), give the built-in's sum and the same
     float bits everywhere."""
-    answers = clusters(world).run(group_on_torus, dims, 4 * world + 3)
+    answers = clusters(world).run(group_on_torus, dims, 4 * world + 3, algorithm)
     for rank, (equal, bits, records) in enumerate(answers):
         assert equal, f"rank {rank}"
         assert bits == answers[0][1], f"rank {rank}: float result differs in bits from rank 0's"
-        lines = [r for r in records if "swing_torus" in r and " -> " in r]
+        lines = [r for r in records if algorithm in r and " -> " in r]
         assert len(lines) == 3, records
         for line in lines:          # the backend's two calls and the drop-in's
             assert f"on the {'x'.join(map(str, dims))} grid of the machine" in line, line
