@@ -188,3 +188,16 @@ def test_a_group_whose_machine_is_a_torus_runs_on_its_grid(clusters, world, dims
         assert len(lines) == 3, records
         for line in lines:          # the backend's two calls and the drop-in's
             assert f"on the {'x'.join(map(str, dims))} grid of the machine" in line, line
+
+
+def test_auto_on_a_four_port_torus_machine_weighs_the_torus_swings():
+    """auto's model simulates the candidates on the machine it is given: on a 4-port 8x8 torus
+    at 1 MiB the torus Swing is fastest; on the flat one-port machine neither torus form is
+    chosen at that size (4x the messages through one port)."""
+    from ringcoll import selection
+
+    torus = ringcoll.Machine.torus((8, 8), alpha=1e-6, beta=1 / 50e9, hop_latency=1e-7, ports=4)
+    name, why = selection.choose("all_reduce", "auto", 1 << 20, 64, machine=torus)
+    assert name == "swing_torus_bandwidth", why
+    assert selection.choose("all_reduce", "auto", 1 << 20, 64, machine=ringcoll.Machine())[0] \
+        not in ("swing_torus_bandwidth", "swing_torus_latency")
