@@ -157,7 +157,8 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
     symmetry=)``; the rings, pairwise, Bruck, PAT, dissemination, direct, the butterflies,
-    Swing and Bine on powers of two, the node-aware ones on nodes of L, torus2d on its rows),
+    Swing and Bine on powers of two, the node-aware ones on nodes of L, torus2d on its rows, the
+    torus Swings by two along their grid's last dimension),
     on a flat machine, one whose nodes the relabelling maps onto nodes (the period widened to
     whole nodes), or a whole torus placed linearly while no link makes a message wait: same
     statistics and time, in O(L ranks' steps)
