@@ -351,11 +351,19 @@ class _Contended(Exception):
     arbitration breaks the symmetry, so every rank must run."""
 
 
-def _choices(tables):
-    """Every way to pick one port from each table (one way when each has one port)."""
-    if all(len(t) == 1 for t in tables):
-        return (tuple(t[0] for t in tables),)
-    return itertools.product(*tables)
+def _fit(busy, t: float, duration: float) -> float:
+    """The earliest time >= t from which a port or lane busy over the sorted, disjoint
+    intervals ``busy`` is free for ``duration``."""
+    i = max(0, bisect.bisect_right(busy, (t, _INF)) - 1)
+    while i < len(busy):
+        b_start, b_end = busy[i]
+        i += 1
+        if b_end <= t:
+            continue
+        if b_start >= t + duration:
+            break
+        t = b_end
+    return t
 
 
 def _without_gc(run):
@@ -587,27 +595,23 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
                 break
         else:
             return start, free
-        best = None
-        for choice in _choices(tables):
-            t = start
-            moved = True
-            while moved:
-                moved = False
-                for busy, duration in zip(choice, durations):
-                    # intervals of one port never overlap: sorted by start, so also by end
-                    i = max(0, bisect.bisect_right(busy, (t, _INF)) - 1)
-                    while i < len(busy):
-                        b_start, b_end = busy[i]
-                        i += 1
-                        if b_end <= t:
-                            continue
-                        if b_start >= t + duration:
-                            break
-                        t = b_end
-                        moved = True
-            if best is None or t < best[0]:
-                best = (t, choice)
-        return best
+        # else the least time from which every table has a lane free for its duration: each
+        # table's earliest fit from t on (over its lanes) never decreases as t grows, so
+        # moving t to the latest of them until none moves it reaches the least common one;
+        # then each table's first lane that fits there (the first such choice in lane order)
+        t = start
+        while True:
+            latest = t
+            for table, duration in zip(tables, durations):
+                fits = min(_fit(busy, t, duration) for busy in table) if len(table) > 1 \
+                    else _fit(table[0], t, duration)
+                if fits > latest:
+                    latest = fits
+            if latest == t:
+                break
+            t = latest
+        return t, [next(busy for busy in table if _fit(busy, t, duration) == t)
+                   for table, duration in zip(tables, durations)]
 
     def wake(rank, time):
         """Post the rank's next step at ``time`` (after the ranks already due then)."""
