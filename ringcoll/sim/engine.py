@@ -581,37 +581,27 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
         duration (``durations[i]`` for ``tables[i]``), the ports that are, and the time; a
         port's busy intervals are sorted and a message may take a gap before a later-booked
         one (a port never idles while a ready message could go)."""
-        # the first lane of each table free from ``start`` on, where every table has one:
-        # the first choice of the search below that starts at ``start`` (many ports or lanes
-        # make that search a product)
-        free = []
-        for table, duration in zip(tables, durations):
-            for busy in table:
-                i = bisect.bisect_right(busy, (start, _INF))
-                if (i == 0 or busy[i - 1][1] <= start) and (i == len(busy) or busy[i][0] >= start + duration):
-                    free.append(busy)
-                    break
-            else:
-                break
-        else:
-            return start, free
-        # else the least time from which every table has a lane free for its duration: each
+        # the least time from which every table has a lane free for its duration: each
         # table's earliest fit from t on (over its lanes) never decreases as t grows, so
         # moving t to the latest of them until none moves it reaches the least common one;
-        # then each table's first lane that fits there (the first such choice in lane order)
+        # each table's lane is its first one that fits there (the first such choice in lane order)
         t = start
         while True:
-            latest = t
+            latest, chosen = t, []
             for table, duration in zip(tables, durations):
-                fits = min(_fit(busy, t, duration) for busy in table) if len(table) > 1 \
-                    else _fit(table[0], t, duration)
+                lane, fits = None, _INF
+                for busy in table:
+                    fit = _fit(busy, t, duration)
+                    if fit < fits:
+                        lane, fits = busy, fit
+                        if fit == t:
+                            break           # no lane fits earlier than t
+                chosen.append(lane)
                 if fits > latest:
                     latest = fits
             if latest == t:
-                break
+                return t, chosen
             t = latest
-        return t, [next(busy for busy in table if _fit(busy, t, duration) == t)
-                   for table, duration in zip(tables, durations)]
 
     def wake(rank, time):
         """Post the rank's next step at ``time`` (after the ranks already due then)."""
