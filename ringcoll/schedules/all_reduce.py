@@ -11,7 +11,7 @@ from typing import Iterator
 
 from .vocabulary import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
 from .registry import Cost, register, rotation_when_even, xor_when_even
-from .fold import fold_in, fold_out, folded_rank, halving, largest_pof2, real_rank
+from .fold import folded, halving, largest_pof2, real_rank
 from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, port_split, \
     segment_count, segment_numel
 
@@ -85,15 +85,13 @@ def whole_vector_exchanges(rank: int, world: int, layout: Layout, partners) -> I
     """Fold in (non-powers of two), then at each step exchange the whole vector with
     ``partners[step](folded rank)`` (a folded rank) and reduce it in, then fold out: the
     latency-optimal butterflies (recursive doubling, Swing's latency form)."""
-    data = Buf("data", 0, layout.numel)
-    scratch = Buf("scratch", 0, layout.numel)
-    yield from fold_in(rank, world, data, scratch)
-    me = folded_rank(rank, world)
-    if me is not None:
+    data, scratch = Buf("data", 0, layout.numel), Buf("scratch", 0, layout.numel)
+
+    def exchanges(me: int) -> Iterator[Step]:
         for partner in partners:
             peer = real_rank(partner(me), world)
             yield step(sendrecv(peer, data, peer, scratch), [reduce(data, scratch)])
-    yield from fold_out(rank, world, data)
+    return folded(rank, world, layout.numel, exchanges)
 
 
 def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
@@ -138,12 +136,9 @@ def halving_doubling(rank: int, world: int, layout: Layout, distances) -> Iterat
     """Fold in, then a reduce-scatter over pof2 chunks that halves the shared range at each
     of ``distances`` (partner: folded rank xor distance; the lower rank keeps the lower
     half), then an all-gather over the same pairs in reverse order; then fold out."""
-    data = Buf("data", 0, layout.numel)
-    yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
-    me = folded_rank(rank, world)
-    if me is not None:
-        pof2 = largest_pof2(world)
-        data_chunks = chunks("data", layout.numel, pof2)
+    data_chunks = chunks("data", layout.numel, largest_pof2(world))
+
+    def halving_then_doubling(me: int) -> Iterator[Step]:
         history = []
         # scatter-reduce
         for peer, keep, give in halving(me, world, distances):
@@ -154,7 +149,7 @@ def halving_doubling(rank: int, world: int, layout: Layout, distances) -> Iterat
         # allgather
         for peer, keep, give in reversed(history):
             yield step(sendrecv(peer, span(data_chunks, *keep), peer, span(data_chunks, *give)))
-    yield from fold_out(rank, world, data)
+    return folded(rank, world, layout.numel, halving_then_doubling)
 
 
 def _double_binary_tree_cost(world: int, nbytes: int, segment=None) -> Cost:

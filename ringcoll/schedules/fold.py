@@ -8,7 +8,7 @@ result back to ``rank - 1``. Extra cost: 2α + 2nβ + nγ.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from .vocabulary import Buf, Recv, Send, Step, reduce, step
 
@@ -73,3 +73,15 @@ def fold_out(rank: int, world: int, data: Buf) -> Iterator[Step]:
     partner = fold_partner(rank, world)
     if partner is not None:
         yield step([Recv(partner, data)]) if rank % 2 == 0 else step([Send(partner, data)])
+
+
+def folded(rank: int, world: int, numel: int, steps_of: Callable[[int], Iterable[Step]]) -> Iterator[Step]:
+    """A power-of-two all-reduce on any world: fold in (``data[0:numel]``, the fold's own
+    receive in ``scratch[0:numel]``), then ``steps_of(me)``'s steps on this rank's folded
+    rank ``me`` (a rank that sits out takes none), then fold out."""
+    data = Buf("data", 0, numel)
+    yield from fold_in(rank, world, data, Buf("scratch", 0, numel))
+    me = folded_rank(rank, world)
+    if me is not None:
+        yield from steps_of(me)
+    yield from fold_out(rank, world, data)

@@ -47,7 +47,7 @@ import numpy as np
 from .registry import Cost, register
 from .vocabulary import GRID, Buf, Layout, Step, chunks, needs_grid, reduce, sendrecv, span, step
 from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
-from .fold import fold_in, fold_out, folded_rank, largest_pof2, real_rank
+from .fold import folded, largest_pof2, real_rank
 
 
 def rho(s: int) -> int:
@@ -157,29 +157,12 @@ def all_reduce_swing_latency(rank: int, world: int, layout: Layout) -> Iterator[
 
 
 def butterfly(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """The Swing / Bine butterfly all-reduce (see :func:`all_reduce_swing_bandwidth`)."""
-    data = Buf("data", 0, layout.numel)
-    yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
-    me = folded_rank(rank, world)
-    if me is not None:
-        pof2 = largest_pof2(world)
-        blocks = swing_blocks(pof2)
-        data_chunks = chunks("data", layout.numel, pof2)
-
-        steps = pof2.bit_length() - 1
-        partners = [swing_peer(me, s, pof2) for s in range(steps)]
-        # reduce-scatter: keep the blocks of the ranks this rank still reaches
-        for s, q in enumerate(partners):
-            keep, give = span(data_chunks, *blocks[me][s]), span(data_chunks, *blocks[q][s])
-            recv_buf = Buf("scratch", 0, keep.numel)
-            yield step(sendrecv(real_rank(q, world), give, real_rank(q, world), recv_buf),
-                       [reduce(keep, recv_buf)])
-        # all-gather: the same pairs in reverse order swap what they own
-        for s in reversed(range(steps)):
-            q = partners[s]
-            yield step(sendrecv(real_rank(q, world), span(data_chunks, *blocks[me][s]),
-                                real_rank(q, world), span(data_chunks, *blocks[q][s])))
-    yield from fold_out(rank, world, data)
+    """The Swing / Bine butterfly all-reduce (see :func:`all_reduce_swing_bandwidth`): one
+    part, the whole vector, on Swing's pairs (:func:`_reduce_scatter_all_gather`)."""
+    pof2 = largest_pof2(world)
+    whole = Buf("data", 0, layout.numel)
+    return folded(rank, world, layout.numel, lambda me: _reduce_scatter_all_gather(
+        me, world, [(whole, [swing_peer(me, s, pof2) for s in range(pof2.bit_length() - 1)], swing_blocks(pof2))]))
 
 
 @register("all_reduce", "swing_bandwidth", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even)
@@ -326,7 +309,9 @@ def all_reduce_swing_torus_bandwidth(rank: int, world: int, layout: Layout) -> I
 
 def _reduce_scatter_all_gather(me: int, world: int, swings) -> Iterator[Step]:
     """The bandwidth form's steps of folded rank ``me``: each Swing's reduce-scatter over its
-    part's pof2 blocks, then its all-gather on the same pairs in reverse."""
+    part's pof2 blocks (keeping the blocks of the ranks it still reaches), then its all-gather
+    on the same pairs in reverse (swapping what they own). ``swings[c]``: Swing c's part of
+    the data, its partners by step (folded ranks) and its blocks."""
     pof2 = largest_pof2(world)
     mine = [(chunks("data", part.numel, pof2, part.start), partners, blocks, part.start)
             for part, partners, blocks in swings]
@@ -350,20 +335,20 @@ def _reduce_scatter_all_gather(me: int, world: int, swings) -> Iterator[Step]:
 
 
 def _on_the_grid(rank: int, world: int, layout: Layout, body) -> Iterator[Step]:
-    """Fold in (non-powers of two), then ``body(me, world, swings)``'s steps on the folded
-    ranks' grid (:func:`swing_grid`): ``swings[c]`` is Swing c's part of the data, its
-    partners by step (folded ranks) and its blocks (:func:`grid_plan`); then fold out."""
-    data = Buf("data", 0, layout.numel)
-    yield from fold_in(rank, world, data, Buf("scratch", 0, layout.numel))
-    me = folded_rank(rank, world)
+    """``body(me, world, swings)``'s steps on the folded ranks' grid (:func:`swing_grid`),
+    folded (:func:`~.fold.folded`): ``swings[c]`` is Swing c's part of the data, its partners
+    by step (folded ranks) and its blocks (:func:`grid_plan`)."""
     pof2 = largest_pof2(world)
-    if me is not None and pof2 > 1:
+
+    def on_the_grid(me: int) -> Iterator[Step]:
+        if pof2 == 1:
+            return
         dims = swing_grid(pof2, layout.get(GRID))
         subs = grid_plan(dims)
         swings = [(part, [int(grid_peers(me, dims, d, k, mirrored)) for d, k in steps], blocks)
                   for part, (steps, mirrored, blocks) in zip(chunks("data", layout.numel, len(subs)), subs)]
         yield from body(me, world, swings)
-    yield from fold_out(rank, world, data)
+    return folded(rank, world, layout.numel, on_the_grid)
 
 
 @register("all_reduce", "swing_torus_latency", cost=_swing_torus_latency_cost, symmetry=grid_rotation_parts)
