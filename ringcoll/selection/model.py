@@ -20,7 +20,7 @@ from .tables import segment_bytes, state, table
 SMALL_WORLD_ONLY = {"direct": 8}
 
 #: algorithms added after the measured rules; on a tie in modelled time the classic wins
-FRONTIER = ("direct", "swing_latency", "swing_bandwidth", "swing_torus_bandwidth", "swing_torus_latency", "bine", "pat", "torus2d", "hierarchical")
+FRONTIER = ("direct", "swing_latency", "swing_bandwidth", "swing_torus_bandwidth", "swing_torus_latency", "bine", "pat", "torus2d", "bucket_torus", "hierarchical")
 
 _machine_cache: dict = {}
 

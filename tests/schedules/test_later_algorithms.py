@@ -19,7 +19,7 @@ R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 LATER = {
     "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "swing_torus_bandwidth", "swing_torus_latency",
-                   "bine", "torus2d", "hierarchical", "rabenseifner_far"),
+                   "bine", "torus2d", "bucket_torus", "hierarchical", "rabenseifner_far"),
     "reduce_scatter": ("direct", "pat", "hierarchical"),
     "all_gather": ("direct", "pat", "hierarchical"),
     "broadcast": ("bine", "bine_near", "hierarchical"),

@@ -175,7 +175,8 @@ def group_on_torus(dims, numel, algorithm):
 
 @pytest.mark.parametrize("world,dims,algorithm", [(4, (4,), "swing_torus_bandwidth"),
                                                   (4, (2, 2), "swing_torus_bandwidth"),
-                                                  (4, (4,), "swing_torus_latency")])
+                                                  (4, (4,), "swing_torus_latency"),
+                                                  (4, (2, 2), "bucket_torus")])
 def test_a_group_whose_machine_is_a_torus_runs_on_its_grid(clusters, world, dims, algorithm):
     """A ringcoll group whose Options(machine=) is a torus: its all_reduce, and the drop-in's on
     it, run Swing on that torus's grid (named in the log), give the built-in's sum and the same
