@@ -277,13 +277,15 @@ def write_report(doc, out) -> None:
     plot(doc, out)
     lines = ["# The Swing paper's tori in its own network (simulated)", "",
              "Produced by `python -m experiments.study_swing_paper` (do not edit: rerun it). " + __doc__.split("\n\n", 1)[1]
-             .replace("\n", " ").strip(), "",
+             .replace("\n", " ").replace("``", "`").strip(), "",
              "Deviations from the paper's runs: ringcoll's links carry whole messages first come first served "
              "(cut-through, each message holding every link of its path for its wire time), not packets; no "
-             "host overhead or reduction time; `ring` is one ring through one port (the paper's H uses every "
-             "port); `rabenseifner` is not Sack and Gropp's torus-optimised form. All tori are placed "
-             "linearly (rank r on node r, dimension 0 fastest) and every torus algorithm runs on the "
-             "machine's grid.", "",
+             "reduction time (γ = 0, as in the paper's model), the per-message overhead α fitted (below); "
+             "`ring` is one ring through one port (the paper's H uses every port); `rabenseifner` is not Sack "
+             "and Gropp's torus-optimised form. All tori are placed linearly (rank r on node r, dimension 0 "
+             "fastest) and every torus algorithm runs on the machine's grid. Not rerun: the 128x128 torus of "
+             "Fig. 7 (16,384 ranks; bucket_torus and the small sizes run every rank) and the torus-like "
+             "networks of Figs. 12-14 (HammingMesh, HyperX).", "",
              "![goodput](swing_paper_goodput.png)", "", "![gain](swing_paper_gain.png)", "",
              "## 32 B: the runtimes printed on the paper's figures, and α", "",
              f"α = {doc['fit']['alpha_us']:.2f} µs per message fits the {3 * len(PAPER_32B)} printed times "
