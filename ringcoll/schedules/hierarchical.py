@@ -2,8 +2,9 @@
 
 Horovod's hierarchical all-reduce (local ncclReduceScatter, MPI all-reduce of the shard
 across nodes, local ncclAllGather; ``nccl_operations.cc``), the 2-D torus all-reduce (Sony
-on ABCI, arXiv 1811.05233; Google on TPU v3, arXiv 1811.06992) and leader-based rooted and
-gathering collectives (MPICH's SMP-aware collectives).
+on ABCI, arXiv 1811.05233; Google on TPU v3, arXiv 1811.06992), the bucket all-reduce on every
+port of a torus (rings along each dimension in turn; the Swing paper's baseline) and
+leader-based rooted and gathering collectives (MPICH's SMP-aware collectives).
 
 The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.runtime.nodes`: the
 simulator's ``local_size``, else the layout the group's ranks agreed on by exchange, from
