@@ -345,7 +345,8 @@ def write_report(doc, out) -> None:
                 row.append(f"{goodput(n, t[0]):.3g}" if t else "–")
             if n in g:
                 s_us, s_form, b_us, fam, form, gain = g[n]
-                row += [s_form.replace("swing_torus_", ""), f"{fam} ({form})", f"**{gain:+.0f}%**" if gain < 0 else f"{gain:+.0f}%"]
+                shown = f"{gain:+.1f}%" if abs(gain) < 1 else f"{gain:+.0f}%"
+                row += [s_form.replace("swing_torus_", ""), f"{fam} ({form})", f"**{shown}**" if gain < 0 else shown]
             else:
                 row += ["–", "–", "–"]
             lines.append("| " + " | ".join(row) + " |")
