@@ -60,9 +60,7 @@ def machine_grid(machine, world: Optional[int]) -> Optional[Tuple[int, ...]]:
     """The dimensions of ``machine``'s torus or mesh when it has one host per rank of the
     world and rank r on host r (``layout[GRID]`` of the schedules that read it), else None."""
     net = getattr(machine, "network", None)
-    if net is None or net.kind not in ("torus", "mesh") or net.hosts != world or net.placement is not None:
-        return None
-    return tuple(net.params["dims"])
+    return None if net is None or world is None else net.grid(world)
 
 
 def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Context,

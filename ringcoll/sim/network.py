@@ -197,6 +197,14 @@ class Network:
             host //= d
         return tuple(out)
 
+    def grid(self, world: int) -> Optional[Tuple[int, ...]]:
+        """The dimensions of this torus or mesh (dimension 0 fastest) when ``world`` ranks sit
+        on it one per host, rank r on host r; else None (another kind, fewer ranks than hosts,
+        or another placement). The schedules that follow the machine's grid read it."""
+        if self.kind not in ("torus", "mesh") or self.placement is not None or world != self.hosts:
+            return None
+        return tuple(self.params["dims"])
+
     def host_at(self, coords) -> int:
         host = 0
         for c, d in zip(reversed(coords), reversed(self.params["dims"])):
