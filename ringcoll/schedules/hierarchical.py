@@ -18,13 +18,12 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import math
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
-from .vocabulary import (GRID, Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, needs_grid, needs_nodes, reduce,
-                         span, step)
+from .vocabulary import (GRID, Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, grid_of,
+                         needs_grid, needs_nodes, reduce, span, step, torus_grid)
 from .trees import binomial
 
 
@@ -221,12 +220,6 @@ def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     return two_level_all_reduce(rank, world, _nodes(layout, world), layout.numel)
 
 
-def torus_grid(world: int) -> Tuple[int, int]:
-    """(X, Y) with X·Y = p and Y the largest divisor of p not above √p: rows of X ranks."""
-    y = max(d for d in range(1, int(world ** 0.5) + 1) if world % d == 0) if world else 1
-    return world // y, y
-
-
 def _torus_cost(world: int, nbytes: int) -> Cost:
     return _two_level_cost(world, nbytes, torus_grid(world)[0])
 
@@ -263,11 +256,9 @@ def _rows(world: int) -> Tuple[int, ...]:
 
 # -- the bucket algorithm on every port of a torus ---------------------------------------------
 def bucket_grid(world: int, given: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
-    """The torus the bucket algorithm runs on: ``given`` (``layout[GRID]``, the machine's
-    torus or mesh, dimension 0 fastest) when its product is the world, any sizes, else the
-    X × Y grid of torus2d (:func:`torus_grid`); dimensions of one rank are dropped."""
-    dims = tuple(given) if given is not None and math.prod(given) == world else torus_grid(world)
-    return tuple(d for d in dims if d > 1)
+    """The torus the bucket algorithm runs on (:func:`~.vocabulary.grid_of`): ``given``
+    (``layout[GRID]``) of any sizes, else torus2d's X × Y grid."""
+    return grid_of(world, given)
 
 
 def bucket_lines(rank: int, dims: Sequence[int]) -> List[Tuple[List[int], int]]:

@@ -45,7 +45,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 import numpy as np
 
 from .registry import Cost, register
-from .vocabulary import GRID, Buf, Layout, Step, chunks, needs_grid, reduce, sendrecv, span, step
+from .vocabulary import GRID, Buf, Layout, Step, chunks, grid_of, needs_grid, reduce, sendrecv, span, step
 from .all_reduce import _rabenseifner_cost, _recursive_doubling_cost, whole_vector_exchanges
 from .fold import folded, largest_pof2, real_rank
 
@@ -184,16 +184,10 @@ def all_reduce_swing_bandwidth(rank: int, world: int, layout: Layout) -> Iterato
 
 # -- Swing on a torus: one Swing per dimension and direction at once (the paper's Section 4) --
 def swing_grid(world: int, given: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
-    """The torus Swing runs on for a power-of-two ``world``: ``given`` (``layout[GRID]``, the
-    machine's torus, dimension 0 fastest) when its dimensions are powers of two whose product
-    is the world, else the 2-D grid of torus2d (X × Y, X·Y = p, Y = 2^⌊lg p / 2⌋: rows of X
-    consecutive ranks); dimensions of one rank are dropped (a ring is one dimension)."""
-    if given is not None and math.prod(given) == world and all(d & (d - 1) == 0 for d in given):
-        dims = tuple(given)
-    else:
-        y = 1 << ((world.bit_length() - 1) // 2)
-        dims = (world // y, y)
-    return tuple(d for d in dims if d > 1)
+    """The torus Swing runs on for a power-of-two ``world`` (:func:`~.vocabulary.grid_of`):
+    ``given`` (``layout[GRID]``) when its dimensions are powers of two, else the 2-D grid of
+    torus2d (X × Y, X·Y = p, on a power of two Y = 2^⌊lg p / 2⌋: rows of X consecutive ranks)."""
+    return grid_of(world, given, lambda dims: all(d & (d - 1) == 0 for d in dims))
 
 
 def grid_steps(dims: Sequence[int], start: int) -> Tuple[Tuple[int, int], ...]:

@@ -26,6 +26,7 @@ Iterable[Step]`` that never touches torch.distributed: executors run it on a pro
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Callable, Iterable, Optional, Tuple
@@ -353,3 +354,21 @@ def needs_grid(schedule: Callable) -> Callable:
     mesh of the world's size (the builders then add it)."""
     schedule.needs_grid = True
     return schedule
+
+
+def torus_grid(world: int) -> Tuple[int, int]:
+    """(X, Y) with X·Y = p and Y the largest divisor of p not above √p: rows of X ranks (the
+    grid of torus2d, and of the torus schedules where the machine names none)."""
+    y = max(d for d in range(1, int(world ** 0.5) + 1) if world % d == 0) if world else 1
+    return world // y, y
+
+
+def grid_of(world: int, given: Optional[Sequence[int]] = None,
+            usable: Callable[[Tuple[int, ...]], bool] = lambda dims: True) -> Tuple[int, ...]:
+    """The grid a torus schedule runs on: ``given`` (``layout[GRID]``, the machine's torus or
+    mesh, dimension 0 fastest) when its product is the world and ``usable(given)``, else the
+    X × Y grid of :func:`torus_grid`; dimensions of one rank are dropped (a ring is one
+    dimension)."""
+    dims = tuple(given) if given is not None and math.prod(given) == world and usable(tuple(given)) \
+        else torus_grid(world)
+    return tuple(d for d in dims if d > 1)
