@@ -146,6 +146,11 @@ def goodput(nbytes, us):
     return nbytes * 8 / (us * 1e-6) / 1e9
 
 
+def sizes_of(cells) -> list:
+    """The sizes a torus's cells (keyed "algorithm bytes") were run at, ascending."""
+    return sorted({int(key.split()[1]) for key in cells})
+
+
 def family_time(cells, family, nbytes):
     """(µs, algorithm) of the family's fastest at this size, or None."""
     found = [(cells[f"{a} {nbytes}"]["us"], a) for a in FAMILIES[family] if f"{a} {nbytes}" in cells]
@@ -232,7 +237,7 @@ def plot(doc, out):
         if tag not in doc:
             continue
         cells, dims = doc[tag]["cells"], doc[tag]["dims"]
-        sizes = sorted({int(k.split()[1]) for k in cells})
+        sizes = sizes_of(cells)
         for family in FAMILIES:
             xs, ys = [], []
             for n in sizes:
@@ -258,7 +263,7 @@ def plot(doc, out):
     for tag, *_ in TORI:
         if tag not in doc or "@" in tag:
             continue
-        g = gains(doc[tag]["cells"], sorted({int(k.split()[1]) for k in doc[tag]["cells"]}))
+        g = gains(doc[tag]["cells"], sizes_of(doc[tag]["cells"]))
         ax.plot(list(g), [v[5] for v in g.values()], marker="o", label=tag)
     ax.axhline(0, color="grey")
     ax.set_xscale("log", base=2)
@@ -334,7 +339,7 @@ def write_report(doc, out) -> None:
         if tag not in doc or "@" in tag:
             continue
         cells = doc[tag]["cells"]
-        sizes = sorted({int(k.split()[1]) for k in cells})
+        sizes = sizes_of(cells)
         g = per[tag] = gains(cells, sizes)
         lines += [f"### {tag} torus, p = {doc[tag]['world']}, {2 * len(dims)} ports per node (the paper's {figure})", "",
                   "| size | S | D | B | ring | S's form | best of D, B | Swing's gain |", "|---|---|---|---|---|---|---|---|"]
