@@ -158,7 +158,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
     symmetry=)``; the rings, pairwise, Bruck, PAT, dissemination, direct, the butterflies,
     Swing and Bine on powers of two, the node-aware ones on nodes of L, torus2d on its rows, the
-    torus Swings by two along their grid's last dimension),
+    torus Swings by two and bucket_torus by one along their grid's last dimension),
     on a flat machine, one whose nodes the relabelling maps onto nodes (the period widened to
     whole nodes), or a whole torus placed linearly while no link makes a message wait: same
     statistics and time, in O(L ranks' steps)
