@@ -170,6 +170,9 @@ def main(argv=None) -> None:
         with open(path) as f:
             doc = json.load(f)
     wanted = set(args.only.split(",")) if args.only else None
+    if wanted and wanted - {tag for tag, *_ in TORI}:
+        parser.error(f"--only: unknown torus {', '.join(sorted(wanted - {tag for tag, *_ in TORI}))}; "
+                     f"the tori are {', '.join(tag for tag, *_ in TORI)}")
     started = time.time()
     if not args.report_only:
         alpha = fit_alpha(doc)
