@@ -47,6 +47,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from ..runtime.local import run_local
+from .batch import one_step_torus, run_one_step
 from .machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.vocabulary import Copies, Recv, Reduce, Send, extents
@@ -140,6 +141,7 @@ class SimStats:
     mirrored: Optional[str] = None      # "rotation" | "xor": representatives' run stood for every rank
     crossing: int = 0           # messages between nodes (hierarchical) or a network's groups
     network: Optional["NetworkStats"] = field(default=None, repr=False)  # per-link load on a network
+    compiled: bool = field(default=False, compare=False)  # every rank ran on the compiled one-step clock (sim.batch)
 
     @property
     def world(self) -> int:
@@ -230,9 +232,19 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
         if found is not None:
             kind, period = found
             first = plans[0]
+            schedules = [first.algorithm.schedule(rank, world, first.layout) for rank in range(period)]
+            if kind == "rotation" and one_step_torus(machine, period, world) is not None:
+                # one step per rank on a torus: every rank on the compiled clock of one-step
+                # exchanges (ringcoll.sim.batch), exact where messages share links, which a
+                # mirrored run cannot follow
+                heads = [list(itertools.islice(schedule, 2)) for schedule in schedules]
+                if all(len(head) == 1 for head in heads):
+                    stats = run_one_step(heads, machine, itemsizes[0], world)
+                    if stats is not None:
+                        return stats
+                schedules = [itertools.chain(head, schedule) for head, schedule in zip(heads, schedules)]
             try:
-                return run_schedules([first.algorithm.schedule(rank, world, first.layout) for rank in range(period)],
-                                     machine, itemsizes[:period], describe=[first.describe] * period,
+                return run_schedules(schedules, machine, itemsizes[:period], describe=[first.describe] * period,
                                      mirror=(kind, world))
             except _Contended:
                 pass                    # a link made a message wait: run every rank
