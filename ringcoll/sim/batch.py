@@ -101,17 +101,7 @@ def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, wor
 
     alpha, beta, gamma, ports = machine.alpha, machine.beta, machine.gamma, machine.ports
     links = net.links
-    # a link's kind (dimension, direction), and the link of each kind from each host: a
-    # translation of the torus moves a link to the link of its kind from its moved source
-    dims = net.params["dims"]
-    link_host = np.array([link.src for link in links], dtype=np.int64)
-    link_kind = np.empty(len(links), dtype=np.int64)
-    host_link = np.full((net.hosts, 2 * len(dims)), -1, dtype=np.int64)
-    for i, link in enumerate(links):
-        here, there = net.coords(link.src), net.coords(link.dst)
-        dim = next(d for d, (a, b) in enumerate(zip(here, there)) if a != b)
-        link_kind[i] = 2 * dim + ((there[dim] - here[dim]) % dims[dim] == 1)
-        host_link[link.src, link_kind[i]] = i
+    link_host, link_kind, host_link = link_kinds(net)
     # the representatives' routes and prices, as the event clock routes and prices them
     path_ptr, path_links = _routes(net, np.array(send_rep, dtype=np.int64), np.array(send_peer, dtype=np.int64),
                                    link_host, link_kind, host_link)
@@ -155,6 +145,22 @@ def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, wor
     result.network = NetworkStats(net, net.hosts_of(world), [int(b) for b in net_bytes],
                                   [float(b) for b in net_busy], int(hop_bytes))
     return result
+
+
+def link_kinds(net):
+    """Each link's source host and kind (2·dimension + 1 forward, + 0 backward) on a torus,
+    and the link of each kind from each host (-1: none): a translation of the torus moves a
+    link to the link of its kind from its moved source."""
+    dims = net.params["dims"]
+    link_host = np.array([link.src for link in net.links], dtype=np.int64)
+    link_kind = np.empty(len(net.links), dtype=np.int64)
+    host_link = np.full((net.hosts, 2 * len(dims)), -1, dtype=np.int64)
+    for i, link in enumerate(net.links):
+        here, there = net.coords(link.src), net.coords(link.dst)
+        dim = next(d for d, (a, b) in enumerate(zip(here, there)) if a != b)
+        link_kind[i] = 2 * dim + ((there[dim] - here[dim]) % dims[dim] == 1)
+        host_link[link.src, link_kind[i]] = i
+    return link_host, link_kind, host_link
 
 
 def _routes(net, sources, peers, link_host, link_kind, host_link):

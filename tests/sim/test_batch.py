@@ -12,7 +12,7 @@ import torch
 
 import ringcoll
 from ringcoll.schedules.vocabulary import Buf, Recv, Send, step
-from ringcoll.sim.batch import _routes, one_step_torus, run_one_step
+from ringcoll.sim.batch import _routes, link_kinds, one_step_torus, run_one_step
 from ringcoll.sim.engine import run_schedules
 
 TORI = [(4, 4), (6, 4), (5, 3), (3, 3, 2), (2, 6), (8, 8)]
@@ -87,16 +87,7 @@ def test_routes_moved_from_host_zero_are_the_networks_routes():
         hosts = net.hosts
         sources = np.repeat(np.arange(hosts), hosts)
         peers = np.tile(np.arange(hosts), hosts)
-        links = net.links
-        link_host = np.array([link.src for link in links], dtype=np.int64)
-        link_kind = np.empty(len(links), dtype=np.int64)
-        host_link = np.full((hosts, 2 * len(dims)), -1, dtype=np.int64)
-        for i, link in enumerate(links):
-            here, there = net.coords(link.src), net.coords(link.dst)
-            dim = next(d for d, (a, b) in enumerate(zip(here, there)) if a != b)
-            link_kind[i] = 2 * dim + ((there[dim] - here[dim]) % dims[dim] == 1)
-            host_link[link.src, link_kind[i]] = i
-        offsets, found = _routes(net, sources, peers, link_host, link_kind, host_link)
+        offsets, found = _routes(net, sources, peers, *link_kinds(net))
         for i, (a, b) in enumerate(zip(sources.tolist(), peers.tolist())):
             assert tuple(found[offsets[i]:offsets[i + 1]].tolist()) == net.route(a, b), (dims, a, b)
 
