@@ -24,14 +24,14 @@ mismatch, messages waiting on each other in a circle, a timeline.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
 from .machine import Machine
 from ..schedules.vocabulary import Recv, Send
 
-__all__ = ["one_step_torus", "run_one_step"]
+__all__ = ["OneStep", "one_step_clock", "one_step_torus"]
 
 
 def one_step_torus(machine: Machine, count: int, world: int):
@@ -44,13 +44,30 @@ def one_step_torus(machine: Machine, count: int, world: int):
     return net if all(link.hold == "wire" for link in net.links) else None
 
 
-def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, world: int):
-    """The :class:`~ringcoll.sim.engine.SimStats` of a cost-only run of ``world`` ranks, rank r
-    running representative ``r % L``'s schedule (``representatives``: L lists of steps) with
-    every peer q moved to ``(q + r - r % L) % world``, on ``machine``'s torus (placed linearly,
-    L a multiple of its last dimension's stride); None where the event clock must run."""
-    from .engine import NetworkStats, RankStats, SimStats, MirroredLinks, reduced_bytes
+class OneStep(NamedTuple):
+    """What :func:`one_step_clock` finds: per rank its end, messages sent, bytes sent and
+    received; bytes per representative link ``rep * world + peer``; per network link its
+    bytes and busy seconds; hop-bytes; the network."""
 
+    times: List[float]
+    messages: List[int]
+    sent: List[int]
+    received: List[int]
+    per_link: Dict[int, int]
+    link_bytes: List[int]
+    link_busy: List[float]
+    hop_bytes: int
+    network: object
+
+
+def one_step_clock(representatives: Sequence, machine: Machine, itemsize: int, world: int,
+                   reduced: Sequence[int]):
+    """The clock of a cost-only run of ``world`` ranks, rank r running representative ``r %
+    L``'s schedule (``representatives``: L lists of steps, ``reduced[a]`` bytes reduced by
+    representative a's) with every peer q moved to ``(q + r - r % L) % world``, on
+    ``machine``'s torus (placed linearly, L a multiple of its last dimension's stride): a
+    :class:`OneStep`, or None where the event clock must run
+    (:func:`ringcoll.sim.engine.run_one_step` makes it the event clock's statistics)."""
     count = len(representatives)
     net = one_step_torus(machine, count, world)
     if net is None or any(len(steps) != 1 for steps in representatives):
@@ -58,7 +75,7 @@ def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, wor
     # the representatives' transfers: per representative, its sends (position, peer, elements)
     # and its receives by (peer, occurrence)
     send_rep, send_pos, send_peer, send_numel, send_recv_pos, send_index = [], [], [], [], [], []
-    recv_count, send_count, reduced = [], [], []
+    recv_count, send_count = [], []
     receives: List[Dict] = []
     for rep, (st,) in enumerate(representatives):
         table, seen = {}, {}
@@ -72,7 +89,6 @@ def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, wor
                 table[(peer, occurrence)] = (pos, item.buf.stop - item.buf.start, len(table))
         receives.append(table)
         recv_count.append(len(table))
-        reduced.append(reduced_bytes(st.local, itemsize) if st.local else 0)
     for rep, (st,) in enumerate(representatives):
         seen, index = {}, 0
         for pos, item in enumerate(st.comms):
@@ -134,17 +150,12 @@ def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, wor
     status, times, messages, sent, received, net_bytes, net_busy, hop_bytes = out
     if status != 0:
         return None                         # messages waiting on each other in a circle
-    ranks = [RankStats(steps=1, messages=int(messages[r]), bytes_sent=int(sent[r]),
-                       bytes_received=int(received[r]), bytes_reduced=reduced[r % count], time=float(times[r]))
-             for r in range(world)]
     per_link: Dict[int, int] = {}
     for rep, peer, numel in zip(send_rep, send_peer, send_numel):
         key = rep * world + peer
         per_link[key] = per_link.get(key, 0) + numel * itemsize
-    result = SimStats(ranks, 1, MirroredLinks(per_link, "rotation", world, count), compiled=True)
-    result.network = NetworkStats(net, net.hosts_of(world), [int(b) for b in net_bytes],
-                                  [float(b) for b in net_busy], int(hop_bytes))
-    return result
+    return OneStep(times.tolist(), messages.tolist(), sent.tolist(), received.tolist(), per_link,
+                   net_bytes.tolist(), net_busy.tolist(), int(hop_bytes), net)
 
 
 def link_kinds(net):

@@ -47,7 +47,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from ..runtime.local import run_local
-from .batch import one_step_torus, run_one_step
+from .batch import one_step_clock, one_step_torus
 from .machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.vocabulary import Copies, Recv, Reduce, Send, extents
@@ -278,6 +278,25 @@ def run_plans(plans: Sequence[Plan], machine: Machine = Machine(), *, data: bool
     for plan in plans:
         for after in plan.after:
             after()
+    return stats
+
+
+def run_one_step(representatives: Sequence, machine: Machine, itemsize: int, world: int) -> Optional[SimStats]:
+    """The statistics of a cost-only run of ``world`` ranks on a torus, rank r running
+    representative ``r % L``'s one step (``representatives``: L lists of steps) with its peers
+    moved by ``r - r % L``: every rank on the compiled clock of one-step exchanges
+    (:mod:`ringcoll.sim.batch`), equal to the event clock's; None where it declines."""
+    reduced = [reduced_bytes(steps[0].local, itemsize) if len(steps) == 1 and steps[0].local else 0
+               for steps in representatives]
+    run = one_step_clock(representatives, machine, itemsize, world, reduced)
+    if run is None:
+        return None
+    count = len(representatives)
+    ranks = [RankStats(steps=1, messages=run.messages[r], bytes_sent=run.sent[r], bytes_received=run.received[r],
+                       bytes_reduced=reduced[r % count], time=run.times[r]) for r in range(world)]
+    stats = SimStats(ranks, 1, MirroredLinks(run.per_link, "rotation", world, count), compiled=True)
+    stats.network = NetworkStats(run.network, run.network.hosts_of(world), run.link_bytes, run.link_busy,
+                                 run.hop_bytes)
     return stats
 
 

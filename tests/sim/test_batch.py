@@ -12,8 +12,8 @@ import torch
 
 import ringcoll
 from ringcoll.schedules.vocabulary import Buf, Recv, Send, step
-from ringcoll.sim.batch import _routes, link_kinds, one_step_torus, run_one_step
-from ringcoll.sim.engine import run_schedules
+from ringcoll.sim.batch import _routes, link_kinds, one_step_torus
+from ringcoll.sim.engine import run_one_step, run_schedules
 
 TORI = [(4, 4), (6, 4), (5, 3), (3, 3, 2), (2, 6), (8, 8)]
 
