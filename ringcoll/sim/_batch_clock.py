@@ -357,16 +357,13 @@ def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, sen
                         fresh = np.concatenate((fresh, np.empty(fresh.shape[0], dtype=np.bool_)))
                     if not held:
                         continue                    # (none held: the common case reads no table)
-                    if send_head[src] < send_count[src % count]:
-                        after = held_send[src, send_head[src]]
-                        if after >= 0:
-                            stack[top] = after
-                            fresh[top] = False
-                            top += 1
-                    if recv_head[dst] < recv_count[dst % count]:
-                        after = held_recv[dst, recv_head[dst]]
-                        if after >= 0:
-                            stack[top] = after
+                    for side in range(2):       # the message now heading the sender's sends, then the receiver's receives
+                        if side == 0:
+                            rank, head, last, table = src, send_head[src], send_count[src % count], held_send
+                        else:
+                            rank, head, last, table = dst, recv_head[dst], recv_count[dst % count], held_recv
+                        if head < last and table[rank, head] >= 0:
+                            stack[top] = table[rank, head]
                             fresh[top] = False
                             top += 1
         run_start = run_end
