@@ -1,6 +1,8 @@
 """The compiled clock of :mod:`ringcoll.sim.batch` (numba; imported on first use, its
-machine code cached on disk beside this file). Every function mirrors a piece of the event
-clock, :func:`ringcoll.sim.engine.run_schedules`, operation for operation."""
+machine code cached on disk beside this file). ``fit``, ``insert``, ``slot`` and the release
+loop of ``run`` mirror the event clock's (:func:`ringcoll.sim.engine.run_schedules`: ``_fit``,
+``book``'s interval merges, ``slot``, ``release``) operation for operation; tests/sim/test_batch.py
+holds the two to equal statistics."""
 from __future__ import annotations
 
 import numba
@@ -188,8 +190,8 @@ def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, sen
         send_numel, recv_pos, recv_index, send_index, path_ptr, path_links, path_alpha, path_beta,
         link_host, link_kind, host_link, lanes, reduced):
     """The clock of ``world`` ranks, rank r running representative ``r % count``'s one step
-    with its peers and routes moved by ``r - r % count`` (:func:`ringcoll.sim.batch.run_one_step`
-    says what each array holds). Returns (0, or 1 where messages waited on each other in a
+    with its peers and routes moved by ``r - r % count`` (:func:`ringcoll.sim.batch.one_step_clock`
+    builds each array). Returns (0, or 1 where messages waited on each other in a
     circle; each rank's end; messages, bytes sent and received per rank; bytes and busy
     seconds per link; hop-bytes)."""
     # every message in the event clock's order, (send position, receive position, sender):
@@ -359,10 +361,10 @@ def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, sen
                         continue                    # (none held: the common case reads no table)
                     for side in range(2):       # the message now heading the sender's sends, then the receiver's receives
                         if side == 0:
-                            rank, head, last, table = src, send_head[src], send_count[src % count], held_send
+                            rank, head, queued, table = src, send_head[src], send_count[src % count], held_send
                         else:
-                            rank, head, last, table = dst, recv_head[dst], recv_count[dst % count], held_recv
-                        if head < last and table[rank, head] >= 0:
+                            rank, head, queued, table = dst, recv_head[dst], recv_count[dst % count], held_recv
+                        if head < queued and table[rank, head] >= 0:
                             stack[top] = table[rank, head]
                             fresh[top] = False
                             top += 1

@@ -30,7 +30,10 @@ maps onto nodes. A cost-only run without a timeline then runs the L representati
 each send matched with the representative receive it stands for (:func:`run_schedules`,
 ``mirror``): O(L ranks' steps) instead of O(world's), with the same statistics and time
 (tests/sim/test_study.py compares both at every rank). The declaration is checked against
-sampled ranks on every such run.
+sampled ranks on every such run. On a torus, where messages share links with their own
+translates and by-rank arbitration breaks the symmetry, a rotation-symmetric schedule of one
+step per rank runs every rank on the compiled clock of one-step exchanges
+(:mod:`ringcoll.sim.batch`, :func:`run_one_step`): the same arithmetic in the same order.
 """
 from __future__ import annotations
 

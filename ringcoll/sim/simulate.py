@@ -162,7 +162,10 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     on a flat machine, one whose nodes the relabelling maps onto nodes (the period widened to
     whole nodes), or a whole torus placed linearly while no link makes a message wait: same
     statistics and time, in O(L ranks' steps)
-    (``stats.mirrored`` says so); ``symmetry=False`` runs every rank.
+    (``stats.mirrored`` says so); a schedule of one step per rank on such a torus runs every
+    rank on the compiled clock of one-step exchanges instead, links shared or not
+    (:mod:`ringcoll.sim.batch`; ``stats.compiled`` says so); ``symmetry=False`` runs every rank
+    on the event clock.
 
     >>> sim = ringcoll.simulate("all_reduce", "ring", world=5, numel=1000)
     >>> sim.outputs[0][0]           # rank 0's reduced tensor
