@@ -16,10 +16,11 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import Settings
 from ..runtime.executor import P2PExecutor, Prepared
-from ..runtime.nodes import group_layout, share_layout
+from ..runtime.nodes import group_layout, known_layout, share_layout
 from ..sim.machine import Machine
 from ..runtime.plan import Plan
 from ..selection import checked_settings
+from ..runtime import streams
 from ..runtime.work import submit, submit_stream
 
 log = logging.getLogger("ringcoll")
@@ -61,16 +62,55 @@ class Context:
     machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
     #: the call's checked settings, read once at its entry (run_call); None: read when needed
     settings: Optional[Settings] = None
+    #: the group's layout is agreed inside this call's run, not at its entry (an
+    #: ``async_op=True`` call at its group's first collective call: :func:`executor_context`'s
+    #: ``defer``); building on the caller's thread then reads a stand-in, and ``provisional``
+    #: records that the plan depended on it
+    layout_pending: bool = False
+    provisional: bool = False
 
-    def submit(self, plan: Optional[Plan], async_op: bool):
-        """Run this call's ``plan`` (None: nothing to run) now or, with ``async_op``, as a Work."""
+    def submit(self, plan: Optional[Plan], async_op: bool, rebuild: Optional[Callable[[], Plan]] = None):
+        """Run this call's ``plan`` (None: nothing to run) now or, with ``async_op``, as a Work;
+        ``rebuild``: how the plan is built again (see :meth:`late`)."""
         if plan is None:
             return None
+        self.late(plan, rebuild)
         return submit_call(self.executor, plan, self.seq, async_op)
+
+    def late(self, plan: Plan, rebuild: Optional[Callable[[], Plan]]) -> Plan:
+        """Give ``plan`` what its run does first when its group's layout is still to be agreed
+        (``plan.late``, called by the executor on the worker thread, in call order): agree the
+        layout (every rank does at this call, as at any group's first collective call), then
+        return the plan to run: ``plan`` itself, or, if building it read the stand-in layout
+        (a node-aware algorithm, ``auto`` weighing nodes), ``rebuild()`` on the agreed one.
+        The caller's thread has built and checked the call already, so bad input was refused
+        at the call; the same checks pass again. ``plan`` unchanged otherwise."""
+        if not self.layout_pending:
+            return plan
+        if rebuild is None:
+            raise RuntimeError(f"ringcoll {plan.describe}: a call deferring its group's layout needs "
+                               f"a way to build its plan again")
+
+        def agreed() -> Plan:
+            self.agree(plan.collective)
+            if not self.provisional:
+                return plan
+            self.provisional = False
+            return rebuild()
+
+        plan.late = agreed
+        return plan
+
+    def agree(self, collective: str = "") -> None:
+        """Agree the group's layout now, if still pending: in the call's run (on the worker
+        thread, in call order), never at an asynchronous call's entry."""
+        if self.layout_pending:
+            self.nodes, self.nodes_from = group_layout(self.executor, call=f"call #{self.seq} {collective}".rstrip())
+            self.layout_pending = False
 
 
 def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True,
-                     collective: Optional[str] = None) -> Context:
+                     collective: Optional[str] = None, defer: bool = False) -> Context:
     """A collective call's context on ``executor``: the one place a call takes its sequence
     number in its group, at its entry. The rule, for the drop-ins (:func:`group_context`,
     :func:`run_call`) and the backend (``ringcoll.backend``) alike: a call takes its number
@@ -87,18 +127,35 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *
     builders and ``auto`` only read it. Every caller is a collective call (point-to-point
     send/recv never come here); ``layout=False``: a call that needs none (:data:`WITHOUT_LAYOUT`,
     monitored_barrier), whose context then has none. ``collective``: the call's, for the
-    exchange's errors."""
+    exchange's errors.
+
+    ``defer``: the call runs asynchronously (``async_op=True``, every backend call), so it must
+    not wait on a peer here: when the group has no layout yet (its first collective call), the
+    exchange is left to the call's own run, on the worker thread in call order (the same point
+    in every rank's sequence of calls, whichever rank runs it where), and the context is
+    ``layout_pending`` until then (:meth:`Context.late`)."""
     seq = executor.begin_call()
-    nodes, source = group_layout(executor, call=f"call #{seq} {collective or ''}".rstrip()) if layout \
-        else (None, None)
+    nodes = source = None
+    pending = False
+    if layout:
+        known = known_layout(executor)
+        if known is not None:
+            nodes, source = known
+        elif defer and executor.world > 1:
+            pending = True
+        else:
+            nodes, source = group_layout(executor, call=f"call #{seq} {collective or ''}".rstrip())
     return Context(executor.rank, executor.world, executor, seq, nodes=nodes, nodes_from=source,
-                   machine=machine)
+                   machine=machine, layout_pending=pending)
 
 
-def call_context(executor: P2PExecutor, collective: Optional[str], machine: Optional[Machine] = None) -> Context:
+def call_context(executor: P2PExecutor, collective: Optional[str], machine: Optional[Machine] = None, *,
+                 defer: bool = False) -> Context:
     """:func:`executor_context` for a call of ``collective`` (a builder's name; None: a
-    composite call, an object collective): with the group's layout unless the collective needs none."""
-    return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT, collective=collective)
+    composite call, an object collective): with the group's layout unless the collective needs
+    none; ``defer``: an asynchronous call's (the layout then possibly agreed in its run)."""
+    return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT, collective=collective,
+                            defer=defer)
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -278,10 +335,10 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     if executor is None:
         ctx = Context(None, None, settings=current)
         return ctx.submit(build(ctx, *args, **kwargs), async_op)
-    ctx = call_context(executor, _COLLECTIVE.get(build), group_machine(group))
+    ctx = call_context(executor, _COLLECTIVE.get(build), group_machine(group), defer=async_op)
     ctx.settings = current              # the call reads its settings once: choosing reads these
     if async_op or limit <= 0:
-        return ctx.submit(build(ctx, *args, **kwargs), async_op)
+        return ctx.submit(build(ctx, *args, **kwargs), async_op, lambda: build(ctx, *args, **kwargs))
     tensors: list = []
     try:
         key = (build, tuple(kwargs), _signature((*args, *kwargs.values()), tensors), current, registry.loaded_version())
@@ -328,17 +385,21 @@ def _rerunnable(plan: Plan, tensors: list, executor: P2PExecutor) -> bool:
 
 
 def submit_streamed(executor: P2PExecutor, run: Callable, async_op: bool, result, device: torch.device,
-                    describe: str, collective: str):
+                    describe: str, collective: str, *, late: bool = False):
     """A call on the stream-ordered path (ringcoll.runtime.work.submit_stream): ``run(caller)``
-    enqueues it; a barrier blocks the host until its peers arrived, as NCCL's."""
-    transport = executor.transport(device)
+    enqueues it; a barrier blocks the host until its peers arrived, as NCCL's. ``late``: the
+    call's run first agrees its group's layout (``Plan.late``), so the worker enqueues it and
+    its transport (a private communicator every rank sets up together) is made there too."""
+    # a late call's transport is made in its run, on the worker: the process's runtime for now
+    runtime = (streams.cuda() if device.type == "cuda" else streams.emulated()) if late \
+        else executor.transport(device).runtime
 
     def task(caller):
         with torch.no_grad():
             return run(caller)
 
-    return submit_stream(task, async_op, result, transport.runtime, device, describe,
-                         blocking=collective == "barrier")
+    return submit_stream(task, async_op, result, runtime, device, describe,
+                         blocking=collective == "barrier", queued=late)
 
 
 def submit_call(executor: P2PExecutor, call: Union[Plan, Prepared], seq: int, async_op: bool):
@@ -347,9 +408,10 @@ def submit_call(executor: P2PExecutor, call: Union[Plan, Prepared], seq: int, as
     stream-ordered path enqueued after the caller's stream."""
     executor.raise_if_failed()          # at once, not after the calls queued before it
     plan = call.plan if isinstance(call, Prepared) else call
-    if executor.streamed(plan.device):
+    if executor.stream_ordered(plan.device):
         return submit_streamed(executor, lambda caller: executor.execute(call, seq, caller=caller), async_op,
-                               plan.result, plan.device, plan.describe, plan.collective)
+                               plan.result, plan.device, plan.describe, plan.collective,
+                               late=plan.late is not None)
     if isinstance(call, Prepared) and not (call.before or call.after):   # the schedule alone: detached buffers
         return submit(lambda: executor.execute(call, seq), async_op, plan.result, device=plan.device,
                       describe=plan.describe)

@@ -86,7 +86,8 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
             why = f"{why}; on the {'x'.join(map(str, grid))} grid of the machine"
     plan = Plan(collective, algorithm, ctx.rank, ctx.world, layout, buffers, op=op,
                 result=result, describe=describe_as, seq=ctx.seq, why=why)
-    log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
+    if not getattr(ctx, "provisional", False):   # a stand-in's plan is built again: that one is logged
+        log.info("%s: world %d, rank %d -> %s (%s)", describe_as, ctx.world, ctx.rank, algorithm.name, why)
     return plan
 
 

@@ -254,18 +254,24 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         its number here, at its entry, before the builder's checks, and the group's node layout
         with it, as a drop-in's does (:func:`ringcoll.api._common.call_context`)."""
         device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
-        return call_context(self.executor(device), collective, machine=self.options.machine)
+        # every call here is asynchronous (torch waits on the Work for a synchronous one): at a
+        # group's first call the layout is agreed in the call's run, never on the caller's thread
+        return call_context(self.executor(device), collective, machine=self.options.machine, defer=True)
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
         """The drop-in's plan for this call on the executor of ``tensor``'s device, with its
         number (one per plan, taken before its checks); bad input raises here, before any
         tensor is touched."""
         ctx = self._context(collective, tensor)
-        plan = BUILDERS[collective](ctx, *args, algorithm=self.options.algorithm(collective), **kwargs)
-        group_limit = timeout_seconds(self._timeout)
-        if plan.timeout is None and group_limit is not None and get_timeout() is None:
-            plan.timeout = group_limit  # RINGCOLL_TIMEOUT / set_timeout, when given, win
-        return ctx.executor, plan
+
+        def build():
+            plan = BUILDERS[collective](ctx, *args, algorithm=self.options.algorithm(collective), **kwargs)
+            group_limit = timeout_seconds(self._timeout)
+            if plan.timeout is None and group_limit is not None and get_timeout() is None:
+                plan.timeout = group_limit  # RINGCOLL_TIMEOUT / set_timeout, when given, win
+            return plan
+
+        return ctx.executor, ctx.late(build(), build)
 
     def _submit(self, planned: list, result) -> Work:
         """One Work running the plans in order, after every earlier call (async calls
@@ -277,7 +283,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
             executor, first = planned[0]
             device = first.device
             if all(ex is executor and plan.device == device for ex, plan in planned) \
-                    and executor.streamed(device):
+                    and executor.stream_ordered(device):
 
                 def run(caller):
                     call = None
@@ -285,7 +291,8 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                         call = executor.execute(plan, caller=caller)
                     return call
 
-                return submit_streamed(executor, run, True, result, device, first.describe, first.collective)
+                return submit_streamed(executor, run, True, result, device, first.describe, first.collective,
+                                       late=any(plan.late is not None for _, plan in planned))
 
         def task():
             with torch.no_grad():
@@ -308,7 +315,9 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _sparse_allreduce(self, tensors, op):
         device = tensors[0].device if tensors else torch.device("cpu")
         # its three inner all_gathers take their numbers here, at the call's entry
-        contexts = [executor_context(self.executor(device), machine=self.options.machine) for _ in range(3)]
+        # (the group's layout, at its first call, agreed in the call's run: sparse_all_reduce)
+        contexts = [executor_context(self.executor(device), machine=self.options.machine, defer=True)
+                    for _ in range(3)]
         return sparse_all_reduce(tensors, op, contexts, self.options.algorithm("all_gather_into_tensor"))
 
     def allreduce_coalesced(self, tensors, opts=None):

@@ -124,6 +124,7 @@ class P2PExecutor:
         self.transport_mode = settings().transport
         self.check = check_enabled()
         self.failure: Optional[BaseException] = None
+        self.failed_call = ""           # the call that raised ``failure`` (see _failed)
         self._seq = 0
         self._transports: Dict[Tuple[str, Optional[int]], object] = {}
         self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
@@ -151,9 +152,11 @@ class P2PExecutor:
     def raise_if_failed(self) -> None:
         if self.failure is not None:
             failure = self.failure
+            cause = str(failure) if getattr(failure, "call", "") else \
+                f"{self.failed_call}: {type(failure).__name__}: {failure}"
             raise GroupFailedError(
                 f"ringcoll: this process group failed earlier and cannot be used any more (as an "
-                f"aborted NCCL communicator): {failure} -- create a new group (or restart) to go on",
+                f"aborted NCCL communicator): {cause} -- create a new group (or restart) to go on",
                 failure)
 
     def transport(self, device: torch.device):
@@ -162,16 +165,21 @@ class P2PExecutor:
         transport = self._transports.get(key)
         if transport is None:
             group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
-            if device.type == "cuda" and self.device_backends.get("cuda") == "nccl":
-                transport = self._streamed(device, streams.cuda())
-            elif device.type == "cpu" and self.transport_mode == "streamed":
-                transport = self._streamed(device, streams.emulated())
+            if self.stream_ordered(device):
+                transport = self._streamed(device, streams.cuda() if device.type == "cuda" else streams.emulated())
             elif device.type == "cpu" and self.transport_mode == "batched":
                 transport = BatchedTransport(NcclShim(group))
             else:
                 transport = HostTransport(group, stage=device.type != "cpu")
             self._transports[key] = transport
         return transport
+
+    def stream_ordered(self, device: torch.device) -> bool:
+        """Whether calls on ``device`` take the stream-ordered path, told without making its
+        transport (which sets up a private communicator with every peer): CUDA tensors on a
+        group with an NCCL backend, CPU tensors with ``RINGCOLL_TRANSPORT=streamed``."""
+        return (device.type == "cuda" and self.device_backends.get("cuda") == "nccl") or \
+            (device.type == "cpu" and self.transport_mode == "streamed")
 
     def _streamed(self, device: torch.device, runtime) -> StreamTransport:
         """The stream-ordered transport for ``device`` over a private communicator made now
@@ -303,6 +311,27 @@ class P2PExecutor:
         the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
+        try:
+            return self._execute(call, seq, tag, caller, blocking)
+        except BaseException as error:
+            # Anything raised once a call has its number fails the group on this rank (a local
+            # reduction out of memory, a kernel that fails to load, a hook's error): its
+            # messages may be half posted, and no later call may meet what is left of them
+            if self.failure is None:
+                self._failed(error, [], call=self._name(call, seq, tag))
+            raise
+
+    def _name(self, call, seq: Optional[int], tag: Optional[int]) -> str:
+        """``call #7 all_reduce/ring ...``, for errors (an internal exchange: its description)."""
+        plan = call.plan if isinstance(call, Prepared) else call
+        seq = plan.seq if seq is None else seq
+        return f"call #{seq} {plan.describe}" if tag is None else plan.describe
+
+    def _execute(self, call: Union[Plan, "Prepared"], seq: Optional[int], tag: Optional[int], caller,
+                 blocking: bool) -> Optional[InFlight]:
+        """:meth:`execute`'s body (every exception it raises fails the group)."""
+        if not isinstance(call, Prepared) and call.late is not None:
+            call = call.late()          # the group's layout agreed here, on the worker, in call order
         prepared = call if isinstance(call, Prepared) else self.prepare(call)
         plan, transport = prepared.plan, prepared.transport
         if tag is None:
@@ -395,6 +424,9 @@ class P2PExecutor:
             failure = self._peer_error(name, getattr(error, "step", index), len(reach), error, timeout)
             self._failed(failure, [handle] + list(posted))
             raise failure from error.error
+        except BaseException as error:          # a local step's: its transfers in flight kept too
+            self._failed(error, [handle] + list(posted), call=f"{name} (step {index + 1}/{len(reach)})")
+            raise
 
     def _post(self, prepared: "Prepared", index: int, tag: int):
         """Post step ``index``'s transfers (None when it has none): the one place a step
@@ -449,9 +481,13 @@ class P2PExecutor:
                        "call) looks exactly like this: run with RINGCOLL_CHECK=1 to diagnose it (every rank "
                        "then raises a MismatchError naming what differs on which ranks)")
 
-    def _failed(self, failure: BaseException, keep: list) -> None:
+    def _failed(self, failure: BaseException, keep: list, call: str = "") -> None:
         """Mark the group failed. The failed call's posted transfers are kept alive for good:
-        gloo may still hold their buffers' addresses, and a failed group is never used again."""
+        gloo may still hold their buffers' addresses, and a failed group is never used again.
+        ``call``: the call that raised ``failure``, when the error does not name it itself
+        (any error but ringcoll's own)."""
+        if call and not getattr(failure, "call", ""):
+            self.failed_call = call
         self.failure = failure
         self._graveyard.append(keep)
         for transport in self._transports.values():

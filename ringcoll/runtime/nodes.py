@@ -228,6 +228,23 @@ def agreed(executor) -> Optional[Tuple[Nodes, str]]:
     return None if known is None else (known.nodes, known.source)
 
 
+def known_layout(executor) -> Optional[Tuple[Nodes, str]]:
+    """``executor``'s group's layout and its source when no exchange is needed to know it (agreed
+    earlier, and this rank's facts unchanged since), else None: what :func:`group_layout` returns
+    without waiting on a peer. An ``async_op=True`` call whose group has none yet agrees it inside
+    its own run (``ringcoll.api._common.executor_context``), never on the caller's thread."""
+    owner, current = _owner(executor), settings()
+    known = _AGREED.get(owner)
+    if known is None:
+        return None
+    if known.settings is current:
+        return known.nodes, known.source
+    if known.record == pack_facts(own_facts(executor)):
+        _AGREED[owner] = known._replace(settings=current)
+        return known.nodes, known.source
+    return None
+
+
 def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     """The node of every rank of ``executor``'s group and where that came from (``"hostnames"``,
     ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the group's
@@ -240,15 +257,11 @@ def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     runs (default: CPU where the group serves it, else the current CUDA device). ``call``: the
     call it runs for (``"call #1 all_reduce"``), named by its errors: a peer that never comes
     fails the exchange, within the step timeout, naming it and that call."""
-    owner = _owner(executor)
-    current = settings()
-    known = _AGREED.get(owner)
-    if known is not None and known.settings is current:
-        return known.nodes, known.source
+    known = known_layout(executor)
+    if known is not None:
+        return known
+    owner, current = _owner(executor), settings()
     record = pack_facts(own_facts(executor))
-    if known is not None and known.record == record:
-        _AGREED[owner] = known._replace(settings=current)
-        return known.nodes, known.source
     if executor.world == 1:
         gathered = [record]
     else:
@@ -268,6 +281,12 @@ def context_layout(ctx) -> Tuple[Nodes, str]:
     never run an exchange."""
     if getattr(ctx, "nodes", None) is not None:
         return tuple(ctx.nodes), getattr(ctx, "nodes_from", None) or "simulate's local_size"
+    if getattr(ctx, "layout_pending", False):
+        # an async call at its group's first collective call, built on the caller's thread
+        # before the layout is agreed (inside its run): one node stands in, and the call's run
+        # builds its plan again on the agreed layout (ringcoll.api._common.Context.late)
+        ctx.provisional = True
+        return (0,) * ctx.world, "a stand-in until the group agrees its layout"
     if ctx.executor is not None:
         raise RuntimeError("ringcoll: a call on a process group builds its plan with the layout its entry "
                            "resolved (ringcoll.api._common.executor_context); this context has none")

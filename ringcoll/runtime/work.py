@@ -260,16 +260,18 @@ class StreamWork(Work):
 
 
 def submit_stream(task: Callable[[object], object], async_op: bool, result, runtime,
-                  device: torch.device, describe: str = "", *, blocking: bool = False) -> Optional[Work]:
+                  device: torch.device, describe: str = "", *, blocking: bool = False,
+                  queued: bool = False) -> Optional[Work]:
     """Run a stream-ordered call in call order: ``task(caller)`` enqueues it after ``caller``
     (an event of the calling thread's current stream, recorded here) and returns its InFlight.
     Enqueued now when nothing is queued on the worker thread, else by the worker in its turn.
     A synchronous call returns once enqueued, its caller's stream ordered after it; with
-    ``blocking`` (barrier) once it completed."""
+    ``blocking`` (barrier) once it completed. ``queued``: enqueued by the worker even when
+    nothing is queued (a call whose run first waits on its peers: ``Plan.late``)."""
     _refuse_capture(runtime, device, describe)
     caller = runtime.record(runtime.current(device))
     work = StreamWork(result, describe, runtime, device, blocking=blocking)
-    if _queue._pending == 0:
+    if _queue._pending == 0 and not queued:
         work._enqueued(task(caller))
     else:
         _queue.submit_work(lambda: work._enqueued(task(caller)), work)
