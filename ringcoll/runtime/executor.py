@@ -61,7 +61,8 @@ from ..schedules import registry
 from ..config import settings
 from . import streams
 from .blocks import Blocks, independent, tensors_in, tensors_of
-from .failures import GroupFailedError, MismatchError, PeerError, get_timeout, group_timeout
+from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_timeout, leave_notice,
+                       read_notices)
 from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_enabled, fingerprint, pack_record,
                        print_bits, tag_of, unpack_record)
 from .local import resolve_local, run_resolved
@@ -152,12 +153,18 @@ class P2PExecutor:
     def raise_if_failed(self) -> None:
         if self.failure is not None:
             failure = self.failure
-            cause = str(failure) if getattr(failure, "call", "") else \
-                f"{self.failed_call}: {type(failure).__name__}: {failure}"
+            cause = self._cause(failure)
             raise GroupFailedError(
                 f"ringcoll: this process group failed earlier and cannot be used any more (as an "
                 f"aborted NCCL communicator): {cause} -- create a new group (or restart) to go on",
                 failure)
+
+    def _cause(self, failure: BaseException) -> str:
+        """``failure`` as the rest of the group should read it: ringcoll's own errors name their
+        call; any other is named with the call that raised it."""
+        if getattr(failure, "call", ""):
+            return str(failure)
+        return f"rank {self.rank} {self.failed_call}: {type(failure).__name__}: {failure}"
 
     def transport(self, device: torch.device):
         """The transport for tensors on ``device`` (kept per device)."""
@@ -463,7 +470,11 @@ class P2PExecutor:
                 also = f"; still incomplete too: {'; '.join(name(item) for item in error.items[1:])}"
         message = (f"ringcoll {call}: rank {self.rank} step {index + 1}/{total}: {subject} {what}{also}: "
                    f"{error.error}")
-        if error.timed_out:
+        # a rank that failed its group first (the peer named, or the rank that peer waits on)
+        notices = read_notices(self._store, [r for r in range(self.world) if r != self.rank])
+        if notices:
+            message += "".join(f"; rank {rank} had failed the group: {text}" for rank, text in sorted(notices.items()))
+        elif error.timed_out:
             message += self._timeout_hint()
         first = error.items[0].peer if error.items and not error.batch else None
         return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else first,
@@ -489,6 +500,7 @@ class P2PExecutor:
         if call and not getattr(failure, "call", ""):
             self.failed_call = call
         self.failure = failure
+        leave_notice(self._store, self.rank, self._cause(failure))
         self._graveyard.append(keep)
         for transport in self._transports.values():
             transport.abort()

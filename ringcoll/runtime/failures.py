@@ -95,3 +95,58 @@ class MismatchError(RuntimeError):
 
 def _rebuild_mismatch(message, rank, differences, call):
     return MismatchError(message, rank=rank, differences=differences, call=call)
+
+
+# -- the failure notice: what a failed rank leaves in its group's store -------------------------
+#: the key (in the group's store) under which rank r leaves the error that failed its group
+NOTICE = "ringcoll/failed/{rank}"
+
+#: how long reading or leaving a notice may take: the store may be gone with a dead rank (it
+#: lives in rank 0's process under torchrun's default), and a failing call must not hang on it
+NOTICE_SECONDS = 2.0
+
+
+def _bounded(work, seconds: float = NOTICE_SECONDS):
+    """``work()``'s value, or None when it raised or took longer than ``seconds`` (it goes on
+    in a daemon thread that nothing waits for)."""
+    import threading
+
+    box: list = []
+
+    def run():
+        try:
+            box.append(work())
+        except Exception:  # noqa: BLE001 - a notice is best effort
+            pass
+
+    thread = threading.Thread(target=run, name="ringcoll-notice", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else None
+
+
+def leave_notice(store, rank: int, text: str) -> None:
+    """Leave ``text`` (the call and the error that failed the group on ``rank``) in the group's
+    store, for the peers' errors to name: a peer waiting on this rank learns of the failure
+    only at its own timeout (gloo cannot cancel a posted receive, and its ``abort()`` leaves
+    receives already posted waiting: measured, docs/semantics.md), and its PeerError then says
+    why the rank went silent instead of only that it did. In a daemon thread: never blocks."""
+    if store is None:
+        return
+    import threading
+
+    threading.Thread(target=lambda: _bounded(lambda: store.set(NOTICE.format(rank=rank), text.encode())),
+                     name="ringcoll-notice", daemon=True).start()
+
+
+def read_notices(store, peers) -> dict:
+    """The notices ``peers`` left in the group's store (peer -> text), read within
+    :data:`NOTICE_SECONDS` in all; {} without a store or when none is there."""
+    if store is None or not peers:
+        return {}
+
+    def read():
+        keys = {peer: NOTICE.format(rank=peer) for peer in peers}
+        return {peer: store.get(key).decode(errors="replace") for peer, key in keys.items() if store.check([key])}
+
+    return _bounded(read) or {}
