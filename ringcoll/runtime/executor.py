@@ -318,6 +318,12 @@ class P2PExecutor:
         the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
+        if tag is None:                 # refused before anything is touched: the group stays usable
+            seq = (call.plan if isinstance(call, Prepared) else call).seq if seq is None else seq
+            if seq is None:
+                plan = call.plan if isinstance(call, Prepared) else call
+                raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
+                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
         try:
             return self._execute(call, seq, tag, caller, blocking)
         except BaseException as error:
@@ -342,10 +348,6 @@ class P2PExecutor:
         prepared = call if isinstance(call, Prepared) else self.prepare(call)
         plan, transport = prepared.plan, prepared.transport
         if tag is None:
-            seq = plan.seq if seq is None else seq
-            if seq is None:
-                raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
-                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
             name, tag = f"call #{seq} {plan.describe}", tag_of(seq, prepared.print_bits)
         else:
             name = plan.describe

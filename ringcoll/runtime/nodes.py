@@ -310,9 +310,59 @@ def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
 
 
 def _all_gather_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
-    """Every group rank's ``record`` (equal sizes), in group rank order: a ring all-gather on
-    the executor's transport, on the layout's own tag (as check mode's fingerprint exchange,
-    ``P2PExecutor._check``). A failed transfer leaves the group failed, as any call's."""
+    """Every group rank's ``record`` (equal sizes), in group rank order: through the group's
+    store where the executor has one (every registered group, every ``"ringcoll"`` group),
+    else with a ring all-gather on the executor's transport (a raw group built without a
+    store). The store needs no device and no communicator: an NCCL-only group never makes one
+    on a GPU for it, and ranks whose transports differ still meet there."""
+    store = getattr(executor, "_store", None)
+    if store is not None:
+        return _store_records(executor, store, record, call)
+    return _ring_records(executor, record, device, call)
+
+
+#: each group's exchanges so far, by its owner (:func:`share_layout`), for the store's keys:
+#: every rank exchanges at the same calls, so the counts agree
+_EXCHANGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
+    """The exchange through the group's store: each rank sets its record under the exchange's
+    own key and reads every other rank's, waiting for them up to the step timeout; a rank that
+    does not come fails the exchange with a PeerError naming it and the call, and leaves the
+    group failed, as a transfer's timeout would."""
+    import datetime
+
+    from .failures import PeerError, get_timeout, group_timeout
+
+    owner = _owner(executor)
+    count = _EXCHANGES.get(owner, 0) + 1
+    _EXCHANGES[owner] = count
+    keys = [f"ringcoll/layout/{count}/{rank}" for rank in range(executor.world)]
+    executor.raise_if_failed()
+    seconds = get_timeout() or group_timeout(executor.group)
+    store.set(keys[executor.rank], record)
+    others = [key for rank, key in enumerate(keys) if rank != executor.rank]
+    try:
+        store.wait(others, datetime.timedelta(seconds=seconds))
+    except Exception as error:  # noqa: BLE001 - the store's timeout (or its connection) failing
+        missing = [rank for rank, key in enumerate(keys) if rank != executor.rank and not store.check([key])]
+        name = f"node layout exchange of {call}" if call else "node layout exchange"
+        failure = PeerError(
+            f"ringcoll {name}: rank {executor.rank}: rank{'s' if len(missing) != 1 else ''} "
+            f"{', '.join(map(str, missing)) or '(none missing now)'} did not "
+            f"reach the group's first collective call within {seconds:g} s (the group's store holds no "
+            f"record of {'theirs' if len(missing) != 1 else 'its'}): {error}",
+            rank=executor.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=name)
+        executor._failed(failure, [])
+        raise failure from error
+    return [record if rank == executor.rank else store.get(key) for rank, key in enumerate(keys)]
+
+
+def _ring_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
+    """Every group rank's ``record`` by a ring all-gather on the executor's transport, on the
+    layout's own tag (as check mode's fingerprint exchange, ``P2PExecutor._check``). A failed
+    transfer leaves the group failed, as any call's."""
     import torch
 
     from ..schedules import registry
