@@ -367,3 +367,90 @@ def test_study_sweep_takes_a_loaded_program_at_its_own_world(loaded_names, tmp_p
     for row in ours:        # the exported ring costs what ringcoll's ring costs
         fields = row.split(",")
         assert fields[4] == ring[fields[3]].split(",")[4], (row, ring[fields[3]])
+
+
+# -- buffers reused along a chain (MSCCL's buffered sends) -----------------------------------
+
+#: hand-written 3-rank ring allgathers that receive every chunk into one scratch slot s[0],
+#: copy it out, forward it from s[0] and receive the next chunk into s[0]: one threadblock
+#: per rank, and one with separate send/receive threadblocks ordered by depid/deps
+SCRATCH_RING = ["ring_allgather_3_scratch", "ring_allgather_3_scratch_deps"]
+
+
+def xml_path(stem: str) -> str:
+    return os.path.join(DATA, stem + ".xml")
+
+
+def scratch_ring(copy_outs) -> str:
+    """The one-threadblock scratch ring with each rank's two copy-outs into ``copy_outs(rank)``
+    (output blocks): a well-formed program that computes the wrong all_gather when they are
+    not (left, the one before it)."""
+    text = open(xml_path("ring_allgather_3_scratch")).read()
+    gpus = text.split('<gpu id=')
+    for rank in range(3):
+        first, second = copy_outs(rank)
+        part = gpus[rank + 1]
+        part = re.sub(r'(<step s="3" type="cpy" srcbuf="s" srcoff="0" dstbuf="o" dstoff=")\d', rf"\g<1>{first}", part)
+        part = re.sub(r'(<step s="6" type="cpy" srcbuf="s" srcoff="0" dstbuf="o" dstoff=")\d', rf"\g<1>{second}", part)
+        gpus[rank + 1] = part
+    return '<gpu id='.join(gpus)
+
+
+@pytest.mark.parametrize("stem", SCRATCH_RING)
+def test_a_ring_that_reuses_one_scratch_slot_loads_and_gathers_exactly(stem, loaded_names):
+    name = msccl.load(xml_path(stem))
+    loaded_names.append(name)
+    compiled = msccl.loaded()[("all_gather", name)].compiled
+    assert (compiled.alpha, compiled.messages) == (2, 6)      # two rounds of 3 messages
+    for numel in (3, 6, 7, 3 * 5 + 1):
+        block = -(-numel // 3)
+        inputs = [(torch.empty(3 * block, dtype=torch.int64), torch.arange(block, dtype=torch.int64) + 10 * rank + 1)
+                  for rank in range(3)]
+        sim = ringcoll.simulate("all_gather_into_tensor", name, world=3, inputs=inputs, check=False)
+        want = torch.cat([inputs[rank][1] for rank in range(3)])
+        for rank, out in enumerate(sim.outputs):
+            got = out[0] if isinstance(out, (list, tuple)) else out
+            assert torch.equal(got, want), f"rank {rank} at {numel} elements: got {got.tolist()}, want {want.tolist()}"
+
+
+def test_the_scratch_reusing_rings_match_the_builtin_on_gloo(clusters):
+    files = [xml_path(stem) for stem in SCRATCH_RING]
+    for rank, rows in enumerate(clusters(3).run(run_loaded, files, [0, 1, 2, 3 * 4 + 1])):
+        assert len(rows) == 2 * 4
+        for file, numel, same, got in rows:
+            assert same, f"rank {rank}: {os.path.basename(file)} at {numel} elements per rank gives {got}"
+
+
+def test_a_scratch_ring_that_skips_a_block_is_a_wrong_result_never_written():
+    # every rank copies both received chunks into the block of its left neighbour: the block
+    # of its right neighbour is never written (rank 0: block 1, elements 2 and 3 at 6 elements)
+    text = scratch_ring(lambda rank: ((rank - 1) % 3, (rank - 1) % 3))
+    before = registered()
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="skips")
+    assert registered() == before
+    message = str(error.value)
+    assert "cycle" not in message, message
+    assert re.search(r"rank 0 output \(o chunk 1\): element 2 is never written, the definition gives 2\b", message), message
+
+
+def test_a_scratch_ring_that_swaps_two_blocks_is_a_wrong_result_naming_the_value():
+    # every rank copies the chunk of its left neighbour where the one before it belongs and back
+    text = scratch_ring(lambda rank: ((rank + 1) % 3, (rank - 1) % 3))
+    before = registered()
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="swaps")
+    assert registered() == before
+    message = str(error.value)
+    assert "cycle" not in message, message
+    # rank 0's block 1 holds rank 2's first element (1 + 2), the definition rank 1's (1 + 1)
+    assert re.search(r"rank 0 output \(o chunk 1\): element 2 is 3, the definition gives 2\b", message), message
+
+
+def test_check_reports_a_never_written_element_without_garbage(tmp_path, capsys):
+    from ringcoll.msccl.__main__ import main
+
+    (tmp_path / "skips.xml").write_text(scratch_ring(lambda rank: ((rank - 1) % 3, (rank - 1) % 3)))
+    assert main(["check", str(tmp_path / "skips.xml")]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"first wrong: +.*rank 0 output \(o chunk 1\): element \d+ is never written, the definition gives \d+", out), out
