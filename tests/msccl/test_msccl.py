@@ -120,7 +120,7 @@ def refused(text: str, *patterns: str) -> str:
     return str(error.value)
 
 
-PAIR = """<algo name="pair" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1" outofplace="1">
+PAIR = """<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1" outofplace="1" minBytes="0" maxBytes="0">
   <gpu id="0" i_chunks="1" o_chunks="2" s_chunks="0">
     <tb id="0" send="1" recv="1" chan="0">
       <step s="0" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
@@ -154,6 +154,35 @@ def test_a_dependency_cycle_is_refused():
         'type="r" srcbuf="o" srcoff="0"', 'type="s" srcbuf="o" srcoff="1"').replace('type="TMP"', 'type="r" srcbuf="o" srcoff="0"')
     assert text.count('type="r"') == 2 and text.index('type="r"') < text.index('type="s"')
     refused(text, r"<gpu id=\d> <tb id=0> <step s=\d type='[rs]'>", "dependency cycle")
+
+
+#: every attribute MSCCL's executor reads (msccl_parser.cc), by element: (element's first tag
+#: text in PAIR, attribute, how the error names the element)
+REQUIRED = [("<algo ", a, "<algo>") for a in ("coll", "ngpus", "nchunksperloop", "nchannels", "proto", "inplace",
+                                              "outofplace", "minBytes", "maxBytes")] + \
+           [('<gpu id="0"', a, "<gpu id=0>") for a in ("i_chunks", "o_chunks", "s_chunks")] + \
+           [('<tb id="0" send="1"', a, "<gpu id=0> <tb id=0>") for a in ("send", "recv", "chan")] + \
+           [('<step s="1" type="r" srcbuf="o" srcoff="1"', a, r"<gpu id=0> <tb id=0> <step s=1 type='r'>")
+            for a in ("srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")]
+
+
+@pytest.mark.parametrize("tag, attribute, where", REQUIRED, ids=[f"{t.split()[0][1:]}-{a}" for t, a, _ in REQUIRED])
+def test_a_missing_required_attribute_is_refused_naming_element_and_attribute(tag, attribute, where):
+    start = PAIR.index(tag)
+    end = PAIR.index(">", start)
+    element = PAIR[start:end]
+    cut = re.sub(rf' {attribute}="[^"]*"', "", element, count=1)
+    assert cut != element, (tag, attribute)
+    message = refused(PAIR[:start] + cut + PAIR[end:], re.escape(where), f"'{attribute}' is required")
+    assert "given:" in message, message          # what the element does have
+
+
+def test_a_step_without_cnt_is_refused_not_read_as_one_chunk():
+    text = PAIR.replace('type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1"',
+                        'type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1"')
+    assert text != PAIR
+    message = refused(text, r"<gpu id=0> <tb id=0> <step s=1 type='r'>", "'cnt' is required and missing")
+    assert "dstoff='1'" in message, message
 
 
 def test_a_chunk_out_of_range_is_refused():
