@@ -15,6 +15,7 @@ import ringcoll.msccl as msccl
 from ringcoll.schedules import registry
 from ringcoll.msccl import MscclError
 from ringcoll.msccl.ir import load_program
+from ringcoll.msccl.to_schedule import compile_program
 from ringcoll.selection import choose
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "msccl")
@@ -430,7 +431,8 @@ def test_a_ring_that_reuses_one_scratch_slot_loads_and_gathers_exactly(stem, loa
     name = msccl.load(xml_path(stem))
     loaded_names.append(name)
     compiled = msccl.loaded()[("all_gather", name)].compiled
-    assert (compiled.alpha, compiled.messages) == (2, 6)      # two rounds of 3 messages
+    # two rounds of 3 messages; the second forwards a copy of s[0] taken before it receives into it
+    assert (compiled.alpha, compiled.messages, compiled.snapshots) == (2, 6, 3)
     for numel in (3, 6, 7, 3 * 5 + 1):
         block = -(-numel // 3)
         inputs = [(torch.empty(3 * block, dtype=torch.int64), torch.arange(block, dtype=torch.int64) + 10 * rank + 1)
@@ -483,3 +485,30 @@ def test_check_reports_a_never_written_element_without_garbage(tmp_path, capsys)
     assert main(["check", str(tmp_path / "skips.xml")]) == 1
     out = capsys.readouterr().out
     assert re.search(r"first wrong: +.*rank 0 output \(o chunk 1\): element \d+ is never written, the definition gives \d+", out), out
+
+
+def test_a_scratch_ring_that_copies_out_an_unwritten_slot_says_so_without_garbage():
+    # the last copy-out reads s[1], which nothing writes: the element holds no value of the program's
+    text = re.sub(r'(<step s="6" type="cpy" srcbuf="s" srcoff=")0', r"\g<1>1",
+                  open(xml_path("ring_allgather_3_scratch")).read()).replace('s_chunks="1"', 's_chunks="2"')
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="unwritten")
+    assert re.search(r"rank 0 output \(o chunk 1\): element 2 is only ever written from chunks nothing wrote "
+                     r"\(uninitialised memory\), the definition gives 2\b", str(error.value)), str(error.value)
+
+
+def test_a_send_then_a_receive_into_its_chunks_sends_what_they_held():
+    # every rank sends o[0] to its right and receives its left's o[0] into o[0] (MSCCL: the
+    # send took its copy first): a rotation, which all_reduce's check names with the value
+    gpus = "".join(f'''<gpu id="{r}" i_chunks="1" o_chunks="1" s_chunks="0"><tb id="0" send="{(r + 1) % 3}" recv="{(r - 1) % 3}" chan="0">
+      <step s="0" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="r" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb></gpu>''' for r in range(3))
+    text = ('<algo name="rotate" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="3" coll="allreduce" '
+            f'inplace="1" outofplace="0" minBytes="0" maxBytes="0">{gpus}</algo>')
+    compiled = compile_program(load_program(text))
+    assert (compiled.alpha, compiled.messages, compiled.snapshots) == (1, 3, 3)
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="rotate")
+    # rank 0 holds rank 2's first element (1 + 2); the sum is 1 + 2 + 3
+    assert re.search(r"rank 0 output \(o chunk 0\): element 0 is 3, the definition gives 6\b", str(error.value)), str(error.value)
