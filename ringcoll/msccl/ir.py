@@ -282,6 +282,8 @@ def validate(program: Program) -> None:
                     pass
                 elif ins.cnt < 1:
                     raise MscclError(f"{sw}: cnt must be at least 1, got {ins.cnt}")
+                elif ins.cnt >= MAX_COUNT:
+                    raise MscclError(f"{sw}: cnt must be less than {MAX_COUNT} (MSCCL's MSCCL_MAX_COUNT), got {ins.cnt}")
                 _, _, reads, writes, _ = OPCODES[ins.op]
                 # only the sides an opcode touches are checked: a receive's src is unused
                 uses = ([("src", ins.srcbuf, ins.srcoff)] if reads else []) + \

@@ -186,6 +186,13 @@ def test_a_step_without_cnt_is_refused_not_read_as_one_chunk():
     assert "dstoff='1'" in message, message
 
 
+def test_a_count_msccl_cannot_run_is_refused():
+    # the executor's MSCCL_MAX_COUNT: a step moves fewer than 72 chunks
+    bad = PAIR.replace('dstoff="0" cnt="1"', 'dstoff="0" cnt="72"', 1)
+    assert bad != PAIR
+    refused(bad, r"<gpu id=0> <tb id=0> <step s=0 type='s'>", "cnt must be less than 72", "got 72")
+
+
 def test_a_chunk_out_of_range_is_refused():
     bad = PAIR.replace('type="s" srcbuf="o" srcoff="0"', 'type="s" srcbuf="o" srcoff="2"', 1)
     assert bad != PAIR
