@@ -219,7 +219,7 @@ def parse(text: str) -> Program:
     return program
 
 
-def _expected_chunks(program: Program) -> Tuple[int, int]:
+def expected_chunks(program: Program) -> Tuple[int, int]:
     """(i_chunks, o_chunks) the collective implies for ``nchunksperloop`` chunks in all."""
     total, n = program.nchunksperloop, program.ngpus
     per_rank = total // n
@@ -246,7 +246,7 @@ def validate(program: Program) -> None:
     if program.collective != "all_reduce" and program.nchunksperloop % n:
         raise MscclError(f"<algo>: nchunksperloop={program.nchunksperloop} must be a multiple of "
                          f"ngpus={n} for {program.coll}")
-    want_i, want_o = _expected_chunks(program)
+    want_i, want_o = expected_chunks(program)
     for gpu in program.gpus:
         gw = f"<gpu id={gpu.id}>"
         # in-place programs often declare the buffer they never use with 0 chunks

@@ -1,6 +1,8 @@
 """An MSCCL program as a registry entry: its cost in the registry's terms, its schedule, and
 the data check that runs it in the simulator before it is registered (used by
-:func:`ringcoll.msccl.load` and by ``python -m ringcoll.msccl check``)."""
+:func:`ringcoll.msccl.load` and by ``python -m ringcoll.msccl check``). A wrong result names
+the first wrong element with the value the program leaves there, or says the program never
+writes it (a run of the compiled steps on chunk names alone knows which chunks it writes)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
@@ -9,7 +11,7 @@ import torch
 
 from ..schedules.registry import Cost
 from ..sim.check import ResultError
-from .ir import Program, _expected_chunks
+from .ir import Program, expected_chunks
 from .mapping import schedule as _schedule
 from .to_schedule import Compiled, LocalCopy, aliases
 
@@ -161,7 +163,7 @@ def _written(compiled: Compiled) -> Tuple[List[Set[Tuple[str, int]]], List[Set[T
     MSCCL's own check runs a program without data."""
     program = compiled.program
     n, coll = program.ngpus, program.collective
-    i_chunks, o_chunks = _expected_chunks(program)
+    i_chunks, o_chunks = expected_chunks(program)
     written: List[Set[Tuple[str, int]]] = [set() for _ in range(n)]
     defined: List[Set[Tuple[str, int]]] = []
     for rank in range(n):
