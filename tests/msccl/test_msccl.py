@@ -639,3 +639,8 @@ def test_ringcolls_run_gives_what_msccl_gives(stem):
 def test_a_wrong_program_gives_what_msccl_gives(wrong):
     outs = {"skips": lambda rank: ((rank - 1) % 3, (rank - 1) % 3), "swaps": lambda rank: ((rank + 1) % 3, (rank - 1) % 3)}
     assert compare_with_msccl(scratch_ring(outs[wrong]), wrong) > 0
+
+
+@pytest.mark.parametrize("collective, algorithm", EXPORTED + [("all_to_all", "pairwise")])
+def test_an_exported_schedule_runs_as_msccl_runs_it(collective, algorithm):
+    assert compare_with_msccl(msccl.export(collective, algorithm, 5), "semantics") > 0
