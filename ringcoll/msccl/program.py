@@ -134,11 +134,17 @@ def first_wrong(name: str, compiled: Compiled, numel: int) -> Optional[str]:
     written, defined = _written(compiled)
     for rank in range(n):
         got, want = result_of(sim.outputs[rank]), _definition(coll, inputs, rank, block)
-        bad = (got != want).nonzero()
+        elements = torch.arange(got.numel())
+        chunks = (elements // block) * per + (elements % block) // chunk     # each element's chunk of o
+        # an element with no value of the program's is wrong even where its memory happens to
+        # hold the right number
+        empty = torch.tensor([_canonical_o(program, rank, int(k)) not in defined[rank] for k in chunks],
+                             dtype=torch.bool)
+        bad = ((got != want) | empty).nonzero()
         if not len(bad):
             continue
         e = int(bad[0, 0])
-        index = (e // block) * per + (e % block) // chunk          # the element's chunk of o
+        index = int(chunks[e])
         where = _canonical_o(program, rank, index)
         if where not in written[rank]:
             value = "never written"
