@@ -18,9 +18,10 @@ the whole call even as a group's first). At the group's first such call (every r
 it, whatever algorithm it runs), each rank
 contributes its own facts in one fixed-size record: its global rank, its
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` and its hostname. The group all-gathers the
-records once, with ringcoll's own ring on a tag of its own, through the group's executor (so
-raw backend groups and ``"ringcoll"``-backend groups get the layout as registered groups do),
-and every rank derives the layout from the same gathered list, by the first of:
+records once through its store (each rank sets its record under the exchange's key and reads
+the others': no device, no communicator, no message on any transport; a raw group built
+without a store uses ringcoll's own ring on a tag of its own instead), and every rank derives
+the layout from the same gathered list, by the first of:
 
 1. ``RINGCOLL_LOCAL_SIZE=L`` (set on every rank, to the same value): nodes of L consecutive
    global ranks (the last one may be smaller), which emulates nodes on one machine. Set on
@@ -36,8 +37,10 @@ rank by its own count gave each rank a different layout. The layout is kept per 
 its source (:func:`group_layout`), for every executor of the group (:func:`share_layout`: the
 drop-in's and the ``"ringcoll"`` backend's, so both paths see one layout from one exchange),
 keyed by this rank's record: a setting changed on every rank between calls takes effect,
-with a new exchange, at the next collective call. The cost: one ring all-gather of
-``world`` × 327-byte records per group (``world - 1`` steps), once.
+with a new exchange, at the next collective call. The cost: one store write and ``world - 1``
+store reads of 327-byte records per rank, once per group. An asynchronous call never waits for
+it on the caller's thread: at a group's first call it runs in the call's own run
+(``ringcoll.api._common.Context.late``; docs/design.md, Decisions).
 
 Outside a process group (the simulator), the layout is ``simulate(..., local_size=L)``'s
 (the context's ``nodes``), else ``RINGCOLL_LOCAL_SIZE``'s, else one node.
