@@ -300,7 +300,7 @@ VARIABLES: Tuple[Variable, ...] = (
              "ring all_reduce)", "segment size of the pipelined algorithms"),
     Variable("RINGCOLL_TIMEOUT", "positive number of seconds", "the group's timeout",
              "how long one step may wait for its peers; overrides the group's own timeout "
-             "(`ringcoll.set_timeout` and a call's `timeout=` win over it)"),
+             "(`ringcoll.set_timeout` and `barrier(timeout=)` win over it)"),
     Variable("RINGCOLL_TRANSPORT", "`auto`, `host`, `batched`, `streamed`", "`auto`",
              "`batched` runs CPU tensors on gloo through the NCCL-shaped batched transport; "
              "`streamed` through the stream-ordered path on emulated streams (docs/gpu.md)"),
