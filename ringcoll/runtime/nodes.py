@@ -263,12 +263,18 @@ def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     known = known_layout(executor)
     if known is not None:
         return known
+    if executor.world == 1:
+        return _agree(executor, device, call)
+    # behind the calls queued before this one: an asynchronous call among them may be agreeing
+    # the layout in its run right now, and then this call reads what it agreed
+    return _in_call_order(lambda: known_layout(executor) or _agree(executor, device, call))
+
+
+def _agree(executor, device, call: str) -> Tuple[Nodes, str]:
+    """The exchange itself (:func:`group_layout`): this rank's record, every rank's, the layout."""
     owner, current = _owner(executor), settings()
     record = pack_facts(own_facts(executor))
-    if executor.world == 1:
-        gathered = [record]
-    else:
-        gathered = _in_call_order(lambda: _all_gather_records(executor, record, device, call))
+    gathered = [record] if executor.world == 1 else _all_gather_records(executor, record, device, call)
     nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
     _AGREED[owner] = Agreed(current, record, nodes, source)
     log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
@@ -299,7 +305,7 @@ def context_layout(ctx) -> Tuple[Nodes, str]:
     return (0,) * ctx.world, "one node (no group)"
 
 
-def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
+def _in_call_order(exchange: Callable[[], object]):
     """Run ``exchange`` after every call this process queued before it (an NCCL group matches
     messages by order, not tag), on the caller's thread when nothing is queued; inline when
     already on the queue's worker thread (a call made from inside a queued one)."""
@@ -334,7 +340,7 @@ def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
     own key and reads every other rank's, waiting for them up to the step timeout; a rank that
     does not come fails the exchange with a PeerError naming it and the call, and leaves the
     group failed, as a transfer's timeout would."""
-    import datetime
+    import time
 
     from .failures import PeerError, get_timeout, group_timeout
 
@@ -346,19 +352,24 @@ def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
     seconds = get_timeout() or group_timeout(executor.group)
     store.set(keys[executor.rank], record)
     others = [key for rank, key in enumerate(keys) if rank != executor.rank]
-    try:
-        store.wait(others, datetime.timedelta(seconds=seconds))
-    except Exception as error:  # noqa: BLE001 - the store's timeout (or its connection) failing
-        missing = [rank for rank, key in enumerate(keys) if rank != executor.rank and not store.check([key])]
-        name = f"node layout exchange of {call}" if call else "node layout exchange"
-        failure = PeerError(
-            f"ringcoll {name}: rank {executor.rank}: rank{'s' if len(missing) != 1 else ''} "
-            f"{', '.join(map(str, missing)) or '(none missing now)'} did not "
-            f"reach the group's first collective call within {seconds:g} s (the group's store holds no "
-            f"record of {'theirs' if len(missing) != 1 else 'its'}): {error}",
-            rank=executor.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=name)
-        executor._failed(failure, [])
-        raise failure from error
+    # polled, never ``store.wait``: a store client serves one request at a time, and a wait
+    # for a late peer would hold every other store request of this process (another group's
+    # exchange, a failure notice, c10d's own) for as long
+    deadline, pause = time.monotonic() + seconds, 0.0005
+    while not store.check(others):
+        if time.monotonic() >= deadline:
+            missing = [rank for rank, key in enumerate(keys) if rank != executor.rank and not store.check([key])]
+            name = f"node layout exchange of {call}" if call else "node layout exchange"
+            failure = PeerError(
+                f"ringcoll {name}: rank {executor.rank}: rank{'s' if len(missing) != 1 else ''} "
+                f"{', '.join(map(str, missing)) or '(none missing now)'} did not reach the group's first "
+                f"collective call within {seconds:g} s (the group's store holds no record of "
+                f"{'theirs' if len(missing) != 1 else 'its'})",
+                rank=executor.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=name)
+            executor._failed(failure, [])
+            raise failure
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
     return [record if rank == executor.rank else store.get(key) for rank, key in enumerate(keys)]
 
 
