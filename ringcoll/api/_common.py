@@ -102,11 +102,34 @@ def call_context(executor: P2PExecutor, collective: Optional[str], machine: Opti
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CPU = torch.device("cpu")
 
 
-def _executor(group) -> P2PExecutor:
-    """The executor of a registered group this process belongs to (one per group; it holds
-    the group weakly, or this cache would keep every destroyed group alive)."""
+def _serving_backend(group, device: Optional[torch.device]):
+    """The backend that runs ``group``'s calls on ``device`` with executors of its own, found
+    through torch's per-device lookup (``group._get_backend(device)``: for a ``"ringcoll"``
+    group in torch 2.13, the :class:`~ringcoll.backend.ProcessGroupRingcoll` itself); None for
+    any other group (gloo, NCCL, a group without a backend for that device)."""
+    try:
+        backend = group._get_backend(device if device is not None else _CPU)
+    except (RuntimeError, AttributeError):      # torch: "No backend type associated with device type"
+        return None
+    return backend if callable(getattr(backend, "executor", None)) else None
+
+
+def _executor(group, device: Optional[torch.device] = None) -> P2PExecutor:
+    """The executor of a registered group this process belongs to, for calls on ``device``
+    (None: a call without tensors, which runs as a CPU call).
+
+    A ``"ringcoll"`` group runs a drop-in's call on its own executor for that device
+    (``ProcessGroupRingcoll.executor(device)``), the one its ``dist.*`` calls use: one call
+    numbering, one failure state, the group's timeout, its private communicator and, for
+    CUDA tensors over NCCL, its stream-ordered path. Any other group gets one executor of the
+    drop-ins' own (it holds the group weakly, or this cache would keep every destroyed group
+    alive)."""
+    backend = _serving_backend(group, device)
+    if backend is not None:
+        return backend.executor(device if device is not None else _CPU)
     executor = _executors.get(group)
     if executor is None:
         executor = _executors[group] = P2PExecutor(group, weak=True)
@@ -115,13 +138,16 @@ def _executor(group) -> P2PExecutor:
 
 
 #: the group of the last call and its executor: (weak reference, executor); the one
-#: lookup of a call that repeats on its group (a weak key's lookup builds a reference)
+#: lookup of a call that repeats on its group (a weak key's lookup builds a reference). Only
+#: for groups whose executor is the drop-ins' own: a ringcoll group's depends on the call's
+#: device and goes when the group is shut down, so its backend is asked at every call
 _last: tuple = (lambda: None, None)
 
 
-def group_executor(group) -> Optional[P2PExecutor]:
-    """The executor of ``group`` (None: the default group) for this process; None when this
-    process is not a member."""
+def group_executor(group, device: Optional[torch.device] = None) -> Optional[P2PExecutor]:
+    """The executor of ``group`` (None: the default group) for this process's call on
+    ``device`` (None: a call without tensors; see :func:`_executor`); None when this process
+    is not a member."""
     if group is not None and not isinstance(group, dist.ProcessGroup) \
             and group is not dist.GroupMember.NON_GROUP_MEMBER:
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
@@ -133,9 +159,22 @@ def group_executor(group) -> Optional[P2PExecutor]:
         return executor
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
         return None
-    executor = _executor(group)
-    _last = (weakref.ref(group), executor)
+    executor = _executor(group, device)
+    if executor is _executors.get(group):
+        _last = (weakref.ref(group), executor)
     return executor
+
+
+def _call_device(values) -> Optional[torch.device]:
+    """The device of a drop-in call's first tensor (in its arguments, or the first item of a
+    list argument), which picks the executor on a ringcoll group as the backend's methods do;
+    None for a call without tensors (barrier)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value.device
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            return value[0].device
+    return None
 
 
 def group_machine(group) -> Optional[Machine]:
@@ -272,7 +311,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     made while building: :func:`_rerunnable`) keep a plan; a call takes its sequence number
     and tag afresh either way."""
     async_op = check_async(async_op)
-    executor = group_executor(group)
+    executor = group_executor(group, _call_device((*args, *kwargs.values())))
     current = _call_settings(executor)
     limit = PERSISTENT_PLANS if current.persistent_plans is None else current.persistent_plans
     if executor is None:

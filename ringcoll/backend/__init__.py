@@ -161,6 +161,14 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         self._group_desc = desc
 
     @property
+    def timeout(self) -> datetime.timedelta:
+        """The group's timeout (``init_process_group``/``new_group``'s ``timeout=``, torch's
+        default otherwise): how long a step of any call on this group, ``dist.*`` or drop-in,
+        waits for its peers unless ``RINGCOLL_TIMEOUT`` or ``ringcoll.set_timeout`` say
+        otherwise (``ringcoll.runtime.failures.group_timeout`` reads it here)."""
+        return self._timeout
+
+    @property
     def _device_types(self) -> List[torch.device]:
         """What object collectives, checkpointing and DCP read: CPU always (object
         collectives then stay in host memory), CUDA where torch has it."""
