@@ -137,11 +137,12 @@ def _executor(group, device: Optional[torch.device] = None) -> P2PExecutor:
     return executor
 
 
-#: the group of the last call and its executor: (weak reference, executor); the one
-#: lookup of a call that repeats on its group (a weak key's lookup builds a reference). Only
-#: for groups whose executor is the drop-ins' own: a ringcoll group's depends on the call's
-#: device and goes when the group is shut down, so its backend is asked at every call
-_last: tuple = (lambda: None, None)
+#: the group of the last call and what serves it: (weak reference to the group, its executor
+#: when it is the drop-ins' own, else a weak reference to the ringcoll backend that serves it);
+#: the one lookup of a call that repeats on its group (a weak key's lookup builds a reference).
+#: A ringcoll backend is asked for its executor at every call: it depends on the call's device
+#: (the backend serves every device of its group), and it is gone once the group is shut down
+_last: tuple = (lambda: None, None, None)
 
 
 def group_executor(group, device: Optional[torch.device] = None) -> Optional[P2PExecutor]:
@@ -154,14 +155,21 @@ def group_executor(group, device: Optional[torch.device] = None) -> Optional[P2P
     if group is None:
         group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
     global _last
-    last, executor = _last
+    last, executor, served = _last
     if group is last():                 # a member: it had an executor
-        return executor
+        if executor is not None:
+            return executor
+        backend = served()
+        if backend is not None:
+            return backend.executor(device if device is not None else _CPU)
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
         return None
-    executor = _executor(group, device)
-    if executor is _executors.get(group):
-        _last = (weakref.ref(group), executor)
+    backend = _serving_backend(group, device)
+    if backend is not None:
+        _last = (weakref.ref(group), None, weakref.ref(backend))
+        return backend.executor(device if device is not None else _CPU)
+    executor = _executor(group)
+    _last = (weakref.ref(group), executor, None)
     return executor
 
 
