@@ -188,3 +188,26 @@ def test_the_call_device_is_the_first_tensors():
     assert _call_device(([meta, torch.ones(1)], torch.ones(1))) == torch.device("meta")
     assert _call_device((None, datetime.timedelta(seconds=1), "auto")) is None
     assert _call_device(([], torch.ones(1))) == torch.device("cpu")
+
+
+# -- a destroyed group --------------------------------------------------------------------------
+def after_destroy() -> dict:
+    """A drop-in on a ringcoll group that destroy_process_group shut down: once while the group
+    was the last one called, once after a call on another group."""
+    rank = dist.get_rank()
+    group = dist.new_group(list(range(dist.get_world_size())), backend="ringcoll")
+    tensor = torch.full((2,), 1 + rank, dtype=torch.int64)
+    ringcoll.all_reduce(tensor, group=group)
+    out = {"before": tensor.tolist()}
+    dist.destroy_process_group(group)
+    out["last"] = _outcome(lambda: ringcoll.all_reduce(torch.ones(2), group=group))
+    ringcoll.all_reduce(torch.ones(2))                   # the cluster's gloo group
+    out["not_last"] = _outcome(lambda: ringcoll.all_reduce(torch.ones(2), group=group))
+    return out
+
+
+def test_a_drop_in_on_a_destroyed_ringcoll_group_says_so(clusters):
+    for rank, out in enumerate(clusters(2).run(after_destroy)):
+        assert out["before"] == [3, 3], (rank, out)
+        for when in ("last", "not_last"):
+            assert out[when].startswith("RuntimeError") and "shut down" in out[when], (rank, when, out[when])
