@@ -212,6 +212,8 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
             raise TypeError(f"eager_connect_single_device: device must be a torch.device, got "
                             f"{type(device).__name__} {device!r}")
         executor = self.executor(device)
+        if device.type == "cuda" and device.index is None and executor.backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())   # NCCL's communicator is per GPU
         if executor.streamed(device):
             seconds = get_timeout() or self._timeout.total_seconds()
             executor.transport(device).ready(time.monotonic() + seconds)
