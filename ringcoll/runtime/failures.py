@@ -38,10 +38,13 @@ def get_timeout() -> Optional[float]:
 
 def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
     """The timeout, in seconds, that ``pg`` (a registered ProcessGroup or a raw backend) was
-    created with; torch's default when it cannot be read."""
+    created with: its backend's for ``device`` (``options._timeout`` on gloo and NCCL; a
+    ``"ringcoll"`` group's own ``timeout``, as its Options are the user's algorithm choices);
+    torch's default when it cannot be read."""
     try:
         backend = pg._get_backend(device) if isinstance(pg, dist.ProcessGroup) else pg
-        return backend.options._timeout.total_seconds()
+        own = getattr(backend, "timeout", None)
+        return (own if isinstance(own, timedelta) else backend.options._timeout).total_seconds()
     except (AttributeError, RuntimeError):
         return DEFAULT_TIMEOUT
 
