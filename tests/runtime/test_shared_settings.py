@@ -142,12 +142,13 @@ def _differing(name: str, values: dict, backend: str):
         os.environ[name] = value
     try:
         group = dist.new_group(backend=backend)
-        tensor = torch.arange(4, dtype=torch.int64) + rank + 1
+        # 512 KiB: ring segments of 64 and 128 KiB differ (the schedules too, before: SIGABRT)
+        tensor = torch.arange(1 << 16, dtype=torch.int64) + rank + 1
         try:
             if backend == "ringcoll":
                 dist.all_reduce(tensor, group=group)
             else:
-                ringcoll.all_reduce(tensor, group=group)
+                ringcoll.all_reduce(tensor, group=group, algorithm="ring")
             error = None
         except Exception as raised:  # noqa: BLE001 - reported to the test
             error = (type(raised).__name__, str(raised))
