@@ -136,6 +136,9 @@ class Work(dist.Work):
 
 #: per thread: whether it holds the completion role now (:meth:`_Queue.hand_off`)
 _role = threading.local()
+#: per thread: whether it is running a call now (then it holds the turn; a synchronous call made
+#: from inside that call runs inline, as it did before there was a turn)
+_running = threading.local()
 
 
 class _Queue:
@@ -179,6 +182,7 @@ class _Queue:
             task, work, stream = self._tasks.get()
             error = None
             with self._turn:
+                _running.held = True
                 try:
                     if stream is None:
                         task()
@@ -188,6 +192,8 @@ class _Queue:
                             work._event = transport.base.streams.record(work._device, stream)
                 except BaseException as failure:  # noqa: BLE001 - handed to whoever waits
                     error = failure
+                finally:
+                    _running.held = False
             self._finished.put((work, error))
 
     def _completer(self) -> None:
@@ -232,6 +238,9 @@ class _Queue:
     def submit(self, task: Callable[[], None], async_op: bool, result=None, *,
                device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
         self.hand_off()
+        if not async_op and getattr(_running, "held", False):
+            task()                              # made from inside a running call: its turn
+            return None
         if not async_op:
             with self._lock:
                 inline = self._pending == 0
@@ -243,7 +252,11 @@ class _Queue:
                 # meanwhile from a callback or another thread waits for it)
                 try:
                     with self._turn:
-                        task()
+                        _running.held = True
+                        try:
+                            task()
+                        finally:
+                            _running.held = False
                 finally:
                     with self._lock:
                         self._pending -= 1

@@ -248,3 +248,19 @@ def test_powersgd_hook_trains_ddp_on_ringcoll_as_on_gloo(clusters, world):
             assert got == pytest.approx(want, rel=LOSS_RTOL), f"rank {rank} step {step}: {got} vs gloo {want}"
         # every rank holds the same model: ringcoll's all_reduce results are bitwise identical
         assert torch.equal(params, per_rank[0]["ringcoll"][2]), f"rank {rank}: parameters differ from rank 0's"
+
+
+def test_a_synchronous_call_made_inside_a_running_call_runs_inline():
+    """A call made from inside a call (on the worker or inline on its caller's thread) runs in
+    that call's turn, as before there was a turn, instead of queueing behind it."""
+    q, ran = _Queue(), []
+
+    def outer():
+        q.submit(lambda: ran.append("inner"), False)
+        ran.append("outer")
+
+    thread = threading.Thread(target=lambda: (q.submit(outer, False), q.submit(outer, True).wait()), daemon=True)
+    thread.start()
+    thread.join(PATIENCE)
+    assert not thread.is_alive(), "a call made inside a call hung"
+    assert ran == ["inner", "outer"] * 2
