@@ -48,6 +48,7 @@ Outside a process group (the simulator), the layout is ``simulate(..., local_siz
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import socket
 import struct
@@ -109,11 +110,87 @@ def describe_layout(nodes: Nodes) -> str:
 
 
 # -- this rank's settings: the one place the layout reads the environment --------------------
-def _settings() -> Tuple[str, str]:
+#: the settings every rank of a group must share, because each changes which messages go where:
+#: RINGCOLL_SEGMENT the pipelined schedules' steps (how many messages, of what size);
+#: RINGCOLL_TRANSPORT the transport (``streamed`` runs on a private communicator, ``batched``
+#: through the NCCL-shaped shim: ranks on different ones never meet); RINGCOLL_CHECK an exchange
+#: of fingerprints before every call; RINGCOLL_ALGO, the tuning table's rows and the machine
+#: auto's model weighs (RINGCOLL_TUNING, RINGCOLL_MACHINE: their files' content) the algorithm;
+#: RINGCOLL_CUDA_TRANSPORT whether CUDA tensors go over NCCL or gloo. Not compared, as they
+#: change no message: RINGCOLL_WINDOW (how many steps are in flight: each peer's sends and
+#: receives are still posted in step order), RINGCOLL_PERSISTENT_PLANS (a kept plan is the plan a
+#: new build gives), RINGCOLL_KERNELS (the local reduction), the timeouts and the log.
+#: (RINGCOLL_LOCAL_SIZE and GROUP_RANK have rules of their own: :func:`agreed_layout`.)
+SHARED_SETTINGS = ("RINGCOLL_SEGMENT", "RINGCOLL_TRANSPORT", "RINGCOLL_CHECK", "RINGCOLL_ALGO",
+                   "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_CUDA_TRANSPORT")
+#: bytes of a shared setting's key and of the value its errors show (on the wire)
+KEY_BYTES, SHOWN_BYTES = 8, 48
+
+
+class Shared(NamedTuple):
+    """One setting of :data:`SHARED_SETTINGS` as a rank contributes it: ``key``, 8 bytes that
+    stand for what must agree (a digest of the value as the rank reads it, of a file's
+    content), and ``shown``, the value as the errors show it ("" when unset)."""
+
+    key: bytes
+    shown: str
+
+
+def shared_setting(value: str, shown: Optional[str] = None) -> Shared:
+    """A setting whose ``value`` (text, "" when unset) must agree, shown as ``shown`` (default
+    the value; cut to :data:`SHOWN_BYTES` with the key's digits, so values that differ never
+    look alike)."""
+    key = hashlib.blake2b(value.encode(), digest_size=KEY_BYTES).digest()
+    text = value if shown is None else shown
+    if len(text.encode()) > SHOWN_BYTES:
+        text = text.encode()[:SHOWN_BYTES - 12].decode(errors="ignore") + "..#" + key.hex()[:8]
+    return Shared(key, text)
+
+
+def file_setting(path: Optional[str], content: Optional[bytes]) -> Shared:
+    """A setting naming a file (RINGCOLL_TUNING, RINGCOLL_MACHINE): what must agree is the
+    file's ``content``, not its path (hosts may keep it in different places)."""
+    if path is None:
+        return shared_setting("")
+    digest = hashlib.blake2b(content or b"", digest_size=KEY_BYTES).hexdigest()
+    name = path.rsplit("/", 1)[-1]
+    shown = f"{name[:SHOWN_BYTES - 20]} (content {digest[:8]})"
+    return Shared(bytes.fromhex(digest), shown)
+
+
+_FILES: dict = {}           # path -> (mtime, content): a file is read again only when it changes
+
+
+def _content(variable: str, path: Optional[str]) -> Optional[bytes]:
+    if path is None:
+        return None
+
+    def load(name: str) -> bytes:
+        with open(name, "rb") as file:
+            return file.read()
+
+    return config.read_cached(_FILES, variable, path, load)
+
+
+def _settings(executor=None) -> Tuple[str, str, Tuple[Shared, ...]]:
     """This rank's ``RINGCOLL_LOCAL_SIZE`` and torchrun's ``GROUP_RANK`` as text ("" when
-    unset), checked by :mod:`ringcoll.config`."""
+    unset), checked by :mod:`ringcoll.config`, and its :data:`SHARED_SETTINGS`, in that order:
+    RINGCOLL_TRANSPORT and RINGCOLL_CHECK as ``executor`` runs them (it fixed them when it was
+    made), the others as a call reads them now."""
     current = settings()
-    return ("" if current.local_size is None else str(current.local_size), current.group_rank)
+    transport = getattr(executor, "transport_mode", None) or current.transport
+    check = getattr(executor, "check", None)
+    check = current.check if check is None else bool(check)
+    shared = (
+        shared_setting("" if current.segment is None else str(current.segment)),
+        shared_setting(transport),
+        shared_setting("on" if check else "off"),
+        shared_setting(repr(current.algo), current.algo_text),
+        file_setting(current.tuning, _content("RINGCOLL_TUNING", current.tuning)),
+        file_setting(current.machine, _content("RINGCOLL_MACHINE", current.machine)),
+        shared_setting(current.cuda_transport),
+    )
+    return ("" if current.local_size is None else str(current.local_size), current.group_rank, shared)
 
 
 def parse_local_size(value: str) -> int:
@@ -130,27 +207,39 @@ def local_size_from_env() -> Optional[int]:
 
 # -- the agreed layout of a process group ------------------------------------------------------
 class Facts(NamedTuple):
-    """What one rank contributes to its group's layout."""
+    """What one rank contributes to its group's layout, and the settings its ranks must share."""
 
     global_rank: int
     local_size: str         # RINGCOLL_LOCAL_SIZE, "" when unset
     group_rank: str         # torchrun's GROUP_RANK (its node's rank), "" when unset
     hostname: str
+    shared: Tuple[Shared, ...] = ()     # SHARED_SETTINGS, in that order (none: not compared)
 
 
 #: a rank's facts on the wire: fixed size, so the group all-gathers equal blocks; text fields
-#: cut at their width (a longer setting is no positive integer anyway; POSIX hostnames fit)
-RECORD = struct.Struct("<q32s32s255s")
+#: cut at their width (a longer setting is no positive integer anyway; POSIX hostnames fit),
+#: then each of SHARED_SETTINGS as its key and the value shown (:class:`Shared`)
+RECORD = struct.Struct("<q32s32s255s" + f"{KEY_BYTES}s{SHOWN_BYTES}s" * len(SHARED_SETTINGS))
 
 
 def pack_facts(facts: Facts) -> bytes:
+    shared = facts.shared or (Shared(b"", ""),) * len(SHARED_SETTINGS)
+    if len(shared) != len(SHARED_SETTINGS):
+        raise ValueError(f"facts must carry {len(SHARED_SETTINGS)} shared settings "
+                         f"({', '.join(SHARED_SETTINGS)}), got {len(shared)}")
     return RECORD.pack(facts.global_rank, *(text.encode()[:width] for text, width in
-                                             ((facts.local_size, 32), (facts.group_rank, 32), (facts.hostname, 255))))
+                                             ((facts.local_size, 32), (facts.group_rank, 32), (facts.hostname, 255))),
+                       *(field for one in shared for field in (one.key, one.shown.encode()[:SHOWN_BYTES])))
 
 
 def unpack_facts(record: bytes) -> Facts:
-    global_rank, *texts = RECORD.unpack(record)
-    return Facts(global_rank, *(text.rstrip(b"\0").decode(errors="replace") for text in texts))
+    global_rank, *fields = RECORD.unpack(record)
+
+    def text(raw: bytes) -> str:
+        return raw.rstrip(b"\0").decode(errors="replace")
+
+    shared = tuple(Shared(key, text(shown)) for key, shown in zip(fields[3::2], fields[4::2]))
+    return Facts(global_rank, *(text(raw) for raw in fields[:3]), shared)
 
 
 def _per_rank(values: Sequence[str]) -> str:
@@ -162,10 +251,30 @@ def _per_rank(values: Sequence[str]) -> str:
                      for value, members in ranks.items())
 
 
+def disagreeing_settings(facts: Sequence[Facts]) -> List[str]:
+    """Each of :data:`SHARED_SETTINGS` whose key is not the same on every rank of ``facts``, as
+    "RINGCOLL_SEGMENT: '4096' on rank [0], unset on rank [1]" (group ranks), in
+    SHARED_SETTINGS order. Facts without shared settings (made by hand) are not compared."""
+    if not facts or any(len(f.shared) != len(SHARED_SETTINGS) for f in facts):
+        return []
+    found = []
+    for index, name in enumerate(SHARED_SETTINGS):
+        if len({f.shared[index].key for f in facts}) > 1:
+            found.append(f"{name}: {_per_rank([f.shared[index].shown for f in facts])}")
+    return found
+
+
 def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
     """(nodes, source) from every group rank's facts, in group rank order (module docstring for
     the order of the sources). A pure function of the gathered list, so every rank derives the
-    same layout, or raises the same ValueError."""
+    same layout, or raises the same ValueError: first where a setting of
+    :data:`SHARED_SETTINGS` differs between ranks (every such setting, with each rank's value),
+    which would otherwise crash or hang the group's calls."""
+    differ = disagreeing_settings(facts)
+    if differ:
+        raise ValueError(f"settings that change which messages go where must be the same on every rank "
+                         f"of the group, got {'; '.join(differ)} (group ranks); set them alike in every "
+                         f"rank's environment")
     local_sizes = [f.local_size for f in facts]
     if len(set(local_sizes)) > 1:
         raise ValueError(f"RINGCOLL_LOCAL_SIZE must be the same on every rank of the group (the ranks "
@@ -185,14 +294,14 @@ def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
 
 def own_facts(executor) -> Facts:
     """This rank's facts: its global rank (the world's, when torch.distributed is initialised:
-    a raw or ringcoll-backend group's executor numbers its ranks from 0), its settings, its
-    hostname."""
+    a raw or ringcoll-backend group's executor numbers its ranks from 0), its node settings, its
+    hostname, and the settings its group's ranks must share (:data:`SHARED_SETTINGS`)."""
     import torch.distributed as dist
 
     global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() \
         else executor.global_ranks[executor.rank]
-    local_size, group_rank = _settings()
-    return Facts(global_rank, local_size, group_rank, socket.gethostname())
+    local_size, group_rank, shared = _settings(executor)
+    return Facts(global_rank, local_size, group_rank, socket.gethostname(), shared)
 
 
 class Agreed(NamedTuple):
