@@ -38,7 +38,7 @@ its source (:func:`group_layout`), for every executor of the group (:func:`share
 drop-in's and the ``"ringcoll"`` backend's, so both paths see one layout from one exchange),
 keyed by this rank's record: a setting changed on every rank between calls takes effect,
 with a new exchange, at the next collective call. The cost: one store write and ``world - 1``
-store reads of 327-byte records per rank, once per group. An asynchronous call never waits for
+store reads of 719-byte records per rank, once per group. An asynchronous call never waits for
 it on the caller's thread: at a group's first call it runs in the call's own run
 (``ringcoll.api._common.Context.late``; docs/design.md, Decisions).
 

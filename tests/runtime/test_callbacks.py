@@ -62,9 +62,11 @@ def test_callbacks_start_in_completion_order_and_a_blocked_one_holds_nothing_bac
         nested.wait()
         return "slow"
 
-    works = [q.submit(lambda: None, True, [i]) for i in (1, 2, 3)]
+    gate = threading.Event()            # the calls complete only once every callback is attached
+    works = [q.submit(gate.wait, True, [1])] + [q.submit(lambda: None, True, [i]) for i in (2, 3)]
     chains = [works[0].get_future().then(slow)]
     chains += [w.get_future().then(lambda fut: started.append(fut.value()[0])) for w in works[1:]]
+    gate.set()
     deadline = time.monotonic() + PATIENCE
     while not (works[1].is_completed() and works[2].is_completed()) and time.monotonic() < deadline:
         time.sleep(0.01)

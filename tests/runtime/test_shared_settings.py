@@ -193,10 +193,8 @@ def test_check_mode_on_some_ranks_only_is_a_value_error_on_every_rank(clusters):
     _check_refused(answers, "RINGCOLL_CHECK: 'on' on rank [0], 'off' on rank [1]")
 
 
-@pytest.mark.xfail(run=False, reason="needs the layout exchange through the group's store (the lead "
-                                     "developer's change): on this branch the records travel on the "
-                                     "transport whose setting differs, so the exchange itself never meets")
 def test_mixed_transports_are_a_value_error_on_every_rank(clusters):
-    """Before: host on one rank and streamed on another hung past 200 s with a 15 s timeout."""
+    """Before: host on one rank and streamed on another hung past 200 s with a 15 s timeout. The
+    records meet in the group's store, whatever the transports."""
     answers = clusters(2).run(_differing, "RINGCOLL_TRANSPORT", {0: "host", 1: "streamed"}, "gloo")
     _check_refused(answers, "RINGCOLL_TRANSPORT: 'host' on rank [0], 'streamed' on rank [1]")
