@@ -385,9 +385,12 @@ def _agree(executor, device, call: str) -> Tuple[Nodes, str]:
     record = pack_facts(own_facts(executor))
     gathered = [record] if executor.world == 1 else _all_gather_records(executor, record, device, call)
     nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
+    before = _AGREED.get(owner)
     _AGREED[owner] = Agreed(current, record, nodes, source)
-    log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
-             describe_layout(nodes), source)
+    # a new layout is news (INFO); the same one agreed again after a setting changed is not
+    news = before is None or (before.nodes, before.source) != (nodes, source)
+    log.log(logging.INFO if news else logging.DEBUG, "group of %d ranks (rank %d): %s from %s",
+            executor.world, executor.rank, describe_layout(nodes), source)
     return nodes, source
 
 
