@@ -80,10 +80,6 @@ def flat(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None
     index = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
                   for size, stride in zip(tensor.shape, tensor.stride()))
     target = tensor[index] if any(part != slice(None) for part in index) else tensor
-    if torch._debug_has_internal_overlap(target) != 0:
-        raise ValueError(f"tensor's memory overlaps itself in a way that cannot be written back (shape "
-                         f"{tuple(tensor.shape)}, strides {tensor.stride()}): pass tensor.clone() or a "
-                         f"contiguous tensor")
     return work, lambda: target.copy_(work.view(tensor.shape)[index])
 
 
