@@ -80,6 +80,13 @@ class StreamRuntime:
         """Whether the calling thread's current stream on ``device`` is capturing a graph."""
         return False
 
+    def host_reads(self, device: torch.device) -> bool:
+        """Whether the host reads tensors on ``device`` at once, with no stream to order its
+        reads after a call (CPU memory): a synchronous call and ``Work.wait()`` then block the
+        host until the call has ended, as gloo's do. False for device memory, which the host
+        reads only through a synchronisation (CUDA: ``.cpu()``, ``.item()``)."""
+        return False
+
     #: whether :meth:`new_future` gives stream-aware futures (else a call's future completes
     #: on the host once the watchdog has seen the call end)
     stream_aware_futures = False
@@ -260,6 +267,15 @@ class EmulatedRuntime(StreamRuntime):
 
     def capturing(self, device):
         return self.capture
+
+    #: whether the emulator's CPU tensors stand for device memory, which the host reads only
+    #: after a synchronisation (tests of CUDA's semantics set it: a synchronous call then
+    #: returns once enqueued, ``wait()`` only orders the waiting stream); False, the default
+    #: (``RINGCOLL_TRANSPORT=streamed``): they are CPU memory, which the caller reads at once
+    device_memory = False
+
+    def host_reads(self, device):
+        return not self.device_memory
 
 
 @functools.lru_cache(maxsize=None)

@@ -196,7 +196,9 @@ def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
 class StreamWork(Work):
     """A stream-ordered call (see the module docstring). ``wait()`` raises the call's error
     once the watchdog has reported it (a PeerError naming the call and the step); before that
-    it orders the stream, as NCCL's."""
+    it orders the stream, as NCCL's. On memory the host reads at once (CPU tensors through the
+    emulator, ``RINGCOLL_TRANSPORT=streamed``: ``runtime.host_reads``) there is no stream to
+    order: ``wait()`` blocks the host until the call has ended, and raises its error."""
 
     def __init__(self, result, describe: str, runtime, device: torch.device, *, blocking: bool = False):
         super().__init__(result, describe)
@@ -240,7 +242,9 @@ class StreamWork(Work):
             raise self._error
         if call.failure is not None:
             raise call.failure
-        if self._blocking:                        # barrier: the host waits, as NCCL's
+        if self._blocking or self._runtime.host_reads(self._device):
+            # a barrier, as NCCL's; CPU memory (the emulator's tensors as a user's), which the
+            # caller reads at once: no stream of the caller's can be ordered after the call
             call.host_wait()
         else:
             self._runtime.wait(self._runtime.current(self._device), call.done)
@@ -265,7 +269,8 @@ def submit_stream(task: Callable[[object], object], async_op: bool, result, runt
     (an event of the calling thread's current stream, recorded here) and returns its InFlight.
     Enqueued now when nothing is queued on the worker thread, else by the worker in its turn.
     A synchronous call returns once enqueued, its caller's stream ordered after it; with
-    ``blocking`` (barrier) once it completed."""
+    ``blocking`` (barrier), or on memory the host reads at once (CPU tensors), once it
+    completed, its result written."""
     _refuse_capture(runtime, device, describe)
     caller = runtime.record(runtime.current(device))
     work = StreamWork(result, describe, runtime, device, blocking=blocking)

@@ -22,6 +22,7 @@ test here fails on that code (most simply because none of it was there).
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -48,6 +49,28 @@ def sync() -> None:
     runtime.synchronize(runtime.record(runtime.current(CPU)))
 
 
+class device_memory:
+    """The emulator's CPU tensors standing for device memory while active (the host reads them
+    only after a synchronisation, as CUDA tensors): what the tests of CUDA's semantics need.
+    Outside it they are CPU memory, read at once (RINGCOLL_TRANSPORT=streamed for a user)."""
+
+    def __enter__(self):
+        self.saved = streams.emulated().device_memory
+        streams.emulated().device_memory = True
+
+    def __exit__(self, *exc):
+        streams.emulated().device_memory = self.saved
+
+
+def on_device_memory(fn):
+    """``fn`` run with :class:`device_memory` active (a rank function of a CUDA-semantics test)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with device_memory():
+            return fn(*args, **kwargs)
+    return run
+
+
 class HostWaits:
     """Counts the host's waits inside ringcoll calls only (the test's own syncs excluded)."""
 
@@ -64,10 +87,19 @@ class HostWaits:
         return result
 
 
-def catalogue():
+def catalogue(as_device: bool = True):
     """Every collective x algorithm, one size per algorithm (rotating through 0, 1, world - 1,
     world + 1 and 1001), on the whole group and on a sub-group of world - 1 ranks, some calls
-    async; int64 exact data against the built-in on the same group."""
+    async; int64 exact data against the built-in on the same group. ``as_device``: the tensors
+    stand for device memory (:class:`device_memory`); else they are CPU memory, which every
+    call must have written when it returns (synchronous) or ``wait()`` returns."""
+    if as_device:
+        with device_memory():
+            return _catalogue(True)
+    return _catalogue(False)
+
+
+def _catalogue(as_device: bool):
     rank, world = dist.get_rank(), dist.get_world_size()
     wrong, waits, compared = [], HostWaits(), []
     sizes = (0, 1, world - 1, world + 1, 1001)
@@ -166,7 +198,8 @@ def catalogue():
         checks.append(("all_reduce int16", x, sum(data(world + 1, r) for r in members).to(torch.int16)))
         for work in pending:
             work.wait()
-        sync()
+        if as_device:
+            sync()                              # CPU memory: no sync, read at once
         for what, got, want in checks:
             if isinstance(got, list):
                 got, want = torch.cat(got), torch.cat(want)
@@ -197,6 +230,16 @@ def test_every_collective_and_algorithm_on_emulated_streams_with_no_host_wait(st
         assert waits == 0, f"rank {rank}: the host waited in {where}"
 
 
+def test_every_collective_and_algorithm_on_cpu_memory_returns_its_result(streamed):
+    """Issue #40 finding 4: ``RINGCOLL_TRANSPORT=streamed`` on CPU tensors, read at once as a
+    user does (no stream synchronisation): every synchronous call returns with its result
+    written, every async call's ``wait()`` with it. Old code: results read before they arrived."""
+    for rank, (transport, runtime, wrong, waits, where, compared) in enumerate(streamed.run(catalogue, False)):
+        assert (transport, runtime) == ("StreamTransport", "EmulatedRuntime")
+        assert compared > 0 and wrong == [], f"rank {rank}: {wrong}"
+
+
+@on_device_memory
 def gated():
     """A synchronous call while the caller's stream is held: it must return (enqueued) with the
     data not yet there, then complete once the gate opens."""
@@ -225,6 +268,41 @@ def test_a_synchronous_call_returns_before_its_data_arrived(streamed):
         assert returned < 5 and untouched and waits == 0 and right
 
 
+def read_at_once():
+    """Every entry point on CPU tensors read at once, as a user reads them, with the last rank
+    late (its data arrives after the others' calls were enqueued): synchronous drop-in, async
+    drop-in + ``wait()``, ``dist.all_reduce`` on a "ringcoll" group, sync and async."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.new_group(list(range(world)), backend="ringcoll")
+    warm = data(4, rank)
+    ringcoll.all_reduce(warm)                            # set-ups outside the measured calls
+    dist.all_reduce(warm, group=backend)
+    want = sum(data(1001, r) for r in range(world))
+    out = {}
+    for name, reduce in (("sync drop-in", lambda x: ringcoll.all_reduce(x, algorithm="ring")),
+                         ("async drop-in + wait", lambda x: ringcoll.all_reduce(x, algorithm="ring",
+                                                                                async_op=True).wait()),
+                         ("dist.all_reduce", lambda x: dist.all_reduce(x, group=backend)),
+                         ("dist async + wait", lambda x: dist.all_reduce(x, group=backend, async_op=True).wait())):
+        x = data(1001, rank)
+        if rank == world - 1:
+            time.sleep(0.3)
+        reduce(x)
+        wrong = (x != want).nonzero()
+        out[name] = "right" if not len(wrong) else \
+            f"element {wrong[0].item()}: got {x[wrong[0]].item()}, want {want[wrong[0]].item()}"
+    return out
+
+
+def test_cpu_tensors_on_the_streamed_transport_hold_their_result_on_return(streamed):
+    """Issue #40 finding 4: on CPU tensors there is no stream the caller's reads are ordered on,
+    so a synchronous call and ``wait()`` return with the result written (the host waits). Old
+    code: every rank but the late one read its own input back."""
+    for rank, out in enumerate(streamed.run(read_at_once)):
+        assert set(out.values()) == {"right"}, f"rank {rank}: {out}"
+
+
+@on_device_memory
 def scratch_on_ringcoll_stream():
     """Every scratch or staging buffer the stream path allocates for a call, on which stream it
     was allocated: ringcoll's stream of the group (which alone uses it), never the caller's."""
@@ -262,6 +340,7 @@ def test_scratch_buffers_are_allocated_on_ringcoll_s_stream(streamed):
         assert count > 0 and on_ringcoll and not on_side and right
 
 
+@on_device_memory
 def ordered():
     """A producer on the caller's stream before an async call, a consumer after ``wait()``:
     the call reads what the producer wrote and the consumer reads the call's result, with the
