@@ -61,8 +61,18 @@ class StreamRuntime:
         yield
 
     def record(self, stream):
-        """An event recorded on ``stream`` now (completes when the stream reaches it)."""
+        """An event recorded on ``stream`` now (completes when the stream reaches it): one of
+        :meth:`reuse`'s, else a new one."""
         raise NotImplementedError
+
+    def reuse(self, events) -> None:
+        """``events`` (completed, and read by no one any more) back to the pool :meth:`record`
+        takes from: events are reused, never destroyed on the watchdog's thread."""
+
+    def watching(self, device: torch.device):
+        """The context the watchdog reads a call's events in: ``device`` current and the thread's
+        stream-capture mode relaxed (a query is then legal while another thread captures)."""
+        return contextlib.nullcontext()
 
     def wait(self, stream, event) -> None:
         """Order ``stream`` after ``event``; the host does not block."""
@@ -126,10 +136,40 @@ class CudaRuntime(StreamRuntime):
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
             yield
 
+    def __init__(self):
+        self._events: list = []          # events free for reuse (see StreamRuntime.reuse)
+        self._events_lock = threading.Lock()
+
     def record(self, stream):
-        event = torch.cuda.Event()
+        with self._events_lock:
+            event = self._events.pop() if self._events else None
+        if event is None:
+            event = torch.cuda.Event()
         event.record(stream)
         return event
+
+    def reuse(self, events):
+        with self._events_lock:
+            self._events.extend(event for event in events if event is not None)
+
+    @contextlib.contextmanager
+    def watching(self, device):
+        """torch's watchdog's guards: a ``CUDAGuard`` on the call's device and a thread-local
+        ``cudaStreamCaptureModeRelaxed`` (torch has no Python binding for
+        ``cudaThreadExchangeStreamCaptureMode``: it is called from the CUDA runtime torch
+        loaded; without one, no capture can be running either)."""
+        exchange = _capture_mode_exchange()
+        with torch.cuda.device(device):
+            if exchange is None:
+                yield
+                return
+            import ctypes
+            mode = ctypes.c_int(CAPTURE_MODE_RELAXED)
+            exchange(ctypes.byref(mode))         # mode now holds the thread's previous one
+            try:
+                yield
+            finally:
+                exchange(ctypes.byref(mode))
 
     def wait(self, stream, event):
         stream.wait_event(event)
@@ -164,9 +204,39 @@ class CudaRuntime(StreamRuntime):
                 tensor.record_stream(stream)
 
 
+#: cudaStreamCaptureMode's values (driver_types.h)
+CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=None)
+def _capture_mode_exchange():
+    """``cudaThreadExchangeStreamCaptureMode`` of the CUDA runtime library this process loaded
+    (torch's), or None where none is loaded (a CPU build)."""
+    import ctypes
+
+    candidates = [None]
+    try:
+        with open("/proc/self/maps") as maps:
+            candidates += sorted({line.split()[-1] for line in maps if "libcudart" in line})
+    except OSError:
+        pass
+    for library in candidates:
+        try:
+            function = ctypes.CDLL(library).cudaThreadExchangeStreamCaptureMode
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        function.restype = ctypes.c_int
+        return function
+    return None
+
+
 # -- the emulator ----------------------------------------------------------------------------
 class EmulatedEvent:
-    __slots__ = ("_done", "stream")
+    #: names of the threads events were destroyed on (tests: never the watchdog's)
+    destroyed_on: list = []
+
+    __slots__ = ("_done", "stream", "__weakref__")
 
     def __init__(self, stream):
         self._done = threading.Event()
@@ -174,6 +244,9 @@ class EmulatedEvent:
 
     def query(self) -> bool:
         return self._done.is_set()
+
+    def __del__(self):
+        EmulatedEvent.destroyed_on.append(threading.current_thread().name)
 
 
 class EmulatedStream:
@@ -216,6 +289,10 @@ class EmulatedRuntime(StreamRuntime):
         self._lock = threading.Lock()
         self._count = 0
         self.capture = False            # tests: pretend the current stream is capturing
+        #: tests: a graph captured on some thread in the global mode, as CUDA's: a query from
+        #: a thread whose capture mode is not relaxed then fails (and would invalidate it)
+        self.global_capture = False
+        self._events: list = []
 
     def _default(self, device):
         key = (device.type, device.index)
@@ -250,15 +327,38 @@ class EmulatedRuntime(StreamRuntime):
         stream.put(fn)
 
     def record(self, stream):
-        event = EmulatedEvent(stream)
+        with self._lock:
+            event = self._events.pop() if self._events else None
+        if event is None:
+            event = EmulatedEvent(stream)
+        else:
+            event._done.clear()
+            event.stream = stream
         stream.put(event._done.set)
         return event
 
+    def reuse(self, events):
+        with self._lock:
+            self._events.extend(event for event in events if event is not None)
+
+    @contextlib.contextmanager
+    def watching(self, device):
+        saved = getattr(self._local, "relaxed", False)
+        self._local.relaxed = True
+        try:
+            yield
+        finally:
+            self._local.relaxed = saved
+
     def wait(self, stream, event):
         if stream is not event.stream:
-            stream.put(event._done.wait)
+            done = event._done
+            stream.put(done.wait)
 
     def query(self, event):
+        if self.global_capture and not getattr(self._local, "relaxed", False):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing "
+                               "(cudaEventQuery from another thread during a global-mode capture)")
         return event.query()
 
     def synchronize(self, event):

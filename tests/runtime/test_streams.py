@@ -567,6 +567,7 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
     import os
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"          # restored for the user's
     executor._failed(PeerError("timed out", rank=0, peer=1, step=0), [])
+    transport._aborting.join(5)                  # the abort runs on a thread of its own
     assert private.aborted and not user.aborted
 
 
@@ -744,6 +745,12 @@ def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
 
 
 # -- the transport and the watchdog in process, on a fake communicator ----------------------------
+from ringcoll.runtime.watchdog import Watchdog
+
+#: the in-process tests' watchdog (one thread, as the process's)
+WATCHDOG = Watchdog(period=0.002)
+
+
 class GatedComm:
     """A communicator whose batches complete when ``gate`` is set (or fail once aborted)."""
 
@@ -769,10 +776,10 @@ class GatedComm:
         self.aborted = True
 
 
-def _enqueue_one(transport, timeout=0.3, local=None):
+def _enqueue_one(transport, timeout=0.3, local=None, name="call #1 all_reduce/ring 4xint64"):
     from ringcoll.schedules.vocabulary import Buf, Recv, Send
 
-    call = transport.open("call #1 all_reduce/ring 4xint64", timeout, 1)
+    call = transport.open(name, timeout, 1)
     items = [Send(1, Buf("data", 0, 2)), Recv(1, Buf("data", 2, 4))]
     step = transport.post(list(zip(items, [torch.ones(2), torch.zeros(2)])), 0)
     step.index = 0
@@ -796,6 +803,7 @@ def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
     with pytest.raises(Exception) as caught:
         first.host_wait()
     assert 0.25 <= time.monotonic() - start < 2.0
+    transport._aborting.join(5)                  # the abort runs on a thread of its own
     assert comm.aborted and caught.value.timed_out and caught.value.step == 0 and len(caught.value.items) == 2
     assert second.failure is first.failure
     drained = transport.runtime.record(transport.stream)
@@ -834,3 +842,117 @@ def test_the_private_communicators_set_up_has_a_deadline():
     with pytest.raises(TimeoutError, match="set-up"):
         NcclComm(group, torch.device("cuda", 0)).connect(time.monotonic() + 0.3)
     assert 0.25 <= time.monotonic() - start < 2 and group.aborted
+
+
+# -- a watchdog that cannot die (issue #36 item 4) ------------------------------------------------
+def _watched(runtime, comm=None, timeout=5.0, name="call #1 all_reduce/ring 4xint64", gate_open=True):
+    """One call of one step on a transport of its own, its failure reported as the executor's
+    (an error naming the call)."""
+    from ringcoll.runtime.transport.stream import StreamTransport
+
+    comm = comm or GatedComm()
+    if gate_open:
+        comm.gate.set()
+    transport = StreamTransport(comm, runtime, CPU, WATCHDOG)
+    call = _enqueue_one(transport, timeout=timeout, name=name)
+    call.on_failure = lambda call, error: RuntimeError(f"ringcoll {call.name}: {error}")
+    return transport, call
+
+
+def _settled(call, within: float = 3.0) -> bool:
+    return call._verdict.wait(within)
+
+
+class RefusingQueries(streams.EmulatedRuntime):
+    """Queries of the events in ``refused`` raise, as a sticky CUDA error would."""
+
+    def __init__(self):
+        super().__init__()
+        self.refused = set()
+
+    def query(self, event):
+        if id(event) in self.refused:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().query(event)
+
+
+def test_an_exception_reading_one_call_fails_that_call_and_the_watchdog_goes_on():
+    """A failing event query fails that call's group with an error naming the call; the
+    watchdog keeps serving the other calls, then and later. Old code: the exception killed the
+    watchdog's thread for good (no later call ever completed)."""
+    runtime = RefusingQueries()
+    _, bad = _watched(runtime, name="call #7 all_reduce/ring 4xint64")
+    runtime.refused.add(id(bad.steps[0].event))
+    _, good = _watched(runtime)
+    assert _settled(bad) and _settled(good)
+    assert good.failure is None
+    assert "call #7 all_reduce/ring" in str(bad.failure) and "illegal memory access" in str(bad.failure)
+    _, later = _watched(runtime)
+    assert _settled(later) and later.failure is None and WATCHDOG._thread.is_alive()
+
+
+def test_the_watchdog_reads_events_in_a_relaxed_capture_mode():
+    """While a graph is captured on another thread in the global mode, a query from a thread
+    whose capture mode is not relaxed fails (as cudaEventQuery does); the watchdog's are made
+    under the relaxed mode and calls complete. Old code: no capture-mode guard."""
+    runtime = streams.EmulatedRuntime()
+    runtime.global_capture = True
+    try:
+        transport, call = _watched(runtime)
+        assert _settled(call) and call.failure is None, call.failure
+        with pytest.raises(RuntimeError, match="capturing"):
+            runtime.query(call.done)             # this thread: not relaxed
+        with runtime.watching(CPU):
+            assert runtime.query(call.done)
+    finally:
+        runtime.global_capture = False
+
+
+def test_a_blocking_abort_does_not_stall_the_watchdog():
+    """A call past its deadline is failed and its communicator aborted, with the abort blocking
+    (ProcessGroupNCCL's can, up to its timeout): the failed call's verdict comes at once and a
+    call on another stream completes meanwhile. Old code: the abort ran on the watchdog's
+    thread, which stalled in it."""
+
+    class BlockingAbort(GatedComm):
+        def abort(self):
+            release.wait(30)
+            super().abort()
+
+    release = threading.Event()
+    try:
+        runtime = streams.emulated()
+        _, overdue = _watched(runtime, comm=BlockingAbort(), timeout=0.3, gate_open=False)
+        assert _settled(overdue) and "did not complete within the timeout" in str(overdue.failure)
+        _, other = _watched(runtime)
+        assert _settled(other) and other.failure is None
+    finally:
+        release.set()
+
+
+def test_the_watchdog_reuses_step_events_and_destroys_none():
+    """Step events of completed calls go back to the runtime's pool and are reused; no event is
+    destroyed on the watchdog's thread (cudaEventDestroy can hang). Old code: a new event per
+    step, dropped wherever the last reference went."""
+    import gc
+
+    runtime = streams.EmulatedRuntime()
+    streams.EmulatedEvent.destroyed_on.clear()
+    made = []
+    original = streams.EmulatedEvent.__init__
+
+    def counting(self, stream):
+        made.append(1)
+        original(self, stream)
+
+    streams.EmulatedEvent.__init__ = counting
+    try:
+        for _ in range(6):
+            _, call = _watched(runtime)
+            assert _settled(call) and call.failure is None
+            time.sleep(0.02)
+        gc.collect()
+    finally:
+        streams.EmulatedEvent.__init__ = original
+    assert len(made) < 6 * 3, len(made)             # caller, step and end events: steps reused
+    assert "ringcoll-watchdog" not in streams.EmulatedEvent.destroyed_on

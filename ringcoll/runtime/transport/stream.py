@@ -124,7 +124,10 @@ class InFlight:
             settled, self._settled = self._settled, []
         self._verdict.set()
         for fn in settled:
-            fn(self)
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a waiter's callback: the verdict stands for the others
+                pass
 
     def host_wait(self) -> None:
         """Block the host until the watchdog has seen the call end (its end event reached) or
@@ -153,6 +156,8 @@ class StreamTransport:
         self.call: Optional[InFlight] = None
         self.last: Optional[InFlight] = None
         self._ready = False
+        self._abort_lock = threading.Lock()
+        self._aborting: Optional[threading.Thread] = None
 
     def ready(self, deadline: float) -> None:
         """Set the private communicator up once, every rank together (the group's first call on
@@ -251,7 +256,19 @@ class StreamTransport:
         pass
 
     def abort(self) -> None:
-        self.comm.abort()
+        """Abort the communicator, on a thread of its own: ProcessGroupNCCL's ``abort()`` can
+        block up to the group's timeout, and the watchdog (which calls this) must not. Once."""
+        with self._abort_lock:
+            if self._aborting is not None:
+                return
+            self._aborting = threading.Thread(target=self._abort, name="ringcoll-abort", daemon=True)
+        self._aborting.start()
+
+    def _abort(self) -> None:
+        try:
+            self.comm.abort()
+        except Exception:  # noqa: BLE001 - best effort: the group is failed either way
+            pass
 
 
 # -- the emulated NCCL communicator ---------------------------------------------------------
