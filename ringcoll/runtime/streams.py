@@ -30,6 +30,9 @@ import threading
 from typing import Callable, Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import kernels
 
 
 class StreamRuntime:
@@ -50,8 +53,13 @@ class StreamRuntime:
         """A stream of ringcoll's own on ``device``."""
         raise NotImplementedError
 
-    def launch(self, stream, fn: Callable[[], None]) -> None:
-        """Enqueue ``fn``'s work on ``stream``."""
+    def launch(self, stream, fn: Callable[[], None], on_error: Optional[Callable] = None,
+               touched: Optional[list] = None) -> None:
+        """Enqueue ``fn``'s work on ``stream``: ``fn`` runs now, on the calling thread (its
+        Python, checks, kernel compiles, allocations: the host's part, whose errors raise here),
+        and the device work it issues goes on ``stream``. ``on_error``: told of an error of
+        that device work where it is known (the emulator's). ``touched``: the tensors that
+        ``fn``'s operations read or write are appended to it (what the call must keep alive)."""
         raise NotImplementedError
 
     @contextlib.contextmanager
@@ -127,9 +135,13 @@ class CudaRuntime(StreamRuntime):
     def new_stream(self, device):
         return torch.cuda.Stream(device=device)
 
-    def launch(self, stream, fn):
+    def launch(self, stream, fn, on_error=None, touched=None):
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-            fn()
+            if touched is None:
+                fn()
+            else:
+                with _Recording(touched):
+                    fn()
 
     @contextlib.contextmanager
     def allocating(self, stream):
@@ -231,6 +243,86 @@ def _capture_mode_exchange():
     return None
 
 
+# -- what a launch touches, and the emulator's deferral ----------------------------------------
+def _tensors(value, into: list) -> None:
+    if isinstance(value, torch.Tensor):
+        into.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors(item, into)
+
+
+class _Recording(TorchDispatchMode):
+    """Runs every operation as it comes; appends each tensor it reads or writes to ``touched``."""
+
+    def __init__(self, touched: list):
+        super().__init__()
+        self.touched = touched
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        _tensors(args, self.touched)
+        _tensors(list(kwargs.values()), self.touched)
+        return self.run(func, args, kwargs)
+
+    def run(self, func, args, kwargs):
+        return func(*args, **kwargs)
+
+
+def _written(func, args, kwargs):
+    """The tensors ``func`` writes (its schema's ``Tensor(a!)`` arguments), or None when it
+    writes none."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        info = argument.alias_info
+        if info is not None and info.is_write:
+            written.append(args[position] if position < len(args) else kwargs.get(argument.name))
+    return written or None
+
+
+class _Deferring(_Recording):
+    """The emulator's device: operations that read or write tensor data are put on the stream
+    being launched on (run there, in order, on the stream's thread); views, allocations and
+    in-place metadata changes run now; an operation that neither writes its arguments nor is
+    one of those (``item()``, an out-of-place result the host would read) first waits for the
+    stream, then runs now."""
+
+    #: host-side operations: they allocate, or change no data
+    NOW = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+           torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
+           torch.ops.aten.new_empty_strided.default, torch.ops.aten._unsafe_view.default}
+
+    def __init__(self, put: Callable, synchronize: Callable, touched: list):
+        super().__init__(touched)
+        self.put, self.synchronize = put, synchronize
+
+    def run(self, func, args, kwargs):
+        if func.is_view or func in self.NOW or torch.Tag.inplace_view in func.tags:
+            return func(*args, **kwargs)
+        written = _written(func, args, kwargs)
+        if written is None:
+            self.synchronize()
+            return func(*args, **kwargs)
+        self.put(lambda: func(*args, **kwargs))
+        returns = len(func._schema.returns)
+        return None if returns == 0 else written[0] if returns == 1 else tuple(written)
+
+
+#: the emulator's launch in progress on this thread (its ``put``), for :func:`device_work`
+_launching = threading.local()
+
+
+def device_work(fn: Callable[[], None]) -> None:
+    """Device work that is not a torch operation (an emulated NCCL batch, a CPU kernel of
+    numba's): put on the stream the calling thread is launching on (the emulator's
+    :meth:`EmulatedRuntime.launch`), else run now."""
+    put = getattr(_launching, "put", None)
+    if put is None:
+        fn()
+    else:
+        put(fn)
+
+
 # -- the emulator ----------------------------------------------------------------------------
 class EmulatedEvent:
     #: names of the threads events were destroyed on (tests: never the watchdog's)
@@ -323,8 +415,31 @@ class EmulatedRuntime(StreamRuntime):
             self._count += 1
             return EmulatedStream(f"{device}-{self._count}", device)
 
-    def launch(self, stream, fn):
-        stream.put(fn)
+    def launch(self, stream, fn, on_error=None, touched=None):
+        """CUDA's split: ``fn`` runs now on the calling thread under :class:`_Deferring`, which
+        puts every operation that reads or writes tensor data (and every kernel launch and
+        batch: :func:`device_work`) on ``stream``, in order; views and allocations happen
+        now, as a GPU's host does them; an operation whose result the host reads (``item()``)
+        first waits for the stream, as CUDA's synchronising calls do."""
+
+        def put(work):
+            def run():
+                try:
+                    work()
+                except BaseException as error:  # noqa: BLE001 - the stream goes on
+                    if on_error is None:
+                        raise
+                    on_error(error)
+            stream.put(run)
+
+        outer = getattr(_launching, "put", None), getattr(kernels.device_work, "put", None)
+        _launching.put = kernels.device_work.put = put
+        try:
+            with _Deferring(put, lambda: self.synchronize(self.record(stream)),
+                            touched if touched is not None else []):
+                fn()
+        finally:
+            _launching.put, kernels.device_work.put = outer
 
     def record(self, stream):
         with self._lock:

@@ -36,6 +36,9 @@ from typing import Dict, Optional
 
 #: how often the thread reads the events of the calls in flight
 PERIOD = 0.005
+#: how long a step waits before the watchdog asks whether a peer aborted the communicator,
+#: and how often it asks again (a store round trip: never on every period)
+ABORT_POLL = 0.25
 
 
 class Watchdog:
@@ -125,20 +128,31 @@ class Watchdog:
             clock = now
         call.index, call.clock = index, clock
         if index == len(call.steps) and runtime.query(call.done):
-            queue.popleft().settle(call.error)    # a local operation's error, if any
-            if call.error is None:
-                runtime.reuse([step.event for step in call.steps])
+            if call.error is not None:        # a local operation failed on the device
+                self._fail(queue, call, index, call.error, timed_out=False, local=True)
+                return False
+            queue.popleft().settle()
+            runtime.reuse([step.event for step in call.steps])
             self._finished.append(call)
             if queue:
                 queue[0].clock = now
             return True
+        transport = call.transport
+        if now - clock > ABORT_POLL and now - getattr(transport, "polled", now) > ABORT_POLL:
+            transport.polled = now
+            aborted = transport.peer_aborted()
+            if aborted is not None:
+                self._fail(queue, call, index, RuntimeError(
+                    f"{aborted} of the group aborted ringcoll's communicator (its call failed)"), timed_out=False)
+                return False
         if now - clock > call.timeout:
             self._fail(queue, call, index, TimeoutError(
                 "the step did not complete within the timeout (watchdog); ringcoll's private "
                 "communicator was aborted"), timed_out=True)
         return False
 
-    def _fail(self, queue: deque, call, index: int, error: BaseException, timed_out: bool) -> None:
+    def _fail(self, queue: deque, call, index: int, error: BaseException, timed_out: bool,
+              local: bool = False) -> None:
         """Fail ``call`` (and the calls behind it on its stream) with the executor's verdict;
         the transport's abort returns at once (its communicator's runs on a thread of its own)."""
         from .transport import TransferError
@@ -147,7 +161,7 @@ class Watchdog:
         items = call.steps[index].items if index < len(call.steps) else []
         step = call.steps[index].index if index < len(call.steps) and call.steps[index].index is not None else index
         failure = TransferError(items, error, timed_out=timed_out, batch=True)
-        failure.step = step
+        failure.step, failure.local = step, local
         queue.popleft()
         verdict = failure
         try:

@@ -62,6 +62,12 @@ class device_memory:
         streams.emulated().device_memory = self.saved
 
 
+def on_stream(stream, fn) -> None:
+    """``fn`` run on ``stream`` as device work (a kernel's): a launch runs its Python on the
+    host at once, as CUDA's, so a test's stand-in for a slow kernel is device work itself."""
+    streams.emulated().launch(stream, lambda: streams.device_work(fn))
+
+
 def on_device_memory(fn):
     """``fn`` run with :class:`device_memory` active (a rank function of a CUDA-semantics test)."""
     @functools.wraps(fn)
@@ -249,7 +255,7 @@ def gated():
     ringcoll.all_reduce(x.clone())                       # the group's set-up, outside the gate
     sync()
     gate = threading.Event()
-    runtime.launch(runtime.current(CPU), lambda: gate.wait(30))
+    on_stream(runtime.current(CPU), lambda: gate.wait(30))
     start = time.monotonic()
     before = streams.StreamRuntime.host_waits
     ringcoll.all_reduce(x, algorithm="ring")
@@ -358,13 +364,13 @@ def ordered():
         x, seen = torch.zeros(64, dtype=torch.int64), torch.zeros(64, dtype=torch.int64)
         side = runtime.new_stream(CPU)                   # the caller works on a side stream
         with runtime.use(side):
-            runtime.launch(side, lambda: (time.sleep(0.3), x.copy_(data(64, rank))))   # producer
+            on_stream(side, lambda: (time.sleep(0.3), x.copy_(data(64, rank))))        # producer
             before = streams.StreamRuntime.host_waits
             work = reduce(x)
             start = time.monotonic()
             work.wait()
             waited = time.monotonic() - start
-            runtime.launch(side, lambda: seen.copy_(x))                                 # consumer
+            on_stream(side, lambda: seen.copy_(x))                                      # consumer
             waits = streams.StreamRuntime.host_waits - before
             runtime.synchronize(runtime.record(side))
         out[name] = (type(work).__name__, waited < 0.25, waits, torch.equal(seen, want))
@@ -752,7 +758,8 @@ WATCHDOG = Watchdog(period=0.002)
 
 
 class GatedComm:
-    """A communicator whose batches complete when ``gate`` is set (or fail once aborted)."""
+    """A communicator whose batches complete when ``gate`` is set (or fail once aborted); NCCL's
+    shape: ``start`` and ``join`` return at once, the wait is the stream's (device work)."""
 
     def __init__(self):
         self.gate, self.aborted, self.started = threading.Event(), False, []
@@ -762,15 +769,19 @@ class GatedComm:
 
     def start(self, ops):
         self.started.append(len(ops))
-        return ops
+        return {"error": None}
 
     def join(self, work):
-        while not self.gate.wait(0.01):
-            if self.aborted:
-                raise RuntimeError("NCCL communicator was aborted")
+        def wait():
+            while not self.gate.wait(0.01):
+                if self.aborted:
+                    work["error"] = RuntimeError("NCCL communicator was aborted")
+                    return
+
+        streams.device_work(wait)
 
     def failed(self, work):
-        return None
+        return work["error"]
 
     def abort(self):
         self.aborted = True
@@ -811,20 +822,27 @@ def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
 
 
 def test_a_local_operations_error_on_the_stream_is_the_calls():
-    """A reduction that raises on the emulated stream fails the call (its Work raises), not
-    only the stream's log."""
+    """A local operation's Python that raises raises at enqueue, on the caller's thread (as on
+    a GPU, where only device work is deferred); one whose device work fails on the emulated
+    stream fails the call (its Work raises), not only the stream's log."""
     from ringcoll.runtime.transport.stream import StreamTransport
-    from ringcoll.runtime.watchdog import Watchdog
 
     comm = GatedComm()
     comm.gate.set()
-    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
-    call = _enqueue_one(transport, timeout=5, local=lambda: 1 // 0)
+    transport = StreamTransport(comm, streams.emulated(), CPU, WATCHDOG)
+    on_host = threading.current_thread().name
+    seen = []
     with pytest.raises(ZeroDivisionError):
+        _enqueue_one(transport, timeout=5, local=lambda: seen.append(threading.current_thread().name) or 1 // 0)
+    assert seen == [on_host]
+    transport.drop()
+    small, large = torch.ones(2), torch.ones(3)
+    call = _enqueue_one(transport, timeout=5, local=lambda: small.add_(large))   # fails when it runs
+    with pytest.raises(Exception, match="size of tensor"):
         call.host_wait()
     ok = _enqueue_one(transport, timeout=5)
     ok.host_wait()
-    assert ok.failure is None and comm.started == [2, 2]
+    assert ok.failure is None and comm.started == [2, 2, 2]
 
 
 def test_the_private_communicators_set_up_has_a_deadline():
@@ -956,3 +974,88 @@ def test_the_watchdog_reuses_step_events_and_destroys_none():
         streams.EmulatedEvent.__init__ = original
     assert len(made) < 6 * 3, len(made)             # caller, step and end events: steps reused
     assert "ringcoll-watchdog" not in streams.EmulatedEvent.destroyed_on
+
+
+# -- an emulator as strict as CUDA (issue #36 item 3) ---------------------------------------------
+def raising_at_enqueue(where: str):
+    """The middle rank's local reduction raises MemoryError at enqueue (its Python, on the
+    caller's thread, as CUDA's host side would) in the middle of a ring all_reduce, or its
+    kernel's compile and load fails (``where`` = "compile"): what every rank sees of that call,
+    then of the next one on the group, and of a call on a fresh group."""
+    from ringcoll import kernels
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failing = world // 2
+    group = dist.new_group(list(range(world)))
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(20.0)
+    out = {}
+    try:
+        warm = data(12, rank)
+        ringcoll.all_reduce(warm, group=group, algorithm="ring")
+        transport = group_executor(group).transport(CPU)
+        batches = sum(1 for entry in transport.comm.shim.log if entry[0] == "batch")
+        seen, original = [], (kernels.reduce_into if where == "local" else kernels.prepare_reduction)
+
+        def failing_kernel(*args, **kwargs):
+            seen.append(threading.current_thread().name)
+            if len(seen) == 2:                   # the second reduction of the call
+                raise MemoryError("injected: out of memory in a local reduction")
+            return original(*args, **kwargs)
+
+        name = "reduce_into" if where == "local" else "prepare_reduction"
+        if rank == failing:
+            setattr(kernels, name, failing_kernel)
+        x = data(1001, rank)
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(x, group=group, algorithm="ring")
+            out["call"] = "returned: " + ("right" if torch.equal(x, sum(data(1001, r) for r in range(world)))
+                                          else f"WRONG {x[:3].tolist()}")
+        except Exception as error:  # noqa: BLE001 - reported
+            out["call"] = f"{type(error).__name__}: {error}"
+        finally:
+            setattr(kernels, name, original)
+        out["seconds"] = time.monotonic() - start
+        out["on host"] = all(thread == threading.current_thread().name for thread in seen)
+        if where == "compile" and rank == failing:
+            out["posted"] = sum(1 for entry in transport.comm.shim.log if entry[0] == "batch") - batches
+        y = data(7, rank)
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(y, group=group)
+            out["next"] = f"returned {y.tolist()}"
+        except Exception as error:  # noqa: BLE001 - reported
+            out["next"] = f"{type(error).__name__}: {error}"
+        out["next seconds"] = time.monotonic() - start
+        fresh = dist.new_group(list(range(world)))
+        z = data(5, rank)
+        ringcoll.all_reduce(z, group=fresh)
+        out["fresh"] = torch.equal(z, sum(data(5, r) for r in range(world)))
+    finally:
+        ringcoll.set_timeout(previous)
+    return out
+
+
+@pytest.mark.parametrize("where", ["local", "compile"])
+def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where):
+    """Issue #36 item 3: with a local reduction raising at enqueue on one rank mid-call (or its
+    kernel failing to compile before the call's first transfer), every rank raises for that call,
+    the failing rank's next call raises GroupFailedError at once, a fresh group works; never a
+    wrong value. The reduction's host part runs on the caller's thread. Old code: the emulator ran
+    it on the stream's thread; the failing rank's group stayed usable and its peers received
+    unreduced data."""
+    results = streamed.run(raising_at_enqueue, where)
+    world = len(results)
+    for rank, out in enumerate(results):
+        assert not out["call"].startswith("returned"), f"rank {rank}: {out}"
+        assert out["on host"], f"rank {rank}: the reduction ran on a stream's thread"
+        assert out["next"].startswith("GroupFailedError"), f"rank {rank}: {out}"
+        assert out["fresh"], f"rank {rank}: {out}"
+        assert out["seconds"] < 10, f"rank {rank}: peers must fail fast, not at the timeout: {out}"
+    failing = results[world // 2]
+    assert failing["call"].startswith("MemoryError: injected"), failing
+    assert "all_reduce/ring" in failing["next"] and "MemoryError" in failing["next"], failing
+    assert failing["next seconds"] < 0.5, failing
+    if where == "compile":
+        assert failing["posted"] == 0, failing          # compiled before the first transfer
