@@ -27,6 +27,7 @@ import contextlib
 import functools
 import queue
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -255,6 +256,13 @@ def _tensors(value, into: list) -> None:
 class _Recording(TorchDispatchMode):
     """Runs every operation as it comes; appends each tensor it reads or writes to ``touched``."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would wrap ``__torch_dispatch__`` in ``_disable_dynamo``, which imports
+        dynamo at the mode's first use (seconds, inside a collective; and the import's own torch
+        operations would meet the mode). This mode never runs under torch.compile."""
+        return False
+
     def __init__(self, touched: list):
         super().__init__()
         self.touched = touched
@@ -292,9 +300,9 @@ class _Deferring(_Recording):
            torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
            torch.ops.aten.new_empty_strided.default, torch.ops.aten._unsafe_view.default}
 
-    def __init__(self, put: Callable, synchronize: Callable, touched: list):
+    def __init__(self, put: Callable, synchronize: Callable, touched: list, allocator=None):
         super().__init__(touched)
-        self.put, self.synchronize = put, synchronize
+        self.put, self.synchronize, self.allocator = put, synchronize, allocator
 
     def run(self, func, args, kwargs):
         if func.is_view or func in self.NOW or torch.Tag.inplace_view in func.tags:
@@ -303,6 +311,8 @@ class _Deferring(_Recording):
         if written is None:
             self.synchronize()
             return func(*args, **kwargs)
+        if self.allocator is not None:    # the device holds memory, not tensors
+            args, kwargs = self.allocator.raw(args), dict(zip(kwargs, self.allocator.raw(list(kwargs.values()))))
         self.put(lambda: func(*args, **kwargs))
         returns = len(func._schema.returns)
         return None if returns == 0 else written[0] if returns == 1 else tuple(written)
@@ -369,6 +379,62 @@ class EmulatedStream:
         return f"EmulatedStream({self.name})"
 
 
+class ReusingAllocator:
+    """The emulator's stand-in for CUDA's caching allocator, at its most unforgiving: the memory
+    of a tensor whose storage is freed goes straight back to the next allocation of its size.
+    Under an emulated launch, device work holds such a tensor by its memory only (a non-owning
+    alias, as a kernel holds a pointer), so a tensor the host drops while a call still uses it
+    is reused and overwritten unless the call keeps it. Tensors come from :meth:`empty`."""
+
+    ALIGN = 64
+
+    def __init__(self, nbytes: int = 1 << 24):
+        import numpy as np
+
+        self.arena = np.zeros(nbytes, dtype=np.uint8)
+        self.whole = torch.from_numpy(self.arena)     # owns the arena, not the blocks
+        self.base, self.nbytes = self.whole.data_ptr(), nbytes
+        self._free: dict = {}
+        self._top = 0
+        self._lock = threading.Lock()
+
+    def empty(self, *size: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        numel = 1
+        for n in size:
+            numel *= n
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(-(-numel * itemsize // self.ALIGN) * self.ALIGN, self.ALIGN)
+        with self._lock:
+            blocks = self._free.get(nbytes)
+            if blocks:
+                offset = blocks.pop()
+            else:
+                offset, self._top = self._top, self._top + nbytes
+                if self._top > self.nbytes:
+                    raise MemoryError("the emulated allocator's arena is full")
+        block = self.arena[offset:offset + nbytes]
+        weakref.finalize(block, self._release, nbytes, offset)   # when the storage dies
+        return torch.from_numpy(block).view(dtype)[:numel].view(size)
+
+    def _release(self, nbytes: int, offset: int) -> None:
+        with self._lock:
+            self._free.setdefault(nbytes, []).append(offset)
+
+    def raw(self, values):
+        """``values`` (a tuple or list, nested) with each tensor of this allocator's replaced by
+        a non-owning alias of its memory."""
+        out = []
+        for value in values:
+            if isinstance(value, torch.Tensor) and self.base <= value.data_ptr() < self.base + self.nbytes:
+                start = value.untyped_storage().data_ptr() - self.base
+                value = self.whole.view(value.dtype).as_strided(
+                    value.size(), value.stride(), start // value.element_size() + value.storage_offset())
+            elif isinstance(value, (list, tuple)):
+                value = self.raw(value)
+            out.append(value)
+        return type(values)(out) if isinstance(values, tuple) else out
+
+
 class EmulatedRuntime(StreamRuntime):
     """CUDA's stream semantics on the CPU (see the module docstring). Each thread has a
     current stream per device (the device's default stream unless :meth:`use` says
@@ -385,6 +451,9 @@ class EmulatedRuntime(StreamRuntime):
         #: a thread whose capture mode is not relaxed then fails (and would invalidate it)
         self.global_capture = False
         self._events: list = []
+        #: tests: a :class:`ReusingAllocator` whose tensors the device work holds by their memory
+        #: only, as a GPU's kernels do (None: device work holds the tensors themselves)
+        self.allocator: Optional[ReusingAllocator] = None
 
     def _default(self, device):
         key = (device.type, device.index)
@@ -436,7 +505,7 @@ class EmulatedRuntime(StreamRuntime):
         _launching.put = kernels.device_work.put = put
         try:
             with _Deferring(put, lambda: self.synchronize(self.record(stream)),
-                            touched if touched is not None else []):
+                            touched if touched is not None else [], self.allocator):
                 fn()
         finally:
             _launching.put, kernels.device_work.put = outer

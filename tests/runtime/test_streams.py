@@ -1059,3 +1059,86 @@ def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where):
     assert failing["next seconds"] < 0.5, failing
     if where == "compile":
         assert failing["posted"] == 0, failing          # compiled before the first transfer
+
+
+# -- tensor lifetime of async calls (issue #36 item 5) ---------------------------------------------
+@on_device_memory
+def dropped_before_wait():
+    """Each tensor a call's hooks read or write, dropped by the caller after an async call whose
+    stream is held, its memory handed straight to a new tensor that is then overwritten
+    (streams.ReusingAllocator: device work holds memory, not tensors, as a GPU's); then
+    ``wait()``. Per case: which of those tensors the call does not keep, whether the result is
+    right, whether the new tensors kept what was written into them."""
+    import gc
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    pool = runtime.allocator = streams.ReusingAllocator(1 << 22)
+    n = 2 * world + 1
+    out = {}
+    try:
+        ringcoll.all_reduce(data(4, rank))                   # set-up
+        sync()
+
+        def filled(values: torch.Tensor) -> torch.Tensor:
+            tensor = pool.empty(*values.shape, dtype=values.dtype)
+            tensor.copy_(values)
+            return tensor
+
+        def staged_list_input():
+            inputs = [filled(data(n, rank * world + j)) for j in range(world)]
+            output = torch.zeros(n, dtype=torch.int64)
+            work = ringcoll.reduce_scatter(output, inputs, algorithm="ring", async_op=True)
+            want = sum(data(n, r * world + rank) for r in range(world))
+            return work, inputs, lambda: torch.equal(output, want)
+
+        def premul_source():
+            source = filled(data(n * world, rank).double())
+            output = torch.zeros(n, dtype=torch.float64)
+            work = ringcoll.reduce_scatter_tensor(output, source, op=dist._make_nccl_premul_sum(2.0),
+                                                  algorithm="ring", async_op=True)
+            want = 2 * sum(data(n * world, r).double() for r in range(world))[rank * n:(rank + 1) * n]
+            return work, [source], lambda: torch.equal(output, want)
+
+        def write_back_target():
+            wide = filled(data(2 * n, rank).view(n, 2))
+            target = wide.t()                                # not contiguous: reduced through a copy
+            work = dist.all_reduce(target, group=backend, async_op=True)
+            return work, [wide], lambda: True                # the caller dropped its result
+
+        backend = dist.new_group(list(range(world)), backend="ringcoll")
+        warm = data(4, rank)
+        dist.all_reduce(warm, group=backend)
+        sync()
+        for name, start in (("staged list input", staged_list_input), ("PREMUL_SUM source", premul_source),
+                            ("write-back target", write_back_target)):
+            gate = threading.Event()
+            on_stream(runtime.current(CPU), lambda: gate.wait(30))     # the call waits behind it
+            work, dropped, right = start()
+            call = getattr(work, "_call", None)
+            kept = {t.untyped_storage().data_ptr() for t in (call.keep if call is not None else [])}
+            missing = [i for i, t in enumerate(dropped) if t.untyped_storage().data_ptr() not in kept]
+            shapes = [(t.shape, t.dtype) for t in dropped]
+            dropped.clear()                                  # the caller's last references
+            gc.collect()
+            reused = [pool.empty(*shape, dtype=dtype) for shape, dtype in shapes]
+            for tensor in reused:
+                tensor.fill_(-7)
+            gate.set()
+            work.wait()
+            sync()
+            out[name] = {"not kept": missing, "right": right(),
+                         "reused memory untouched": all(bool((t == -7).all()) for t in reused)}
+    finally:
+        runtime.allocator = None
+    return out
+
+
+def test_async_calls_keep_every_tensor_their_hooks_touch(streamed):
+    """Issue #36 item 5: staged list inputs, the PREMUL_SUM source and the write-back target of a
+    non-contiguous tensor are kept by the call (and recorded on ringcoll's stream) until it
+    completes: dropped by the caller before ``wait()``, their memory is not reused while the call
+    reads or writes it. Old code: the call kept its buffers only."""
+    for rank, out in enumerate(streamed.run(dropped_before_wait)):
+        for case, facts in out.items():
+            assert facts == {"not kept": [], "right": True, "reused memory untouched": True}, f"rank {rank} {case}: {facts}"

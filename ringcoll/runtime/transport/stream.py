@@ -162,9 +162,6 @@ class StreamTransport:
         self._aborted_key = f"ringcoll/private/{device.type}/{_made[key][1]}/aborted" if self._store else None
         self.polled = 0.0                 # when the watchdog last asked whether a peer aborted
         self.stream = runtime.new_stream(device)
-        # torch imports dynamo (seconds) at a dispatch mode's first use: at set-up, not in a
-        # call (the emulator's launches and the hooks' recording use one)
-        import torch._dynamo  # noqa: F401
         self.call: Optional[InFlight] = None
         self.last: Optional[InFlight] = None
         self._ready = False
