@@ -233,7 +233,10 @@ class StreamWork(Work):
         self._done.set()
 
     def wait(self, timeout=None) -> bool:
+        from time import monotonic
+
         seconds = timeout_seconds(timeout)
+        start = monotonic()
         if not self._done.wait(seconds):          # queued behind a host call: until enqueued
             raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
                               f"{seconds:g} s (the call is still queued)")
@@ -245,7 +248,10 @@ class StreamWork(Work):
         if self._blocking or self._runtime.host_reads(self._device):
             # a barrier, as NCCL's; CPU memory (the emulator's tensors as a user's), which the
             # caller reads at once: no stream of the caller's can be ordered after the call
-            call.host_wait()
+            left = None if seconds is None else max(seconds - (monotonic() - start), 0.0)
+            if not call.host_wait(left):
+                raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
+                                  f"{seconds:g} s (the call is still running)")
         else:
             self._runtime.wait(self._runtime.current(self._device), call.done)
         return True

@@ -1142,3 +1142,23 @@ def test_async_calls_keep_every_tensor_their_hooks_touch(streamed):
     for rank, out in enumerate(streamed.run(dropped_before_wait)):
         for case, facts in out.items():
             assert facts == {"not kept": [], "right": True, "reused memory untouched": True}, f"rank {rank} {case}: {facts}"
+
+
+def test_wait_with_a_timeout_on_cpu_memory_honours_it():
+    """On CPU memory ``wait()`` blocks the host until the call ends, and ``wait(timeout)``
+    raises WaitTimeout once the timeout has passed (the call goes on)."""
+    from datetime import timedelta
+    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.work import StreamWork, WaitTimeout
+
+    comm = GatedComm()
+    transport = StreamTransport(comm, streams.emulated(), CPU, WATCHDOG)
+    call = _enqueue_one(transport, timeout=10)
+    work = StreamWork([], "all_reduce/ring", streams.emulated(), CPU)
+    work._enqueued(call)
+    start = time.monotonic()
+    with pytest.raises(WaitTimeout, match="still running"):
+        work.wait(timedelta(seconds=0.2))
+    assert 0.15 <= time.monotonic() - start < 2
+    comm.gate.set()
+    assert work.wait() is True and call.finished

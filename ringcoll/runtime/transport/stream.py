@@ -130,15 +130,18 @@ class InFlight:
             except Exception:  # noqa: BLE001 - a waiter's callback: the verdict stands for the others
                 pass
 
-    def host_wait(self) -> None:
+    def host_wait(self, seconds: Optional[float] = None) -> bool:
         """Block the host until the watchdog has seen the call end (its end event reached) or
-        fail (then raise its error): what a barrier, check mode and exchanges the host reads
-        need. Counted in ``StreamRuntime.host_waits``. Never longer than the watchdog's
-        deadline, even where an aborted transfer would keep the stream from its end event."""
+        fail (then raise its error): what a barrier, check mode, exchanges the host reads and
+        CPU memory need. Counted in ``StreamRuntime.host_waits``. Never longer than the
+        watchdog's deadline, even where an aborted transfer would keep the stream from its end
+        event; ``seconds``: at most that long (False if the call has not ended by then)."""
         StreamRuntime.host_waits += 1
-        self._verdict.wait()
+        if not self._verdict.wait(seconds):
+            return False
         if self.failure is not None:
             raise self.failure
+        return True
 
     def __repr__(self) -> str:
         return f"InFlight({self.name}, steps={len(self.steps)}/{self.total})"
