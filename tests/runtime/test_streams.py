@@ -1162,3 +1162,95 @@ def test_wait_with_a_timeout_on_cpu_memory_honours_it():
     assert 0.15 <= time.monotonic() - start < 2
     comm.gate.set()
     assert work.wait() is True and call.finished
+
+
+def test_a_numba_cpu_kernel_is_device_work_in_the_emulator():
+    """A numba CPU reduction launched on an emulated stream compiles at once, on the caller's
+    thread (the host's part), and computes when the stream reaches it (not a torch operation, so
+    the dispatch mode alone would have run it at once)."""
+    pytest.importorskip("numba")
+    from ringcoll import kernels
+
+    runtime = streams.EmulatedRuntime()
+    stream = runtime.new_stream(CPU)
+    gate = threading.Event()
+    runtime.launch(stream, lambda: streams.device_work(lambda: gate.wait(30)))
+    dst, src = data(9, 0), data(9, 1)
+    runtime.launch(stream, lambda: kernels.reduce_into(dst, src, "sum", backend="numba"))
+    held = torch.equal(dst, data(9, 0))
+    gate.set()
+    runtime.synchronize(runtime.record(stream))
+    assert held and torch.equal(dst, data(9, 0) + data(9, 1))
+
+
+def watchdog_query_fails():
+    """Rank 0's event queries of one call on group A raise (a sticky CUDA error's stand-in):
+    what each rank sees of that call, of a call on group B meanwhile and after, and of the next
+    call on A."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    a, b = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+    for group in (a, b):
+        ringcoll.all_reduce(data(4, rank), group=group)
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(20.0)
+    original = type(runtime).query
+    refused = set()
+
+    def query(self, event):
+        if id(event) in refused:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return original(self, event)
+
+    out = {}
+    try:
+        if rank == 0:
+            type(runtime).query = query
+        transport = group_executor(a).transport(CPU)
+        real_close = transport.close
+
+        def close(keep=()):
+            call = real_close(keep)
+            refused.update(id(step.event) for step in call.steps)
+            return call
+
+        transport.close = close
+        x = data(1001, rank)
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(x, group=a, algorithm="ring")
+            out["a"] = "returned " + ("right" if torch.equal(x, sum(data(1001, r) for r in range(world))) else "WRONG")
+        except Exception as error:  # noqa: BLE001 - reported
+            out["a"] = f"{type(error).__name__}: {error}"
+        out["a seconds"] = time.monotonic() - start
+        transport.close = real_close
+        y = data(7, rank)
+        ringcoll.all_reduce(y, group=b)
+        out["b"] = torch.equal(y, sum(data(7, r) for r in range(world)))
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(data(3, rank), group=a)
+            out["next a"] = "returned"
+        except Exception as error:  # noqa: BLE001 - reported
+            out["next a"] = type(error).__name__
+        out["next a seconds"] = time.monotonic() - start
+    finally:
+        type(runtime).query = original
+        ringcoll.set_timeout(previous)
+    return out
+
+
+def test_a_failing_event_query_fails_its_group_and_the_watchdog_serves_the_others(streamed):
+    """Issue #36 item 4 through the executor: the failing rank's call raises an error naming the
+    call and the watchdog's failure (its peers' call completed: the transfers did), group B keeps
+    working on every rank, and group A is failed on every rank: the next call on it raises at
+    once where it failed, within seconds on its peers (the abort is told through the store).
+    Old code: the exception killed rank 0's watchdog; no later call there ever completed."""
+    results = streamed.run(watchdog_query_fails)
+    for rank, out in enumerate(results):
+        assert out["a"] in ("returned right",) or not out["a"].startswith("returned"), f"rank {rank}: {out}"
+        assert out["a seconds"] < 10 and out["b"] is True, f"rank {rank}: {out}"
+        assert out["next a"] in ("GroupFailedError", "PeerError") and out["next a seconds"] < 10, f"rank {rank}: {out}"
+    assert results[0]["next a"] == "GroupFailedError", results[0]
+    assert "call #" in results[0]["a"] and "all_reduce/ring" in results[0]["a"], results[0]
+    assert "watchdog could not read" in results[0]["a"] and "illegal memory access" in results[0]["a"], results[0]
