@@ -9,9 +9,12 @@ methods, so the same code runs on two implementations:
 - :class:`CudaRuntime`: ``torch.cuda.Stream``/``Event``; ``launch(stream, fn)`` calls ``fn``
   at once with ``stream`` current, so the kernels and NCCL calls ``fn`` issues are enqueued on
   it and the host goes on.
-- :class:`EmulatedRuntime`: a CPU stand-in in which every stream is a thread that runs what
-  is launched on it in enqueue order (FIFO), an event is recorded when its stream reaches it,
-  and ``wait(stream, event)`` blocks that stream's thread, not the host. Collective batches
+- :class:`EmulatedRuntime`: a CPU stand-in in which every stream is a thread that runs the
+  device work launched on it in enqueue order (FIFO), an event is recorded when its stream
+  reaches it, and ``wait(stream, event)`` blocks that stream's thread, not the host. As on a
+  GPU, ``launch(stream, fn)`` runs ``fn``'s Python on the caller's thread at once (its checks,
+  compiles and allocations, and their errors, happen at enqueue); only the work that reads or
+  writes tensor data goes to the stream (:class:`_Deferring`, :func:`device_work`). Collective batches
   launched on such a stream really move bytes (over a private gloo group, see
   :class:`ringcoll.runtime.transport.stream.EmulatedNccl`), so a whole call runs with the host never
   waiting, and tests can hold a stream with a gate to show that a call returned before its
@@ -536,8 +539,7 @@ class EmulatedRuntime(StreamRuntime):
 
     def wait(self, stream, event):
         if stream is not event.stream:
-            done = event._done
-            stream.put(done.wait)
+            stream.put(event._done.wait)
 
     def query(self, event):
         if self.global_capture and not getattr(self._local, "relaxed", False):

@@ -988,7 +988,7 @@ def raising_at_enqueue(where: str):
     failing = world // 2
     group = dist.new_group(list(range(world)))
     previous = ringcoll.get_timeout()
-    ringcoll.set_timeout(20.0)
+    ringcoll.set_timeout(60.0)                   # the peers must fail long before it
     out = {}
     try:
         warm = data(12, rank)
@@ -1052,7 +1052,7 @@ def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where):
         assert out["on host"], f"rank {rank}: the reduction ran on a stream's thread"
         assert out["next"].startswith("GroupFailedError"), f"rank {rank}: {out}"
         assert out["fresh"], f"rank {rank}: {out}"
-        assert out["seconds"] < 10, f"rank {rank}: peers must fail fast, not at the timeout: {out}"
+        assert out["seconds"] < 20, f"rank {rank}: peers must fail fast, not at the timeout: {out}"
     failing = results[world // 2]
     assert failing["call"].startswith("MemoryError: injected"), failing
     assert "all_reduce/ring" in failing["next"] and "MemoryError" in failing["next"], failing
