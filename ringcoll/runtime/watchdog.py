@@ -47,7 +47,8 @@ class Watchdog:
         self._queues: Dict[int, deque] = {}      # id(transport) -> its calls, in stream order
         self._lock = threading.Condition()
         self._thread: Optional[threading.Thread] = None
-        self._finished: list = []                # calls the thread is done with (see _run)
+        self._finished: list = []                # calls the thread finished with this round
+        self._released: list = []                # ... in an earlier round (see watch)
         self.failures = 0
         self.errors = 0                          # calls failed by an exception of the watchdog's own
 
@@ -59,8 +60,9 @@ class Watchdog:
                 call.clock = time.monotonic()
             queue.append(call)
             # the last references to calls the thread finished with go here, on the
-            # enqueuing thread: their events are never destroyed on the watchdog's
-            self._finished = []
+            # enqueuing thread: their events are never destroyed on the watchdog's (only those
+            # of earlier rounds, which no frame of the thread refers to any more)
+            self._released = []
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ringcoll-watchdog", daemon=True)
                 self._thread.start()
@@ -73,6 +75,8 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             with self._lock:
+                self._released.extend(self._finished)
+                self._finished = []
                 while not any(self._queues.values()):
                     self._lock.wait()
                 queues = [(key, queue) for key, queue in self._queues.items() if queue]
