@@ -374,7 +374,11 @@ def reduce_into(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch.Tenso
         _numba.reduce_into_cuda(dst, sources, op, out)
     else:
         from . import _numba
-        _device_work(_numba.cpu_launch(dst, sources, op, out))
+        put = getattr(device_work, "put", None)
+        if put is None:
+            _numba.reduce_into_cpu(dst, sources, op, out)
+        else:                             # compiled now, computed in the stream's order
+            put(_numba.cpu_launch(dst, sources, op, out))
 
 
 #: who runs a computation that is not a torch operation (a numba CPU kernel's): the stream
@@ -382,13 +386,6 @@ def reduce_into(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch.Tenso
 #: later, in the stream's order (as a CUDA kernel launched from that thread would); else now
 device_work = threading.local()
 
-
-def _device_work(fn) -> None:
-    put = getattr(device_work, "put", None)
-    if put is None:
-        fn()
-    else:
-        put(fn)
 
 
 def prepare_reduction(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch.Tensor]], op: str,
