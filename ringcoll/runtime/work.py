@@ -301,7 +301,9 @@ def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
 class StreamWork(Work):
     """A stream-ordered call (see the module docstring). ``wait()`` raises the call's error
     once the watchdog has reported it (a PeerError naming the call and the step); before that
-    it orders the stream, as NCCL's."""
+    it orders the stream, as NCCL's. On memory the host reads at once (CPU tensors through the
+    emulator, ``RINGCOLL_TRANSPORT=streamed``: ``runtime.host_reads``) there is no stream to
+    order: ``wait()`` blocks the host until the call has ended, and raises its error."""
 
     def __init__(self, result, describe: str, runtime, device: torch.device, *, blocking: bool = False):
         super().__init__(result, describe)
@@ -336,7 +338,10 @@ class StreamWork(Work):
         self._done.set()
 
     def wait(self, timeout=None) -> bool:
+        from time import monotonic
+
         seconds = timeout_seconds(timeout)
+        start = monotonic()
         if not self._done.wait(seconds):          # queued behind a host call: until enqueued
             raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
                               f"{seconds:g} s (the call is still queued)")
@@ -345,8 +350,13 @@ class StreamWork(Work):
             raise self._error
         if call.failure is not None:
             raise call.failure
-        if self._blocking:                        # barrier: the host waits, as NCCL's
-            call.host_wait()
+        if self._blocking or self._runtime.host_reads(self._device):
+            # a barrier, as NCCL's; CPU memory (the emulator's tensors as a user's), which the
+            # caller reads at once: no stream of the caller's can be ordered after the call
+            left = None if seconds is None else max(seconds - (monotonic() - start), 0.0)
+            if not call.host_wait(left):
+                raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
+                                  f"{seconds:g} s (the call is still running)")
         else:
             self._runtime.wait(self._runtime.current(self._device), call.done)
         return True
@@ -371,8 +381,9 @@ def submit_stream(task: Callable[[object], object], async_op: bool, result, runt
     (an event of the calling thread's current stream, recorded here) and returns its InFlight.
     Enqueued now when nothing is queued on the worker thread, else by the worker in its turn.
     A synchronous call returns once enqueued, its caller's stream ordered after it; with
-    ``blocking`` (barrier) once it completed. ``queued``: enqueued by the worker even when
-    nothing is queued (a call whose run first waits on its peers: ``Plan.late``)."""
+    ``blocking`` (barrier), or on memory the host reads at once (CPU tensors), once it
+    completed, its result written. ``queued``: enqueued by the worker even when nothing is
+    queued (a call whose run first waits on its peers: ``Plan.late``)."""
     _refuse_capture(runtime, device, describe)
     caller = runtime.record(runtime.current(device))
     work = StreamWork(result, describe, runtime, device, blocking=blocking)
