@@ -61,8 +61,8 @@ from ..schedules import registry
 from ..config import settings
 from . import streams
 from .blocks import Blocks, independent, tensors_in, tensors_of
-from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_timeout, leave_notice,
-                       read_notices)
+from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_notice, group_timeout,
+                       leave_notice, read_notices)
 from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_enabled, fingerprint, pack_record,
                        print_bits, tag_of, unpack_record)
 from .local import resolve_local, run_resolved
@@ -175,7 +175,7 @@ class P2PExecutor:
             if self.stream_ordered(device):
                 transport = self._streamed(device, streams.cuda() if device.type == "cuda" else streams.emulated())
             elif device.type == "cpu" and self.transport_mode == "batched":
-                transport = BatchedTransport(NcclShim(group))
+                transport = BatchedTransport(NcclShim(group), notice=lambda: group_notice(self._store))
             else:
                 transport = HostTransport(group, stage=device.type != "cpu")
             self._transports[key] = transport
