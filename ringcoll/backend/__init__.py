@@ -37,6 +37,7 @@ from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import PeerError, get_timeout
 from ..runtime.nodes import share_layout
+from ..runtime.transport.stream import private_nccl_environment
 from ..sim.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork
@@ -289,8 +290,9 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                     if self._cuda_transport() == "nccl":
                         options = dist.ProcessGroupNCCL.Options()
                         options._timeout = self._timeout
-                        self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("ringcoll/nccl/", self._store),
-                                                           self._rank, self._world, options)
+                        with private_nccl_environment():     # NCCL's teardown: ringcoll reports
+                            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("ringcoll/nccl/", self._store),
+                                                               self._rank, self._world, options)
                         executor = P2PExecutor(self._nccl, rank=self._rank, world=self._world, backend="nccl",
                                                store=self._private_store)
                     else:

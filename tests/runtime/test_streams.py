@@ -514,7 +514,10 @@ class FakeProcessGroupNccl:
         import os
         self.store, self.rank, self.size, self.timeout = store, rank, size, options._timeout
         self.env = {name: os.environ.get(name) for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                            "TORCH_NCCL_BLOCKING_WAIT")}
+                                                            "TORCH_NCCL_BLOCKING_WAIT",
+                                                            "TORCH_NCCL_ENABLE_MONITORING",
+                                                            "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                                                            "TORCH_NCCL_DESYNC_DEBUG")}
         self.aborted = False
         FakeProcessGroupNccl.made.append(self)
 
@@ -569,7 +572,10 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
     assert fake_nccl and transport.comm.pg is fake_nccl[0] and transport.comm.pg is not user
     private = fake_nccl[0]
     assert private.timeout.total_seconds() == private_timeout(7.0) > 7.0
-    assert private.env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+    # #37: nor does its heartbeat monitor dump through the global store and end the process
+    assert private.env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0",
+                           "TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+                           "TORCH_NCCL_DESYNC_DEBUG": "0"}
     import os
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"          # restored for the user's
     executor._failed(PeerError("timed out", rank=0, peer=1, step=0), [])
@@ -1254,3 +1260,27 @@ def test_a_failing_event_query_fails_its_group_and_the_watchdog_serves_the_other
     assert results[0]["next a"] == "GroupFailedError", results[0]
     assert "call #" in results[0]["a"] and "all_reduce/ring" in results[0]["a"], results[0]
     assert "watchdog could not read" in results[0]["a"] and "illegal memory access" in results[0]["a"], results[0]
+
+
+class FailingNccl(FakeProcessGroupNccl):
+    """A ProcessGroupNCCL (the fake stands for the class) whose eager connect fails as NCCL's does."""
+
+    def eager_connect_single_device(self, device):
+        raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp: unhandled system error (run with NCCL_DEBUG=INFO)")
+
+    def allreduce(self, tensors):
+        raise AssertionError("a lazy set-up was tried after NCCL's own eager connect failed")
+
+
+def test_a_failed_eager_connect_on_nccl_is_reported_as_itself(fake_nccl, monkeypatch):
+    """#37: ProcessGroupNCCL always has its eager connect, so its error is NCCL's: raised as it
+    is, never followed by a lazy set-up that blocks in the store past the deadline and reports
+    a timeout. A group standing in for NCCL without one (the gloo shim) still falls back."""
+    import time
+
+    from ringcoll.runtime.transport.shim import NcclComm
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FailingNccl, raising=False)
+    comm = NcclComm(FailingNccl(None, 0, 2, FakeProcessGroupNccl.Options()), torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="unhandled system error"):
+        comm.connect(time.monotonic() + 5)

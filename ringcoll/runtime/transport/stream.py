@@ -421,7 +421,7 @@ def private_nccl(store, rank: int, world: int, timeout: float, device: torch.dev
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timedelta(seconds=timeout)
     prefix = private_prefix(store, device)
-    with _environment(PRIVATE_NCCL_ENV):
+    with private_nccl_environment():
         return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world, options)
 
 
@@ -429,9 +429,22 @@ def private_nccl(store, rank: int, world: int, timeout: float, device: torch.dev
 #: ringcoll's watchdog handles its errors and timeouts (NCCL's own error handling would tear
 #: the whole process down on a peer's failure), and its ``wait()`` must order the stream
 #: without blocking the host whatever the user chose for their groups
-PRIVATE_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+PRIVATE_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0",
+                    # the heartbeat monitor and the dump on a timeout or an async error: read by a
+                    # ProcessGroupNCCL's constructor, and the monitor runs only in a process's first
+                    # one (PG uid 0), so these hold where ringcoll's group is that first one (the
+                    # "ringcoll" backend's on a job with no NCCL group of its own; docs/gpu.md says
+                    # what a user's own first NCCL group needs)
+                    "TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+                    # forces the process's teardown on any NCCL error whatever the above say
+                    "TORCH_NCCL_DESYNC_DEBUG": "0"}
 
 _env_lock = threading.Lock()
+
+
+def private_nccl_environment():
+    """The environment a ProcessGroupNCCL of ringcoll's own is built under (:data:`PRIVATE_NCCL_ENV`)."""
+    return _environment(PRIVATE_NCCL_ENV)
 
 
 @contextlib.contextmanager
