@@ -388,7 +388,17 @@ def submit_stream(task: Callable[[object], object], async_op: bool, result, runt
     caller = runtime.record(runtime.current(device))
     work = StreamWork(result, describe, runtime, device, blocking=blocking)
     if _queue._pending == 0 and not queued:
-        work._enqueued(task(caller))
+        if getattr(_running, "held", False):        # from inside a running call: its turn
+            work._enqueued(task(caller))
+        else:
+            # the turn the worker's calls take: two threads enqueueing on the stream at once
+            # never interleave their calls' batches (NCCL matches them by order)
+            with _queue._turn:
+                _running.held = True
+                try:
+                    work._enqueued(task(caller))
+                finally:
+                    _running.held = False
     else:
         _queue.submit_work(lambda: work._enqueued(task(caller)), work)
     if async_op:

@@ -266,3 +266,45 @@ def test_a_synchronous_call_made_inside_a_running_call_runs_inline():
     thread.join(PATIENCE)
     assert not thread.is_alive(), "a call made inside a call hung"
     assert ran == ["inner", "outer"] * 2
+
+
+def test_two_threads_enqueueing_stream_calls_never_interleave():
+    """#37: calls enqueued on the stream-ordered path from two threads at once (nothing queued,
+    so each enqueues on its own thread) take the queue's turn: one call's enqueueing never
+    overlaps another's (NCCL would match their batches by order)."""
+    from ringcoll.runtime import streams
+    from ringcoll.runtime.work import submit_stream
+
+    runtime, device = streams.emulated(), torch.device("cpu")
+    running, overlaps, lock = [0], [], threading.Lock()
+
+    def enqueue(caller):
+        with lock:
+            running[0] += 1
+            if running[0] > 1:
+                overlaps.append(running[0])
+        time.sleep(0.002)
+        with lock:
+            running[0] -= 1
+        return _Enqueued()
+
+    def caller():
+        for _ in range(30):
+            submit_stream(enqueue, True, None, runtime, device)
+
+    threads = [threading.Thread(target=caller, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PATIENCE)
+    assert not any(thread.is_alive() for thread in threads), "an enqueueing thread hung"
+    assert overlaps == []
+
+
+class _Enqueued:
+    """What an enqueueing task returns (an InFlight): settled at once."""
+
+    finished, failure = True, None
+
+    def when_settled(self, fn):
+        fn(self)
