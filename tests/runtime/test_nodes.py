@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import ringcoll_log
+from _util import environment, ringcoll_log
 from ringcoll.api._common import Context
 from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
@@ -432,7 +432,6 @@ def layout_through_the_store(absent: int) -> tuple:
     communicator on any device) and no message moves; then a group whose rank ``absent``
     never makes a collective call: the others' exchange fails within the timeout, naming it."""
     import datetime
-    import os
     import time
 
     import torch.distributed as dist
@@ -441,21 +440,19 @@ def layout_through_the_store(absent: int) -> tuple:
     from ringcoll.runtime.failures import PeerError
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    saved = os.environ.pop("RINGCOLL_TIMEOUT", None)     # the group's own timeout applies
-    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
-    executor = group_executor(group)
-    ctx = executor_context(executor)
-    made = dict(executor._transports)
-    lonely = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
-    outcome = None
-    if rank != absent:
-        start = time.monotonic()
-        try:
-            executor_context(group_executor(lonely))
-        except PeerError as error:
-            outcome = (round(time.monotonic() - start, 1), error.peers, str(error))
-    if saved is not None:
-        os.environ["RINGCOLL_TIMEOUT"] = saved
+    with environment({"RINGCOLL_TIMEOUT": None}):     # the group's own timeout applies
+        group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
+        executor = group_executor(group)
+        ctx = executor_context(executor)
+        made = dict(executor._transports)
+        lonely = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
+        outcome = None
+        if rank != absent:
+            start = time.monotonic()
+            try:
+                executor_context(group_executor(lonely))
+            except PeerError as error:
+                outcome = (round(time.monotonic() - start, 1), error.peers, str(error))
     dist.barrier()
     for each in (group, lonely):
         dist.destroy_process_group(each)
