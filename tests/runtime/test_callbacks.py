@@ -79,17 +79,10 @@ def test_callbacks_start_in_completion_order_and_a_blocked_one_holds_nothing_bac
 def test_an_inline_call_from_a_callback_never_overlaps_the_workers_call():
     """A synchronous call runs on its caller's thread only while nothing is pending, and holds
     the worker's turn: calls from callbacks, the caller and the worker never overlap."""
-    q, running, overlaps = _Queue(), [0], []
-    lock = threading.Lock()
+    q, overlaps = _Queue(), _Overlaps()
 
     def task():
-        with lock:
-            running[0] += 1
-            if running[0] > 1:
-                overlaps.append(running[0])
-        time.sleep(0.001)
-        with lock:
-            running[0] -= 1
+        overlaps.run(0.001)
 
     def callback(fut):
         for _ in range(5):
@@ -108,7 +101,7 @@ def test_an_inline_call_from_a_callback_never_overlaps_the_workers_call():
     thread.join(PATIENCE)
     assert not thread.is_alive(), "a synchronous call hung"
     assert all(_waited(chain) for chain in chains)
-    assert overlaps == []
+    assert overlaps.seen == []
 
 
 def test_wait_finds_the_future_done():
@@ -275,17 +268,10 @@ def test_two_threads_enqueueing_stream_calls_never_interleave():
     from ringcoll.runtime import streams
     from ringcoll.runtime.work import submit_stream
 
-    runtime, device = streams.emulated(), torch.device("cpu")
-    running, overlaps, lock = [0], [], threading.Lock()
+    runtime, device, overlaps = streams.emulated(), torch.device("cpu"), _Overlaps()
 
     def enqueue(caller):
-        with lock:
-            running[0] += 1
-            if running[0] > 1:
-                overlaps.append(running[0])
-        time.sleep(0.002)
-        with lock:
-            running[0] -= 1
+        overlaps.run(0.002)
         return _Enqueued()
 
     def caller():
@@ -298,7 +284,7 @@ def test_two_threads_enqueueing_stream_calls_never_interleave():
     for thread in threads:
         thread.join(PATIENCE)
     assert not any(thread.is_alive() for thread in threads), "an enqueueing thread hung"
-    assert overlaps == []
+    assert overlaps.seen == []
 
 
 class _Enqueued:
@@ -308,3 +294,19 @@ class _Enqueued:
 
     def when_settled(self, fn):
         fn(self)
+
+
+class _Overlaps:
+    """Counts tasks running at once: ``run(seconds)`` is one task; ``seen`` every count above one."""
+
+    def __init__(self):
+        self.running, self.seen, self._lock = 0, [], threading.Lock()
+
+    def run(self, seconds: float) -> None:
+        with self._lock:
+            self.running += 1
+            if self.running > 1:
+                self.seen.append(self.running)
+        time.sleep(seconds)
+        with self._lock:
+            self.running -= 1
