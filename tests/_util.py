@@ -128,8 +128,12 @@ def wrong_errors(cases: Dict[str, Tuple[type, Callable[[], object]]]) -> List[st
 
 def assert_every_rank(results: Iterable) -> None:
     """Every rank's flags (a list, or a dict of named flags) are all true; the message names
-    the rank and, for a dict, the flags that are not."""
+    the rank and, for a dict, the flags that are not. No rank, or a rank with no flag, fails:
+    a check that checked nothing passes nothing (#39)."""
+    results = list(results)
+    assert results, "no rank reported"
     for rank, flags in enumerate(results):
+        assert len(flags) > 0, f"rank {rank} reported no flag"
         if isinstance(flags, dict):
             assert all(flags.values()), f"rank {rank}: {[k for k, ok in flags.items() if not ok]}"
         else:

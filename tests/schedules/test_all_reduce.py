@@ -132,9 +132,11 @@ def failing_reduction():
     def broken(*args, **kwargs):
         raise RuntimeError("injected kernel failure")
 
+    # a group of its own: the failed local step fails its group (#36), never the cluster's default
+    group = dist.new_group(list(range(dist.get_world_size())))
     kernels.reduce_into = broken
     try:
-        work = ringcoll.all_reduce(torch.ones(8), async_op=True, algorithm="ring")
+        work = ringcoll.all_reduce(torch.ones(8), group=group, async_op=True, algorithm="ring")
         try:
             work.wait()
         except RuntimeError as error:
@@ -144,6 +146,7 @@ def failing_reduction():
         return caught, work.is_completed(), work.is_success(), isinstance(work.exception(), RuntimeError)
     finally:
         kernels.reduce_into = original
+        dist.destroy_process_group(group)
 
 
 def test_async_wait_reraises_the_error(clusters):
@@ -254,9 +257,10 @@ def silent_peer():
 def test_silent_peer_is_an_error_naming_it_within_the_timeout():
     with ringcoll.launch(2, threads=1) as cluster:
         message, waited = cluster.run(silent_peer)[0]
-    # the group's first collective call: its node layout exchange, one step at 2 ranks, times out
+    # the group's first collective call: its node layout exchange (through the group's store)
+    # waits for the silent peer and names it
     assert "node layout exchange of call #1 all_reduce" in message, message
-    assert "rank 0 step 1/1" in message and "peer 1" in message and "Timed out" in message, message
+    assert "rank 0: rank 1 did not reach the group's first collective call within 2 s" in message, message
     assert waited < 10
 
 

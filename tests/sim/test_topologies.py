@@ -446,7 +446,7 @@ def test_readme_topology_example_runs_as_printed(tmp_path, monkeypatch, capsys):
         if line.startswith("# ") and line[2:].split(" ")[0] in ringcoll.algorithms("all_reduce"):
             assert line[2:] in printed, (line, printed)
             checked += 1
-    assert checked == 3
+    assert checked == 4
     assert (tmp_path / "links.png").exists()
 
 
