@@ -94,6 +94,16 @@ def test_premul_factor_is_none_for_every_other_op(op):
     assert ops.resolve(op, torch.zeros(2)).premul is None
 
 
+def test_every_bench_spec_has_a_builtin_on_this_torch():
+    """ringcoll-bench times torch's built-in beside ringcoll: torch 2.11 has no
+    all_gather_single/reduce_scatter_single, only all_gather_into_tensor/reduce_scatter_tensor."""
+    from ringcoll.bench import harness, specs
+
+    for name, spec in specs.SPECS.items():
+        builtin = harness._builtin(spec)
+        assert callable(builtin), f"torch {torch.__version__}: {name}'s built-in is {builtin!r}"
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_resolve_premul_sum(shape):
     spec = ops.resolve(SHAPES[shape](0.25), torch.zeros(2))
