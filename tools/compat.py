@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -119,13 +120,18 @@ def raising_line(text: str) -> str:
     ``E`` block), at the deepest frame of this checkout in the traceback (a rank's remote
     traceback included), with that frame's source line; else pytest's ``path.py:N:`` line."""
     lines = text.splitlines()
-    said, block = "", []
+    last, block = [], []
     for line in lines:
         if line.startswith("E "):
             block.append(line[1:].strip())
         elif block:
-            said, block = block[0], []
-    said = block[0] if block else said or next((line.strip() for line in reversed(lines) if line.strip()), "")
+            last, block = block, []
+    last = block or last
+    said = last[0] if last else next((line.strip() for line in reversed(lines) if line.strip()), "")
+    # an assertion that quotes a subprocess's traceback: its exception too
+    inner = [line for line in last[1:] if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b.*:", line)]
+    if inner and inner[-1] != said:
+        said = f"{said} ... {inner[-1]}"
     frames = []
     for index, line in enumerate(lines):
         match = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', line)
@@ -165,22 +171,24 @@ def run_file(python: str, path: str, args: List[str], timeout: float) -> FileRes
         shown = " ".join(shlex.quote(part) for part in command)
         start = time.perf_counter()
         result = FileResult(path, shown, 0.0)
+        # its own session, so that a file killed on timeout takes its clusters' ranks with it
+        proc = subprocess.Popen([*command, f"--junitxml={xml}"], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run([*command, f"--junitxml={xml}"], cwd=ROOT, env=env, timeout=timeout,
-                                  capture_output=True, text=True)
+            output, _ = proc.communicate(timeout=timeout)
             result.returncode = proc.returncode
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
             result.note = f"killed after {timeout:.0f} s"
-            proc = None
         result.seconds = round(time.perf_counter() - start, 1)
         if xml.exists():
             read_junit(xml, result)
         elif not result.note:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:] if proc else []
+            tail = output.strip().splitlines()[-3:]
             result.note = f"no report (exit {result.returncode}): " + " | ".join(tail)
-        if proc is not None and proc.returncode not in (0, 1) and not result.note \
-                and result.failed + result.errors == 0:
-            result.note = f"pytest exited {proc.returncode}"
+        if result.returncode not in (None, 0, 1) and not result.note and result.failed + result.errors == 0:
+            result.note = f"pytest exited {result.returncode}"
     return result
 
 
