@@ -60,6 +60,30 @@ def op_type(op) -> RedOpType:
     raise TypeError(f"op must be a torch.distributed.ReduceOp, got {type(op).__name__} {op!r}")
 
 
+def premul_factor(op):
+    """PREMUL_SUM's factor as ``op`` carries it (a number or a 0-d tensor); None for any other
+    op, a bare RedOpType, or a PREMUL_SUM op without one.
+
+    The one place ringcoll reads the factor, because torch versions disagree on where it is:
+    torch 2.13 has ``op.factor`` (RuntimeError on every op but PREMUL_SUM); torch 2.11's
+    ReduceOp has no ``factor`` attribute, and the factor is only in its pickled state,
+    ``op.__getstate__() == (RedOpType.PREMUL_SUM, factor)`` (in both versions, also after a
+    round trip through AllreduceOptions/ReduceScatterOptions).
+    """
+    if isinstance(op, RedOpType) or getattr(op, "op", None) != RedOpType.PREMUL_SUM:
+        return None
+    try:
+        return op.factor
+    except AttributeError:
+        pass
+    state = op.__getstate__()
+    if not (isinstance(state, tuple) and len(state) == 2 and state[0] == RedOpType.PREMUL_SUM):
+        raise TypeError(f"cannot read PREMUL_SUM's factor from {type(op).__name__} {op!r}: no "
+                        f"'factor' attribute, and __getstate__() gave {state!r}, not "
+                        f"(RedOpType.PREMUL_SUM, factor)")
+    return state[1]
+
+
 _resolved: dict = {}
 
 
@@ -67,9 +91,10 @@ def resolve(op, tensor: torch.Tensor, param: str = "op") -> ReduceSpec:
     """Check that ``op`` is allowed for ``tensor`` and say what it means; TypeError or
     ValueError naming ``param``, the expected and the given value otherwise."""
     kind = op_type(op)
-    factor = getattr(op, "factor", None)
-    key = (int(kind), tensor.dtype, tensor.is_cuda, param,
-           factor if not isinstance(factor, torch.Tensor) else None)
+    factor = premul_factor(op)
+    if isinstance(factor, torch.Tensor):    # its value is not a key: read it every call
+        return _resolve(op, kind, tensor, param)
+    key = (int(kind), tensor.dtype, tensor.is_cuda, param, factor)
     spec = _resolved.get(key)
     if spec is None:
         spec = _resolve(op, kind, tensor, param)
@@ -90,7 +115,7 @@ def _resolve(op, kind: RedOpType, tensor: torch.Tensor, param: str) -> ReduceSpe
     if kind == RedOpType.PREMUL_SUM:
         if not floating:
             raise ValueError(f"{param}=ReduceOp.PREMUL_SUM needs a floating-point tensor, got dtype {dtype}")
-        factor = getattr(op, "factor", None)
+        factor = premul_factor(op)
         if factor is None:
             raise ValueError(f"{param}=ReduceOp.PREMUL_SUM needs a factor: build it with "
                              f"torch.distributed._make_nccl_premul_sum(factor)")

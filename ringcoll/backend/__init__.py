@@ -583,6 +583,8 @@ def create(opts, pg_options=None) -> ProcessGroupRingcoll:
     RINGCOLL_* setting is checked first, so a bad one fails ``init_process_group`` naming
     the variable, not a later call."""
     checked_settings()
+    # torch 2.15's flight-recorder hook fails on a Python group ("default backend type 0"): skip it
+    getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", set()).add(NAME)
     # at the first group, not at import: torch.compiler.disable imports Dynamo (about a second),
     # which every `import ringcoll` (each launched rank, the drop-ins' users) would pay
     _run_eagerly(ProcessGroupRingcoll)

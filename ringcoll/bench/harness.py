@@ -88,10 +88,25 @@ def job_numel(job: Job, world: int) -> int:
     return job.spec.numel(job.size, torch_dtype(job.dtype).itemsize, world)
 
 
+#: torch before 2.13 has these built-ins only under their older names (2.11: the GPU image's)
+_OLDER_BUILTIN_NAMES = {"all_gather_single": "all_gather_into_tensor",
+                        "reduce_scatter_single": "reduce_scatter_tensor"}
+
+
 def _builtin(spec: Spec):
+    import torch
     import torch.distributed as dist
 
-    return spec.builtin or getattr(dist, spec.name)
+    if spec.builtin is not None:
+        return spec.builtin
+    for name in (spec.name, _OLDER_BUILTIN_NAMES.get(spec.name)):
+        found = getattr(dist, name, None) if name else None
+        if found is not None:
+            return found
+    raise AttributeError(f"torch {torch.__version__} has no built-in for {spec.name!r} "
+                         f"(looked for torch.distributed.{spec.name}"
+                         + (f" and .{_OLDER_BUILTIN_NAMES[spec.name]}" if spec.name in _OLDER_BUILTIN_NAMES else "")
+                         + ")")
 
 
 def _contestant_fns(spec: Spec, algorithms) -> Dict[str, object]:
