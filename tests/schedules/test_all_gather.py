@@ -93,7 +93,8 @@ def builtin_all_gather_single(output, tensor, group=None):
         builtin_all_gather_single(wide, tensor.to(torch.int32), group)
         output.copy_(wide)
         return
-    dist.all_gather_single(output, tensor, group=group)
+    # (torch 2.11, the GPU image's, has it under its older name only)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(output, tensor, group=group)
 
 
 def compare_with_builtin():

@@ -147,7 +147,8 @@ def builtin_reduce_scatter(output, tensor, op, group=None):
         return
     if getattr(op, "op", op) == R.PREMUL_SUM:     # gloo lacks PREMUL_SUM: SUM of the premultiplied input
         tensor, op = tensor * 0.25, R.SUM
-    dist.reduce_scatter_single(output, tensor, op=op, group=group)
+    # (torch 2.11, the GPU image's, has it under its older name only)
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(output, tensor, op=op, group=group)
 
 
 def compare_with_builtin():
