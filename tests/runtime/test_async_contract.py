@@ -151,3 +151,41 @@ def test_wait_timeout_is_honoured_on_a_first_call(clusters, entry):
     assert returned < 1.0, f"the async call took {returned:.2f} s to return"
     assert error is not None and waited < 1.5, f"wait(0.5 s) raised {error} after {waited:.2f} s"
     assert right and answers[1] == (True,), answers
+
+
+def rooted_first_calls_streamed() -> dict:
+    """An async gather and an async scatter, each the first call of a fresh group on the
+    stream-ordered transport (emulated on CPU): the root's list is staged through a buffer
+    allocated on ringcoll's stream at the call's entry, which made the transport (and its
+    private group, whose gloo set-up waits for every peer) on the caller's thread, while the
+    peers waited in the layout exchange for the root: every injection of the fault-points
+    campaign on them hung (#36.6). What each rank got, exactly."""
+    import torch
+    import torch.distributed as dist
+
+    import ringcoll
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    with environment({"RINGCOLL_TRANSPORT": "streamed"}):
+        group = dist.new_group(list(range(world)))
+        gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+        ringcoll.gather(torch.full((3,), 1 + rank, dtype=torch.int64), gathered, dst=0, group=group,
+                        async_op=True).wait()
+        out["gather"] = [t.tolist() for t in gathered] if gathered else None
+        dist.destroy_process_group(group)
+        group = dist.new_group(list(range(world)))
+        pieces = [torch.full((3,), 11 + r, dtype=torch.int64) for r in range(world)] if rank == 0 else None
+        mine = torch.zeros(3, dtype=torch.int64)
+        ringcoll.scatter(mine, pieces, src=0, group=group, async_op=True).wait()
+        out["scatter"] = mine.tolist()
+        dist.destroy_process_group(group)
+    return out
+
+
+def test_async_rooted_first_calls_on_the_stream_path_complete(clusters):
+    world = 3
+    for rank, out in enumerate(clusters(world).run(rooted_first_calls_streamed, timeout=120)):
+        want = [[1 + r] * 3 for r in range(world)] if rank == 0 else None
+        assert out["gather"] == want, f"rank {rank} gather: {out['gather']}"
+        assert out["scatter"] == [11 + rank] * 3, f"rank {rank} scatter: {out['scatter']}"

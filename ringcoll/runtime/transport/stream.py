@@ -379,10 +379,35 @@ class EmulatedNccl:
             self.close("abort")
 
     def close(self, how: str) -> None:
+        pg = self.shim.pg
+        if isinstance(pg, MadeAtFirstUse) and not pg.made:
+            return                        # never set up: nothing to shut down
         try:
-            getattr(self.shim.pg, how)()
+            getattr(pg, how)()
         except Exception:  # noqa: BLE001 - best effort: the group is failed or done either way
             pass
+
+
+class MadeAtFirstUse:
+    """A private group made when first used (the communicator's set-up, in the call's run), not
+    when its transport is made: gloo's constructor connects every pair and so waits for every
+    peer, and a transport is made on the caller's thread at an asynchronous call's entry too
+    (a list argument's staging buffer is allocated on its stream), where nothing may wait on a
+    peer (docs/design.md, Decisions). Its prefix is taken at once, in every rank's call order."""
+
+    def __init__(self, make):
+        self._make, self._pg = make, None
+
+    @property
+    def made(self) -> bool:
+        return self._pg is not None
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._pg is None:
+            self._pg = self._make()
+        return getattr(self._pg, name)
 
 
 def group_store(group):
@@ -410,9 +435,11 @@ def private_prefix(store, device: torch.device) -> str:
 
 def private_gloo(store, rank: int, world: int, timeout: float):
     """A private gloo group on ``store`` (the emulator's communicator): every rank of the group
-    creates it at the same call (gloo connects every pair now, within ``timeout``)."""
+    creates it at the same call, made (gloo connects every pair, within ``timeout``) at its first
+    use: :class:`MadeAtFirstUse`."""
     prefix = private_prefix(store, torch.device("cpu"))
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world, timedelta(seconds=timeout))
+    return MadeAtFirstUse(lambda: dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world,
+                                                        timedelta(seconds=timeout)))
 
 
 def private_nccl(store, rank: int, world: int, timeout: float, device: torch.device):
