@@ -219,3 +219,18 @@ def environment(values: Dict[str, object]):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def group_timeouts():
+    """The groups' own timeouts while active: RINGCOLL_TIMEOUT unset (the test clusters set it)
+    and no ``ringcoll.set_timeout`` override (an earlier test's may linger in a kept rank)."""
+    from ringcoll.runtime import failures
+
+    saved = failures._timeout_override
+    failures._timeout_override = None
+    try:
+        with environment({"RINGCOLL_TIMEOUT": None}):
+            yield
+    finally:
+        failures._timeout_override = saved

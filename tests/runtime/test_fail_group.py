@@ -10,7 +10,7 @@ where the peers fail at once (they poll their transfers and read the group's sto
 from __future__ import annotations
 
 import pytest
-from _util import environment
+from _util import environment, group_timeouts
 
 #: the group's step timeout in these runs (seconds): the peers' errors come within it
 TIMEOUT = 3.0
@@ -29,7 +29,7 @@ def local_step_raises(victim: int, transport: str, algorithm: str) -> dict:
     original = executor_module.run_resolved
     done: dict = {}
     # the group's own timeout applies (the test cluster sets RINGCOLL_TIMEOUT)
-    with environment({"RINGCOLL_TRANSPORT": transport, "RINGCOLL_TIMEOUT": None}):
+    with environment({"RINGCOLL_TRANSPORT": transport}), group_timeouts():
         group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=TIMEOUT))
         fresh = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=30))
         try:

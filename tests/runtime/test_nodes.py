@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import environment, ringcoll_log
+from _util import group_timeouts, ringcoll_log
 from ringcoll.api._common import Context
 from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
@@ -440,7 +440,7 @@ def layout_through_the_store(absent: int) -> tuple:
     from ringcoll.runtime.failures import PeerError
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    with environment({"RINGCOLL_TIMEOUT": None}):     # the group's own timeout applies
+    with group_timeouts():     # the group's own timeout applies
         group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
         executor = group_executor(group)
         ctx = executor_context(executor)
