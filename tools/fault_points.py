@@ -301,7 +301,8 @@ def _bounded(fn: Callable[[], object], seconds: float) -> dict:
             fn()
             out.update(kind="returned")
         except BaseException as error:  # noqa: BLE001 - what is being measured
-            out.update(kind="raised", error=f"{type(error).__name__}: {error}"[:400])
+            text = f"{type(error).__name__}: {error}".split("\n\nAt:")[0]   # a callback's error: no traceback
+            out.update(kind="raised", error=text[:240])
         out["elapsed"] = round(time.monotonic() - start, 3)
 
     thread = threading.Thread(target=body, daemon=True, name="fault-points-call")
@@ -444,7 +445,7 @@ def judge(inj: Injection, reports: List[Optional[dict]], timeout: float, margin:
         elif again["kind"] != "returned" or not again["correct"]:
             fail("fresh", f"rank {rank}: the call on a fresh group " +
                  (f"raised {again.get('error', '')[:200]}" if again["kind"] == "raised" else "returned a wrong value"))
-    verdict = {"id": inj.id, "injection": asdict(inj), "verdicts": sorted(problems) or ["ok"],
+    verdict = {"id": inj.id, "verdicts": sorted(problems) or ["ok"],
                "problems": [text for texts in problems.values() for text in texts],
                "ranks": [_summary(r) for r in reports]}
     if notes:
@@ -455,8 +456,11 @@ def judge(inj: Injection, reports: List[Optional[dict]], timeout: float, margin:
 
 
 def receives(collective: str, rank: int) -> bool:
-    """Whether ``rank`` gets data from the collective (the root alone of a reduce or gather)."""
-    return rank == 0 or collective not in ("reduce", "gather")
+    """Whether ``rank`` (the root is rank 0) gets data from its peers in the collective: not a
+    reduce's or a gather's non-root, nor a broadcast's or a scatter's root."""
+    if collective in ("reduce", "gather"):
+        return rank == 0
+    return rank != 0 or collective not in ("broadcast", "scatter")
 
 
 def _summary(report: Optional[dict]) -> Optional[str]:
@@ -627,20 +631,22 @@ def table(verdicts: List[dict]) -> str:
     """Per point x transport: injections and each verdict's count (an injection may have several)."""
     rows: Dict[tuple, Counter] = {}
     for v in verdicts:
-        inj = v["injection"]
+        inj = asdict(injection_of(v))
         key = (inj["transport"], inj["point"])
         counter = rows.setdefault(key, Counter())
         counter["injections"] += 1
         for verdict in v["verdicts"]:
             counter[verdict] += 1
     head = ["transport", "point", "injections"] + list(VERDICTS)
-    lines = ["  ".join(f"{h:>10}" for h in head)]
+    def row(cells) -> str:
+        return f"{cells[0]:<10}{cells[1]:<16}" + "".join(f"{x:>11}" for x in cells[2:])
+
+    lines = [row(head)]
     total: Counter = Counter()
     for (transport, point), counter in sorted(rows.items()):
         total.update(counter)
-        lines.append("  ".join(f"{x:>10}" for x in [transport, point, counter["injections"]] +
-                               [counter[v] for v in VERDICTS]))
-    lines.append("  ".join(f"{x:>10}" for x in ["all", "", total["injections"]] + [total[v] for v in VERDICTS]))
+        lines.append(row([transport, point, counter["injections"]] + [counter[v] for v in VERDICTS]))
+    lines.append(row(["all", "", total["injections"]] + [total[v] for v in VERDICTS]))
     return "\n".join(lines)
 
 
@@ -680,16 +686,22 @@ def summarize(verdicts: List[dict], **extra) -> dict:
                "noted_send_only_later_returns": sum(len(v.get("notes", [])) for v in verdicts),
                "by_point": table(verdicts)}
     summary.update(extra)
-    summary["failing"] = [v for v in verdicts if v["verdicts"] != ["ok"]]
+    summary["failing"] = [v["id"] for v in verdicts if v["verdicts"] != ["ok"]]
     summary["verdicts"] = verdicts
     return summary
+
+
+def failing(summary: dict) -> List[dict]:
+    return [v for v in summary["verdicts"] if v["verdicts"] != ["ok"]]
 
 
 def write(summary: dict, out: str) -> None:
     """The JSON at ``out`` and the table beside it (``.txt``)."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(summary, f, indent=1)
+    head = {k: v for k, v in summary.items() if k != "verdicts"}
+    with open(out, "w") as f:                     # a verdict a line: the file diffs and greps
+        f.write(json.dumps(head, indent=1)[:-2] + ',\n "verdicts": [\n')
+        f.write(",\n".join(json.dumps(v) for v in summary["verdicts"]) + "\n ]\n}\n")
     with open(os.path.splitext(out)[0] + ".txt", "w") as f:
         f.write(report_text(summary))
 
@@ -697,14 +709,38 @@ def write(summary: dict, out: str) -> None:
 def report_text(summary: dict) -> str:
     lines = [f"{summary.get('command', '')}", f"{summary['injections']} injections; " +
              ", ".join(f"{v} {n}" for v, n in summary["tally"].items()), "", summary["by_point"], ""]
-    if summary["failing"]:
-        lines.append("Every injection not ok (what each rank did: the injected call | the next call on "
-                     "its group | a call on a fresh group):")
-        for v in summary["failing"]:
+    transports = sorted({injection_of(v).transport for v in failing(summary)},
+                        key=lambda t: (t == "streamed", t))
+    for transport in transports:
+        lines.append(f"Every {transport} injection not ok (what each rank did: the injected call | the next "
+                     f"call on its group | a call on a fresh group):")
+        for v in failing(summary):
+            if injection_of(v).transport != transport:
+                continue
             lines.append(f"- {v['id']}: {', '.join(v['verdicts'])}")
             for rank, line in enumerate(v["ranks"]):
                 lines.append(f"    rank {rank}: {line}")
+            if "replay" in v:
+                lines.append(f"  replayed alone: {', '.join(v['replay']['verdicts'])}")
+                for rank, line in enumerate(v["replay"]["ranks"]):
+                    lines.append(f"    rank {rank}: {line}")
+        lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def rejudge(verdict: dict, timeout: float, margin: float) -> dict:
+    """``verdict`` judged again from its ranks' reports (kept for every injection not ok), as
+    this version of :func:`judge` reads them."""
+    verdict.pop("injection", None)               # older runs kept it; the id says it
+    if "reports" not in verdict:
+        return verdict
+    for report in verdict["reports"]:
+        for out in (report or {}).values():
+            if isinstance(out, dict) and "error" in out:
+                out["error"] = out["error"].split("\n\nAt:")[0][:240]
+    again = judge(injection_of(verdict), verdict["reports"], timeout, margin)
+    again["seconds"] = verdict.get("seconds")
+    return again
 
 
 def run_plan(runner: Runner, plan: List[Injection], progress: int, start: float) -> List[dict]:
@@ -722,6 +758,11 @@ def run_plan(runner: Runner, plan: List[Injection], progress: int, start: float)
     return verdicts
 
 
+def injection_of(verdict: dict) -> Injection:
+    """The injection a verdict is of (its id says it all)."""
+    return _parse_replay(verdict["id"])
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.fault_points", description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", default="3,4")
@@ -733,6 +774,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--replay", metavar="ID", action="append", help="an injection, as its id reads (repeatable)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge campaigns' results into --out")
+    parser.add_argument("--replays", metavar="JSON", help="with --merge: a --replay run of failing injections, "
+                        "attached to each as it replayed alone")
     parser.add_argument("--relaunch-every", type=int, default=100, help="injections per cluster before a fresh one")
     parser.add_argument("--progress", type=int, default=10, help="a progress line per N injections")
     parser.add_argument("--out", help="results JSON; the table and every failing injection in a .txt beside it")
@@ -740,13 +783,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = "python -m tools.fault_points " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
         parts = [json.load(open(path)) for path in args.merge]
-        summary = summarize([v for part in parts for v in part["verdicts"]], command=command,
+        verdicts = [rejudge(v, parts[0]["timeout_s"], parts[0]["margin_s"]) for part in parts for v in part["verdicts"]]
+        summary = summarize(verdicts, command=command,
                             merged=[part["command"] for part in parts],
                             seconds=sum(part["seconds"] for part in parts),
                             skipped={k: v for part in parts for k, v in part["skipped"].items()},
                             relaunches=sum(part["relaunches"] for part in parts),
                             **{k: parts[0][k] for k in ("timeout_s", "margin_s", "grace_s", "cores")},
                             date=max(part["date"] for part in parts))
+        if args.replays:
+            again = {v["id"]: v for v in json.load(open(args.replays))["verdicts"]}
+            for verdict in failing(summary):
+                if verdict["id"] in again:
+                    verdict["replay"] = {k: again[verdict["id"]][k] for k in ("verdicts", "problems", "ranks")}
+            summary["replayed"] = len(again)
     else:
         worlds = [int(w) for w in args.worlds.split(",")]
         transports = args.transports.split(",")
