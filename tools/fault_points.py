@@ -1,8 +1,9 @@
 """Fault injection at every point of a call: an exception raised inside one rank's call.
 
-    python -m tools.fault_points --worlds 3,4 --transports host,streamed --out bench/results/faults_points.json
-    python -m tools.fault_points --sample 12 --seed 1          # a seeded sample (CI runs one)
-    python -m tools.fault_points --replay 'all_reduce/ring@4/host:local:2'   # one injection alone
+    python -m tools.fault_points --worlds 3 --transports host --out /tmp/w3_host.json     # one part
+    python -m tools.fault_points --merge /tmp/w*_*.json --replays /tmp/replays.json --out bench/results/faults_points.json
+    python -m tools.fault_points --sample 16 --seed 1 --transports host,batched          # CI runs this one
+    python -m tools.fault_points --replay 'all_reduce/ring@4/host:local:1:r2'            # one injection alone
 
 Where tools/faults.py kills or stalls a rank, this raises an exception in one rank (the
 victim) at one point of one call: ``RuntimeError("injected ...")``, ``MemoryError`` in a local
@@ -19,23 +20,28 @@ operation. The points, in the order a call reaches them (see ringcoll/runtime/ex
 - streamed only: ``enqueue:k``, the k-th operation handed to the stream (``transport.local``:
   hooks and local operations) raises on the caller's thread, as CUDA's host-side work does;
   ``watchdog_query``/``watchdog_failed``: the watchdog's event query (``runtime.query``) or
-  the communicator's ``failed`` query raises once while the call is in flight.
+  the communicator's ``failed`` query raises once while the call is in flight (one algorithm
+  per collective: :func:`watchdog_algorithm`).
 
 k runs over the first, middle and last of the victim's own (counted in a clean census call
-of the same collective, algorithm, world and transport). The injection is a monkeypatch in
-the victim only, installed for the injected call and removed after it; the patched functions
-fire only for that call (never for an internal exchange it runs, such as the group's layout).
+of the same collective, algorithm, world and transport); victims are taken in turn among the
+ranks that have the point (``--turn`` starts the rotation elsewhere). The injection is a
+monkeypatch in the victim only, installed for the injected call and removed after it; the
+patched functions fire only for that call (never for an internal exchange it runs, such as
+the group's layout).
 
 For each injection, on a kept-alive cluster per world and a fresh pair of groups (the
 group's timeout ``--timeout``): every rank either raises within the timeout plus
 ``--margin``, or returns the exactly right result (a rank whose part was complete may);
-nothing else. Then every rank makes one more call on the same group, which must raise on
-every rank (no rank may get data from a failed group), and one on the fresh group, which
-must be right on every rank. A call not done within the timeout + margin + ``--grace`` is a
-hang: the rank reports it and the cluster is relaunched. Verdicts: ok, wrong (a rank returned
-a wrong value), hang, slow (raised, but late), later (a later call on the failed group
-returned), fresh (the fresh group's call failed), unfired (the injection point was never
-reached: the harness's miss, not the library's).
+nothing else. On the streamed transport a call is made with ``async_op=True`` and its
+future waited on: a synchronous call there returns once enqueued, and the host learns the
+outcome from the future. Then every rank makes one more call on the same group, which must
+raise (a rank that only sends in that collective is noted, not failed: gloo completes a
+buffered send), and one on the fresh group, which must be right. A call not done within the
+timeout + ``--grace`` is a hang: the rank reports it and the cluster is relaunched.
+Verdicts: ok, wrong (a rank returned a wrong value), hang, slow (raised, but late), later (a
+later call on the failed group returned), fresh (the fresh group's call failed), unfired (the
+injection point was never reached: the harness's miss, not the library's).
 """
 from __future__ import annotations
 
@@ -55,7 +61,8 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather_single", "reduce
                "gather", "scatter", "all_to_all_single", "barrier")
 FAMILY = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
           "all_to_all_single": "all_to_all"}
-#: points that exist once per call; per-k points take k from the census
+#: points that exist once per call (every rank has them: a hook is added where the plan has
+#: none); per-k points take k from the census
 SINGLE = ("ready", "start", "before", "after")
 PER_K = ("post", "local")
 STREAMED_ONLY_SINGLE = ("watchdog_query", "watchdog_failed")
@@ -364,6 +371,7 @@ def inject_on_rank(inj: dict, timeout: float, grace: float) -> dict:
     report: dict = {"rank": rank}
     run, correct = make_call(inj.collective, inj.algorithm, rank, world, group, salt=2)
     patches = Patches(inj.point, inj.k).install() if rank == inj.victim else None
+    out: dict = {"kind": "hung", "elapsed": bound}
     try:
         out = _bounded(run, bound)
     finally:
@@ -495,22 +503,21 @@ def _ks(count: int) -> List[int]:
     return sorted({0, count // 2, count - 1}) if count > 0 else []
 
 
-def plan_injections(census: dict, world: int, transport: str) -> List[Injection]:
+def plan_injections(census: dict, world: int, transport: str, turn: int = 0) -> List[Injection]:
     """Every point of every (collective, algorithm) the census ran cleanly: victims taken in
-    turn among the ranks that have the point (a leaf of a broadcast may have no local step)."""
+    turn among the ranks that have the point (a leaf of a broadcast may have no local step),
+    starting ``turn`` ranks on (a second run with another ``turn`` hits other victims)."""
     plan: List[Injection] = []
     for case, per_rank in census.items():
         collective, algorithm = case.split("/")
         if any("error" in r or not r["correct"] for r in per_rank):
             continue
-        turn = 0
+        next_victim = turn
 
         def victims(have: Callable[[dict], bool]) -> List[int]:
             return [rank for rank, r in enumerate(per_rank) if have(r["counts"])]
 
-        points: List[tuple] = [(p, 0, lambda c: True) for p in ("ready", "start")]
-        points.append(("before", 0, lambda c: True))
-        points.append(("after", 0, lambda c: True))
+        points: List[tuple] = [(p, 0, lambda c: True) for p in SINGLE]
         if transport == "streamed" and algorithm == watchdog_algorithm(collective):
             points += [(p, 0, lambda c: c.get("post", 0) > 0) for p in STREAMED_ONLY_SINGLE]
         per_k = PER_K + (STREAMED_ONLY_PER_K if transport == "streamed" else ())
@@ -522,8 +529,8 @@ def plan_injections(census: dict, world: int, transport: str) -> List[Injection]
             ranks = victims(have)
             if not ranks:
                 continue
-            plan.append(Injection(collective, algorithm, world, transport, point, k, ranks[turn % len(ranks)]))
-            turn += 1
+            plan.append(Injection(collective, algorithm, world, transport, point, k, ranks[next_victim % len(ranks)]))
+            next_victim += 1
     return plan
 
 
@@ -772,6 +779,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--grace", type=float, default=6.0, help="beyond the timeout, a call is a hang (s)")
     parser.add_argument("--sample", type=int, help="a seeded sample of N injections, not all")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--turn", type=int, default=0, help="start the victims' rotation this many ranks on")
     parser.add_argument("--replay", metavar="ID", action="append", help="an injection, as its id reads (repeatable)")
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge campaigns' results into --out")
     parser.add_argument("--replays", metavar="JSON", help="with --merge: a --replay run of failing injections, "
@@ -814,7 +822,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     for transport in transports:
                         census = runner.census(world, transport)
                         skips[f"{world}/{transport}"] = skipped(census)
-                        drawn = plan_injections(census, world, transport)
+                        drawn = plan_injections(census, world, transport, args.turn)
                         print(f"census world {world} {transport}: {len(census)} algorithms, "
                               f"{len(skips[f'{world}/{transport}'])} skipped, {len(drawn)} injections", flush=True)
                         plan += drawn
