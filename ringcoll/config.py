@@ -47,6 +47,14 @@ _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARN
 #: the kernel backends (ringcoll.kernels.BACKENDS; kept here so that reading the settings
 #: never imports the kernels)
 KERNEL_BACKENDS = ("auto", "cupy", "numba", "torch")
+#: the smallest RINGCOLL_SEGMENT accepted, in bytes (RINGCOLL_SEGMENT_FLOOR lowers it). Below a
+#: few KiB every segment pays a whole message's latency to move almost nothing: 1-byte segments
+#: made a 1 MiB ring all_reduce take 37 s on 4 gloo ranks (issue #40). 4 KiB is a page, four
+#: times the smallest chunk gloo's own ring cuts (1 KiB: ``minSize = 256`` floats in
+#: gloo/allreduce_ring_chunked.h) and a quarter of the smallest NCCL cuts (16 KiB: its NVLS
+#: chunk, halved down to 16384 bytes for small calls, src/enqueue.cc); no rule of ringcoll's
+#: segment tables goes below 1 MiB
+SEGMENT_FLOOR = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +76,7 @@ class Settings:
     machine: Optional[str]             # path of a ringcoll.Machine JSON (read and checked)
     persistent_plans: Optional[int]    # plans kept per group, 0: none
     segment: Optional[int]             # bytes per segment of the pipelined algorithms
+    segment_floor: int                 # the smallest RINGCOLL_SEGMENT accepted (bytes)
     timeout: Optional[float]           # seconds a step may wait
     transport: str                     # "auto", "host", "batched" or "streamed"
     tuning: Optional[str]              # path of a tuning table (read and checked)
@@ -124,6 +133,18 @@ def parse_int(name: str, text: str, minimum: int, what: str) -> Optional[int]:
     """An integer >= ``minimum`` (empty: None, the reader's default)."""
     bound = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     return _number(name, text, int, lambda value: value >= minimum, f"{bound} ({what})")
+
+
+def parse_segment(name: str, text: str, floor: int) -> Optional[int]:
+    """Bytes per segment, an integer >= ``floor`` (empty: None, the segment tables); a smaller
+    one is refused naming the floor and the variable that lowers it (:data:`SEGMENT_FLOOR`)."""
+    value = parse_int(name, text, 1, "bytes per segment")
+    if value is not None and value < floor:
+        raise ValueError(f"{name}={text.strip()!r} is below the floor of {floor} bytes: {name} accepts an "
+                         f"integer >= {floor} (bytes per segment; a smaller segment costs a message's "
+                         f"latency for a few bytes: 1-byte segments made a 1 MiB ring all_reduce take 37 s). "
+                         f"RINGCOLL_SEGMENT_FLOOR lowers the floor, for tests of the pipelines on small data")
+    return value
 
 
 def parse_seconds(name: str, text: str) -> Optional[float]:
@@ -296,11 +317,16 @@ VARIABLES: Tuple[Variable, ...] = (
              "candidates on (`Options(machine=...)` wins)"),
     Variable("RINGCOLL_PERSISTENT_PLANS", "integer >= 0 (0: none)", "16",
              "plans each group keeps for repeated identical small calls"),
-    Variable("RINGCOLL_SEGMENT", "positive integer (bytes)", "the segment table (1 MiB; 16 MiB for "
-             "ring all_reduce)", "segment size of the pipelined algorithms"),
+    Variable("RINGCOLL_SEGMENT", "integer >= 4096 (bytes; `RINGCOLL_SEGMENT_FLOOR` lowers the "
+             "floor), the same on every rank of a group", "the segment table (1 MiB; 16 MiB for "
+             "ring all_reduce)", "segment size of the pipelined algorithms; below the floor refused "
+             "(a segment costs a message's latency: 1-byte segments made a 1 MiB all_reduce take 37 s)"),
+    Variable("RINGCOLL_SEGMENT_FLOOR", "positive integer (bytes)", "4096 (a page; gloo's ring cuts "
+             "no chunk below 1 KiB, NCCL none below 16 KiB)", "the smallest `RINGCOLL_SEGMENT` "
+             "accepted; lower it only to exercise the pipelines on small data (ringcoll's tests do)"),
     Variable("RINGCOLL_TIMEOUT", "positive number of seconds", "the group's timeout",
              "how long one step may wait for its peers; overrides the group's own timeout "
-             "(`ringcoll.set_timeout` and a call's `timeout=` win over it)"),
+             "(`ringcoll.set_timeout` and `barrier(timeout=)` win over it)"),
     Variable("RINGCOLL_TRANSPORT", "`auto`, `host`, `batched`, `streamed`", "`auto`",
              "`batched` runs CPU tensors on gloo through the NCCL-shaped batched transport; "
              "`streamed` through the stream-ordered path on emulated streams (docs/gpu.md)"),
@@ -323,6 +349,8 @@ def parse(environ: Mapping[str, str]) -> Settings:
     def get(name: str) -> str:
         return environ.get(name, "") or ""
 
+    segment_floor = parse_int("RINGCOLL_SEGMENT_FLOOR", get("RINGCOLL_SEGMENT_FLOOR"), 1,
+                              "bytes: the smallest RINGCOLL_SEGMENT accepted") or SEGMENT_FLOOR
     return Settings(
         algo=parse_algo("RINGCOLL_ALGO", get("RINGCOLL_ALGO")),
         algo_text=get("RINGCOLL_ALGO").strip(),
@@ -339,7 +367,8 @@ def parse(environ: Mapping[str, str]) -> Settings:
         machine=parse_machine("RINGCOLL_MACHINE", get("RINGCOLL_MACHINE")),
         persistent_plans=parse_int("RINGCOLL_PERSISTENT_PLANS", get("RINGCOLL_PERSISTENT_PLANS"), 0,
                                    "plans kept per group; 0: none"),
-        segment=parse_int("RINGCOLL_SEGMENT", get("RINGCOLL_SEGMENT"), 1, "bytes per segment"),
+        segment=parse_segment("RINGCOLL_SEGMENT", get("RINGCOLL_SEGMENT"), segment_floor),
+        segment_floor=segment_floor,
         timeout=parse_seconds("RINGCOLL_TIMEOUT", get("RINGCOLL_TIMEOUT")),
         transport=parse_choice("RINGCOLL_TRANSPORT", get("RINGCOLL_TRANSPORT"),
                                ("auto", "host", "batched", "streamed"), "auto"),

@@ -25,6 +25,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # the schedule and simulator tests cut small data into many segments (RINGCOLL_SEGMENT down
+    # to 8 bytes), below the floor a user's setting must clear (ringcoll.config.SEGMENT_FLOOR);
+    # the floor's own tests set it explicitly. Spawned ranks inherit it.
+    os.environ.setdefault("RINGCOLL_SEGMENT_FLOOR", "1")
     transport = config.getoption("transport")
     if transport != "auto":             # spawned ranks inherit it, whoever launches them
         os.environ["RINGCOLL_TRANSPORT"] = transport

@@ -73,7 +73,14 @@ def flat(tensor: torch.Tensor) -> Tuple[torch.Tensor, Optional[Callable[[], None
     if tensor.is_contiguous():
         return tensor.view(-1), None
     work = tensor.contiguous().view(-1)
-    return work, lambda: tensor.copy_(work.view(tensor.shape))
+    # an expanded tensor (a stride 0 along a dimension of size > 1) names each of its memory
+    # locations several times: the result is written back through one index of each such
+    # dimension (every index of it holds the same value, as gloo's result), never through
+    # the overlapping view, which torch refuses to write
+    index = tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                  for size, stride in zip(tensor.shape, tensor.stride()))
+    target = tensor[index] if any(part != slice(None) for part in index) else tensor
+    return work, lambda: target.copy_(work.view(tensor.shape)[index])
 
 
 def group_root(ctx: Context, name: str, global_root, group_name: str, group_root,

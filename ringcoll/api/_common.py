@@ -159,11 +159,34 @@ def call_context(executor: P2PExecutor, collective: Optional[str], machine: Opti
 
 
 _executors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CPU = torch.device("cpu")
 
 
-def _executor(group) -> P2PExecutor:
-    """The executor of a registered group this process belongs to (one per group; it holds
-    the group weakly, or this cache would keep every destroyed group alive)."""
+def _serving_backend(group, device: Optional[torch.device]):
+    """The backend that runs ``group``'s calls on ``device`` with executors of its own, found
+    through torch's per-device lookup (``group._get_backend(device)``: for a ``"ringcoll"``
+    group in torch 2.13, the :class:`~ringcoll.backend.ProcessGroupRingcoll` itself); None for
+    any other group (gloo, NCCL, a group without a backend for that device)."""
+    try:
+        backend = group._get_backend(device if device is not None else _CPU)
+    except (RuntimeError, AttributeError):      # torch: "No backend type associated with device type"
+        return None
+    return backend if callable(getattr(backend, "executor", None)) else None
+
+
+def _executor(group, device: Optional[torch.device] = None) -> P2PExecutor:
+    """The executor of a registered group this process belongs to, for calls on ``device``
+    (None: a call without tensors, which runs as a CPU call).
+
+    A ``"ringcoll"`` group runs a drop-in's call on its own executor for that device
+    (``ProcessGroupRingcoll.executor(device)``), the one its ``dist.*`` calls use: one call
+    numbering, one failure state, the group's timeout, its private communicator and, for
+    CUDA tensors over NCCL, its stream-ordered path. Any other group gets one executor of the
+    drop-ins' own (it holds the group weakly, or this cache would keep every destroyed group
+    alive)."""
+    backend = _serving_backend(group, device)
+    if backend is not None:
+        return backend.executor(device if device is not None else _CPU)
     executor = _executors.get(group)
     if executor is None:
         executor = _executors[group] = P2PExecutor(group, weak=True)
@@ -171,28 +194,52 @@ def _executor(group) -> P2PExecutor:
     return executor
 
 
-#: the group of the last call and its executor: (weak reference, executor); the one
-#: lookup of a call that repeats on its group (a weak key's lookup builds a reference)
-_last: tuple = (lambda: None, None)
+#: the group of the last call and what serves it: (weak reference to the group, its executor
+#: when it is the drop-ins' own, else a weak reference to the ringcoll backend that serves it);
+#: the one lookup of a call that repeats on its group (a weak key's lookup builds a reference).
+#: A ringcoll backend is asked for its executor at every call: it depends on the call's device
+#: (the backend serves every device of its group), and it is gone once the group is shut down
+_last: tuple = (lambda: None, None, None)
 
 
-def group_executor(group) -> Optional[P2PExecutor]:
-    """The executor of ``group`` (None: the default group) for this process; None when this
-    process is not a member."""
+def group_executor(group, device: Optional[torch.device] = None) -> Optional[P2PExecutor]:
+    """The executor of ``group`` (None: the default group) for this process's call on
+    ``device`` (None: a call without tensors; see :func:`_executor`); None when this process
+    is not a member."""
     if group is not None and not isinstance(group, dist.ProcessGroup) \
             and group is not dist.GroupMember.NON_GROUP_MEMBER:
         raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, got {type(group).__name__}")
     if group is None:
         group = dist.distributed_c10d._get_default_group()   # torch's own error when not initialised
     global _last
-    last, executor = _last
+    last, executor, served = _last
     if group is last():                 # a member: it had an executor
-        return executor
+        if executor is not None:
+            return executor
+        backend = served()
+        if backend is not None:
+            return backend.executor(device if device is not None else _CPU)
     if group is dist.GroupMember.NON_GROUP_MEMBER or dist.distributed_c10d._rank_not_in_group(group):
         return None
+    backend = _serving_backend(group, device)
+    if backend is not None:
+        _last = (weakref.ref(group), None, weakref.ref(backend))
+        return backend.executor(device if device is not None else _CPU)
     executor = _executor(group)
-    _last = (weakref.ref(group), executor)
+    _last = (weakref.ref(group), executor, None)
     return executor
+
+
+def _call_device(values) -> Optional[torch.device]:
+    """The device of a drop-in call's first tensor (in its arguments, or the first item of a
+    list argument), which picks the executor on a ringcoll group as the backend's methods do;
+    None for a call without tensors (barrier)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value.device
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            return value[0].device
+    return None
 
 
 def group_machine(group) -> Optional[Machine]:
@@ -329,7 +376,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     made while building: :func:`_rerunnable`) keep a plan; a call takes its sequence number
     and tag afresh either way."""
     async_op = check_async(async_op)
-    executor = group_executor(group)
+    executor = group_executor(group, _call_device((*args, *kwargs.values())))
     current = _call_settings(executor)
     limit = PERSISTENT_PLANS if current.persistent_plans is None else current.persistent_plans
     if executor is None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -34,8 +35,9 @@ from ..selection import checked_settings
 from ..api._common import BUILDERS, Context, call_context, executor_context, submit_streamed
 from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
-from ..runtime.failures import get_timeout
+from ..runtime.failures import PeerError, get_timeout
 from ..runtime.nodes import share_layout
+from ..runtime.transport.stream import private_nccl_environment
 from ..sim.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork
@@ -139,6 +141,10 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                                            store=self._private_store))}
         self._nccl = None
         self._closed: Optional[str] = None    # "shutdown" or "abort" once closed
+        #: what _get_sequence_number_for_group adds to the executors' call numbers: this
+        #: group's point-to-point operations, and the numbers of executors closed
+        self._p2p_calls = 0
+        self._closed_calls = 0
         self._lock = threading.Lock()
 
     # -- identity (the C++ name of a Python group is unset otherwise; DeviceMesh needs it) ------
@@ -159,6 +165,59 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        """The group's timeout (``init_process_group``/``new_group``'s ``timeout=``, torch's
+        default otherwise): how long a step of any call on this group, ``dist.*`` or drop-in,
+        waits for its peers unless ``RINGCOLL_TIMEOUT`` or ``ringcoll.set_timeout`` say
+        otherwise (``ringcoll.runtime.failures.group_timeout`` reads it here)."""
+        return self._timeout
+
+    def get_group_store(self):
+        """The group's store, as gloo's group gives it: the PrefixStore torch registered the
+        group with (``distributed_c10d._get_process_group_store``); for a group built directly,
+        not through torch, the store it was built with. (The C++ ProcessGroup holds none: a
+        Python group is made without one.)"""
+        try:
+            return dist.distributed_c10d._get_process_group_store(self)
+        except KeyError:
+            return self._store
+
+    def _get_sequence_number_for_group(self) -> int:
+        """torch's sequence number of this group, as gloo's: 0 when the group is made, one
+        more per operation on it, equal on every rank at the same point of the program. Here
+        the call numbers the group's executors have taken (every collective call on it,
+        ``dist.*`` and drop-in alike, on every device: one per tensor of a coalesced call,
+        three for a sparse all_reduce, one for a monitored_barrier, where gloo counts one, one
+        and its messages) plus one per send and receive, as gloo counts them. Python callers
+        only: torch's C++ does not route this method to a Python group."""
+        with self._lock:
+            executors = list(self._executors.values())
+        # the executors' numbers: P2PExecutor.begin_call's count, read without taking one
+        return self._closed_calls + sum(executor._seq for executor in executors) + self._p2p_calls
+
+    def _set_sequence_number_for_group(self) -> None:
+        """torch calls it on a new gloo or NCCL group (and a split one); as on gloo, numbers
+        start at 0 on every rank when the group is made, so there is nothing to agree."""
+
+    def eager_connect_single_device(self, device) -> None:
+        """torch's eager connect for ``device`` (a ``torch.device``), collective as NCCL's:
+        the executor for that device made now and, on the stream-ordered path (CUDA tensors
+        over NCCL), its private communicator connected within the group's timeout. On the CPU,
+        or CUDA staged over gloo, there is nothing more to connect (the gloo group connected
+        every pair when it was made), as on gloo. torch itself calls it only for groups that
+        support splitting, which this one does not (``init_process_group(device_id=)``
+        connects at the first call instead)."""
+        if not isinstance(device, torch.device):
+            raise TypeError(f"eager_connect_single_device: device must be a torch.device, got "
+                            f"{type(device).__name__} {device!r}")
+        executor = self.executor(device)
+        if device.type == "cuda" and device.index is None and executor.backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())   # NCCL's communicator is per GPU
+        if executor.streamed(device):
+            seconds = get_timeout() or self._timeout.total_seconds()
+            executor.transport(device).ready(time.monotonic() + seconds)
 
     @property
     def _device_types(self) -> List[torch.device]:
@@ -191,6 +250,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         with self._lock:
             inner = [pg for pg in (self._gloo, self._nccl) if pg is not None]
             executors = list(self._executors.values())
+            self._closed_calls += sum(executor._seq for executor in executors)
             self._executors.clear()
             self._closed = how
         for executor in executors:        # their private communicators (the stream-ordered path)
@@ -230,8 +290,9 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                     if self._cuda_transport() == "nccl":
                         options = dist.ProcessGroupNCCL.Options()
                         options._timeout = self._timeout
-                        self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("ringcoll/nccl/", self._store),
-                                                           self._rank, self._world, options)
+                        with private_nccl_environment():     # NCCL's teardown: ringcoll reports
+                            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("ringcoll/nccl/", self._store),
+                                                               self._rank, self._world, options)
                         executor = P2PExecutor(self._nccl, rank=self._rank, world=self._world, backend="nccl",
                                                store=self._private_store)
                     else:
@@ -415,19 +476,30 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         """gloo's monitored barrier (see :meth:`P2PExecutor.monitored_barrier`): rank 0 waits
         for each rank in turn and raises naming the rank that did not arrive within
         ``timeout`` (a timedelta or seconds; the group's own when None), or every such rank
-        with ``wait_all_ranks``. Call it on the group, ``group.monitored_barrier(timeout)``:
-        ``dist.monitored_barrier`` refuses every backend name but gloo's before it reaches a
-        group (torch 2.13, ``distributed_c10d.monitored_barrier``)."""
+        with ``wait_all_ranks``. A zero timeout is already expired, as gloo's: rank 0 raises at
+        once naming rank 1 (every other rank with ``wait_all_ranks``), the other ranks wait for
+        its release within the group's timeout, as gloo's do (a negative one is refused). Call
+        it on the group, ``group.monitored_barrier(timeout)``: ``dist.monitored_barrier``
+        refuses every backend name but gloo's before it reaches a group (torch 2.13,
+        ``distributed_c10d.monitored_barrier``)."""
         if not isinstance(wait_all_ranks, bool):
             raise TypeError(f"wait_all_ranks must be a bool, got {type(wait_all_ranks).__name__} {wait_all_ranks!r}")
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (datetime.timedelta, int, float))):
             raise TypeError(f"timeout must be a datetime.timedelta, seconds or None, got "
                             f"{type(timeout).__name__} {timeout!r}")
-        seconds = timeout_seconds(timeout if timeout is not None else self._timeout)
+        given = None if timeout is None else (
+            timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout))
+        if given is not None and given < 0:
+            raise ValueError(f"timeout must be zero (already expired, as gloo's) or positive, got {timeout!r}")
+        seconds = given if given else timeout_seconds(self._timeout)
         if seconds is None:
-            raise ValueError(f"timeout must be positive: monitored_barrier needs a deadline, got {timeout!r}")
+            raise ValueError(f"timeout must be positive: monitored_barrier needs a deadline, and this group's "
+                             f"own timeout is {self._timeout!r}; pass timeout=")
         ctx = executor_context(self.executor(torch.device("cpu")), layout=False)   # its number, at its entry
+        if given == 0 and ctx.rank == 0 and ctx.world > 1:
+            submit(lambda: _expired_monitored_barrier(ctx, wait_all_ranks), False)   # after earlier calls
+            return
         submit(lambda: ctx.executor.monitored_barrier(ctx.seq, seconds, wait_all_ranks), False)
 
     # -- point to point: the inner group's own ------------------------------------------------
@@ -440,6 +512,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return self._gloo
 
     def send(self, tensors, dst: int, tag: int):
+        self._p2p_calls += 1
         if any(self._staged(t) for t in tensors):
             return self._gloo.send([t.to("cpu") if t.is_cuda else t for t in tensors], dst, tag)
         return self._p2p_group(tensors[0]).send(list(tensors), dst, tag)
@@ -453,14 +526,38 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         return post(self._p2p_group(tensors[0]), list(tensors))
 
     def recv(self, tensors, src: int, tag: int):
+        self._p2p_calls += 1
         return self._receive(tensors, lambda group, wires: group.recv(wires, src, tag))
 
     def recv_anysource(self, tensors, tag: int):
+        self._p2p_calls += 1
         return self._receive(tensors, lambda group, wires: group.recv_anysource(wires, tag))
+
+
+def _expired_monitored_barrier(ctx: Context, wait_all_ranks: bool) -> None:
+    """Rank 0's monitored barrier with a zero timeout, as gloo's: expired before any rank
+    could be waited for, so it names rank 1 (every other rank with ``wait_all_ranks``) as not
+    passed, in gloo's words, and leaves the group failed as every timeout does (the other
+    ranks, waiting for a release that never comes, time out and fail theirs)."""
+    executor = ctx.executor
+    executor.raise_if_failed()
+    missing = list(range(1, ctx.world)) if wait_all_ranks else [1]
+    ranks = ", ".join(f"{peer} (global rank {executor.global_ranks[peer]})" for peer in missing)
+    call = f"call #{ctx.seq} monitored_barrier"
+    failure = PeerError(
+        f"ringcoll {call}: rank 0: {'rank' if len(missing) == 1 else 'ranks'} {ranks} failed to pass "
+        f"monitoredBarrier in 0 ms: Rank 0 timed out in monitoredBarrier after 0 ms (a zero timeout is "
+        f"already expired, as gloo's)", rank=0, peer=missing[0] if len(missing) == 1 else None, step=0,
+        peers=missing, call=call)
+    executor._failed(failure, [])
+    raise failure
 
 
 #: the underscored methods torch's C++ calls on a group (the rest it calls are public)
 _PRIVATE_ENTRY_POINTS = ("_allgather_base", "_reduce_scatter_base", "_get_backend")
+#: public methods that only ringcoll calls, on every call (a drop-in on the group looks its
+#: executor up): never reached from torch's C++, so left unwrapped (the wrapper costs ~4 us)
+_RINGCOLL_ONLY = ("executor",)
 
 
 def _run_eagerly(cls):
@@ -475,7 +572,7 @@ def _run_eagerly(cls):
         return cls
     for name, member in list(vars(cls).items()):
         if callable(member) and not isinstance(member, type) and (
-                not name.startswith("_") or name in _PRIVATE_ENTRY_POINTS):
+                not name.startswith("_") and name not in _RINGCOLL_ONLY or name in _PRIVATE_ENTRY_POINTS):
             setattr(cls, name, torch.compiler.disable(member, recursive=True))
     cls._eager = True
     return cls

@@ -132,6 +132,8 @@ def summary_lines(rows: Sequence[Row]) -> List[str]:
         errors = sorted({r.error for r in mine if r.error})
         text = (f"#  {name:<22} {variant:<13} avg busbw {(sum(bus) / len(bus)) if bus else 0:8.3f} GB/s"
                 f"   time vs built-in (geomean) {_num(ratio, 2):>6}   #wrong {wrong}")
+        if wrong:                   # its times are no result: say so where it is read
+            text += "   WRONG RESULTS"
         if errors:
             text += f"   error: {errors[0]}"
         lines.append(text)
@@ -148,7 +150,8 @@ def avg_bus_bandwidth(rows: Sequence[Row]) -> List[str]:
     cells = []
     for name in names:
         bus = [r.busbw for r in rows if r.algorithm == name and r.busbw is not None]
-        cells.append(f"{name} {sum(bus) / len(bus):.3f}")
+        wrong = sum(r.wrong or 0 for r in rows if r.algorithm == name)
+        cells.append(f"{name} {sum(bus) / len(bus):.3f}" + (f" (WRONG: {wrong} elements)" if wrong else ""))
     return [f"# Avg bus bandwidth    : {', '.join(cells)} (GB/s)"] if cells else []
 
 

@@ -53,7 +53,8 @@ def markdown(paths: Sequence[str]) -> str:
                 lines.append(
                     f"| {collective} | {name} | {variant} | {_fmt(small)} | {_fmt(large) if sized else '–'} | "
                     f"{_fmt(largest['vs_builtin'])} @ {_size(largest['size'])} | "
-                    f"{_fmt(largest['busbw'], 3) if sized else '–'} | {wrong}{' (errors)' if errors else ''} |")
+                    f"{_fmt(largest['busbw'], 3) if sized else '–'} | {wrong}{' WRONG RESULTS' if wrong else ''}"
+                    f"{' (errors)' if errors else ''} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -55,10 +55,25 @@ def _candidates(rows: Sequence[Row]) -> Dict[int, Dict[str, Row]]:
     algorithms that ran without an error or a wrong element)."""
     found: Dict[int, Dict[str, Row]] = {}
     for row in rows:
-        if row.algorithm in _NOT_CANDIDATES or row.error or row.wrong or not row.time_us:
+        if row.algorithm in _NOT_CANDIDATES or row.error or row.wrong or not row.time_us \
+                or not _auto_may_take(row):
             continue
         found.setdefault(row.size, {})[row.algorithm] = row
     return dict(sorted(found.items()))
+
+
+def _auto_may_take(row: Row) -> bool:
+    """Whether ``auto`` weighs ``row``'s algorithm (registered with ``auto=True``): a table row
+    naming one it never weighs (``rabenseifner_far``, ``bine_near``, a loaded MSCCL program)
+    would be skipped by ``auto`` (ringcoll.selection reads only the rows of its candidates)."""
+    from ..schedules import registry
+
+    spec = SPECS.get(row.collective)
+    family = spec.family if spec is not None and spec.family else row.collective
+    try:
+        return registry.get(family, row.algorithm).auto
+    except (KeyError, ValueError):
+        return False
 
 
 def fastest(rows: Sequence[Row]) -> Dict[int, str]:

@@ -374,7 +374,49 @@ def reduce_into(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch.Tenso
         _numba.reduce_into_cuda(dst, sources, op, out)
     else:
         from . import _numba
-        _numba.reduce_into_cpu(dst, sources, op, out)
+        put = getattr(device_work, "put", None)
+        if put is None:
+            _numba.reduce_into_cpu(dst, sources, op, out)
+        else:                             # compiled now, computed in the stream's order
+            put(_numba.cpu_launch(dst, sources, op, out))
+
+
+#: who runs a computation that is not a torch operation (a numba CPU kernel's): the stream
+#: emulator sets ``put`` on a thread while it launches on an emulated stream, where it runs
+#: later, in the stream's order (as a CUDA kernel launched from that thread would); else now
+device_work = threading.local()
+
+
+
+def prepare_reduction(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch.Tensor]], op: str,
+                      *, out: torch.Tensor | None = None, backend: str | None = None) -> str:
+    """The host's part of :func:`reduce_into` on these tensors, now, without reducing: the
+    checks, the backend's choice, and its kernel modules compiled and loaded (CuPy: one module
+    per source count of each pass; numba: the kind's kernel). The stream-ordered path calls it
+    for every reduction of a call before the call's first transfer is posted, so that a
+    compile or load that fails leaves no transfer of the call behind. Returns the backend."""
+    sources = [src] if isinstance(src, torch.Tensor) else list(src)
+    _check_tensors(dst, sources, out)
+    _check_op_dtype(op, dst.dtype)
+    name = _select(backend, dst.device)
+    if dst.numel() == 0 or not sources or name == "torch":
+        return name
+    if dst.is_complex():
+        dst, sources = torch.view_as_real(dst), [torch.view_as_real(s) for s in sources]
+        out = None if out is None else torch.view_as_real(out)
+    from ._lowering import passes, plan
+    kind, lowered, _ = plan(dst.view(-1), [s.view(-1) for s in sources], None if out is None else out.view(-1), op)
+    if name == "cupy":
+        from . import _cupy
+        for chunk, _ in passes(sources):
+            _cupy.load(kind, len(chunk), dst.device.index)
+    elif dst.is_cuda:
+        from . import _numba
+        _numba.cuda_kernel(kind, lowered)
+    else:
+        from . import _numba
+        _numba.cpu_kernel(kind, lowered)
+    return name
 
 
 def scale_(tensor: torch.Tensor, factor) -> None:

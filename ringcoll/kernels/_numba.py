@@ -146,10 +146,17 @@ def _host_array(t: torch.Tensor, kind: str) -> np.ndarray:
 def reduce_into_cpu(dst: torch.Tensor, sources: list[torch.Tensor], op: str,
                     out: torch.Tensor | None) -> None:
     """dst = dst (op) sources..., out = dst if given; flat contiguous CPU tensors, numel > 0."""
+    cpu_launch(dst, sources, op, out)()
+
+
+def cpu_launch(dst: torch.Tensor, sources: list[torch.Tensor], op: str, out: torch.Tensor | None):
+    """:func:`reduce_into_cpu` split as a GPU splits it: the kernel compiled now (the host's
+    part), the computation returned as a function to run (the device's)."""
     kind, op, _ = plan(dst, sources, out, op)
-    launch(cpu_kernel(kind, op), _host_array(dst, kind),
-           [_host_array(s, kind) for s in sources],
-           None if out is None else _host_array(out, kind))
+    kernel = cpu_kernel(kind, op)
+    arrays = (_host_array(dst, kind), [_host_array(s, kind) for s in sources],
+              None if out is None else _host_array(out, kind))
+    return lambda: launch(kernel, *arrays)
 
 
 def launch(kernel, dst, sources, out) -> None:

@@ -97,7 +97,7 @@ def load(path_or_text, name: Optional[str] = None, *, deterministic: bool = True
     registry.register(program.collective, name, cost=cost_of(compiled), replace=True,
                       world=program.ngpus, auto=False)(schedule_of(compiled, name))
     try:
-        same = data_check(name, program)
+        same = data_check(name, compiled)
         if not same and deterministic:
             raise MscclError(f"{name}: the {program.collective} results are not bitwise identical across "
                              f"ranks (ranks reduce in different orders); load(..., deterministic=False) "

@@ -13,9 +13,8 @@ import torch
 
 from ..schedules import registry
 from ..sim.machine import Machine
-from ..sim.check import ResultError
 from .ir import load_program
-from .program import BUILDER, REPLICATED, cost_of, float_call, result_of, schedule_of
+from .program import BUILDER, REPLICATED, check_sizes, cost_of, first_wrong, float_call, result_of, schedule_of
 
 #: the simulated size when none is given: 1 MiB of float32
 DEFAULT_BYTES = 1 << 20
@@ -36,10 +35,8 @@ def report(path_or_text, machine: Optional[Machine] = None, nbytes: int = DEFAUL
     builder, n = BUILDER[program.collective], program.ngpus
     wrong, identical = None, None
     try:
-        try:
-            simulate(builder, name, world=n, numel=2 * program.nchunksperloop + 1, check=True, record=False)
-        except ResultError as error:
-            wrong = str(error)
+        for size in check_sizes(program):
+            wrong = wrong or first_wrong(name, compiled, size)
         if program.collective in REPLICATED and wrong is None:
             sim = simulate(builder, name, world=n, call=float_call(program.collective, n, 2 * program.nchunksperloop),
                            check=False, record=False)

@@ -15,7 +15,7 @@ import gzip
 import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 
 class MscclError(ValueError):
@@ -126,16 +126,28 @@ class Program:
         return table
 
 
-def _int(element, attr: str, where: str, default: Optional[int] = None) -> int:
+#: the protocols MSCCL's executor runs
+PROTOCOLS = ("Simple", "LL", "LL128")
+
+
+def _given(element) -> str:
+    return " ".join(f"{k}={v!r}" for k, v in element.attrib.items()) or "no attributes"
+
+
+def _str(element, attr: str, where: str) -> str:
+    """An attribute MSCCL's executor reads (msccl_parser.cc refuses an element without it)."""
     value = element.get(attr)
     if value is None:
-        if default is not None:
-            return default
-        raise MscclError(f"{where}: attribute {attr!r} is required and missing")
+        raise MscclError(f"{where}: attribute {attr!r} is required and missing (given: {_given(element)})")
+    return value
+
+
+def _int(element, attr: str, where: str) -> int:
+    value = _str(element, attr, where)
     try:
         return int(value)
     except ValueError:
-        raise MscclError(f"{where}: attribute {attr}={value!r} must be an integer") from None
+        raise MscclError(f"{where}: attribute {attr}={value!r} must be an integer (given: {_given(element)})") from None
 
 
 def read_text(path_or_text: str) -> str:
@@ -167,39 +179,39 @@ def parse(text: str) -> Program:
             raise MscclError(f"the root element must be <algo>, got <{root.tag}>")
         root = found
     where = "<algo>"
-    coll = root.get("coll")
-    if coll is None:
-        raise MscclError(f"{where}: attribute 'coll' is required and missing")
+    coll = _str(root, "coll", where)
     if coll not in COLLECTIVES:
         raise MscclError(f"{where}: coll={coll!r} is not one ringcoll runs; it runs "
                          f"{sorted(set(k for k in COLLECTIVES if '_' not in k))}")
+    proto = _str(root, "proto", where)
+    if proto not in PROTOCOLS:
+        raise MscclError(f"{where}: proto must be one of {list(PROTOCOLS)}, got {proto!r}")
     program = Program(
         name=root.get("name") or coll, collective=COLLECTIVES[coll], coll=coll,
         ngpus=_int(root, "ngpus", where), nchunksperloop=_int(root, "nchunksperloop", where),
-        nchannels=_int(root, "nchannels", where, 1), proto=root.get("proto", "Simple"),
-        # older MSCCLang output has inplace alone; a missing flag means the mode is allowed
-        inplace=bool(_int(root, "inplace", where, 1)), outofplace=bool(_int(root, "outofplace", where, 1)),
-        min_bytes=_int(root, "minBytes", where, 0), max_bytes=_int(root, "maxBytes", where, 0),
+        nchannels=_int(root, "nchannels", where), proto=proto,
+        inplace=bool(_int(root, "inplace", where)), outofplace=bool(_int(root, "outofplace", where)),
+        min_bytes=_int(root, "minBytes", where), max_bytes=_int(root, "maxBytes", where),
         gpus=[], text=text)
     for g in root.findall("gpu"):
         gw = f"<gpu id={g.get('id')}>"
-        gpu = Gpu(_int(g, "id", gw), _int(g, "i_chunks", gw, 0), _int(g, "o_chunks", gw, 0),
-                  _int(g, "s_chunks", gw, 0))
+        gpu = Gpu(_int(g, "id", gw), _int(g, "i_chunks", gw), _int(g, "o_chunks", gw), _int(g, "s_chunks", gw))
         for t in g.findall("tb"):
             tw = f"{gw} <tb id={t.get('id')}>"
-            tb = Threadblock(_int(t, "id", tw), _int(t, "send", tw, -1), _int(t, "recv", tw, -1),
-                             _int(t, "chan", tw, 0))
+            tb = Threadblock(_int(t, "id", tw), _int(t, "send", tw), _int(t, "recv", tw), _int(t, "chan", tw))
             if tb.id in gpu.tbs:
                 raise MscclError(f"{tw}: threadblock ids must be unique on a gpu, {tb.id} appears twice")
             for st in t.findall("step"):
-                sw = f"{tw} <step s={st.get('s')}>"
-                op = st.get("type")
+                sw = f"{tw} <step s={st.get('s')} type={st.get('type')!r}>"
+                op = _str(st, "type", sw)
                 if op not in OPCODES:
                     raise MscclError(f"{sw}: type must be one of {sorted(OPCODES)}, got {op!r}")
-                ins = Instruction(gpu.id, tb.id, _int(st, "s", sw), op, st.get("srcbuf", "i"),
-                                  _int(st, "srcoff", sw, -1), st.get("dstbuf", "o"), _int(st, "dstoff", sw, -1),
-                                  _int(st, "cnt", sw, 1), _int(st, "depid", sw, -1), _int(st, "deps", sw, -1),
-                                  bool(_int(st, "hasdep", sw, 0)))
+                hasdep = _int(st, "hasdep", sw)
+                if hasdep not in (0, 1):
+                    raise MscclError(f"{sw}: hasdep must be 0 or 1, got {hasdep}")
+                ins = Instruction(gpu.id, tb.id, _int(st, "s", sw), op, _str(st, "srcbuf", sw),
+                                  _int(st, "srcoff", sw), _str(st, "dstbuf", sw), _int(st, "dstoff", sw),
+                                  _int(st, "cnt", sw), _int(st, "depid", sw), _int(st, "deps", sw), bool(hasdep))
                 tb.steps.append(ins)
             gpu.tbs[tb.id] = tb
         program.gpus.append(gpu)
@@ -207,7 +219,7 @@ def parse(text: str) -> Program:
     return program
 
 
-def _expected_chunks(program: Program) -> Tuple[int, int]:
+def expected_chunks(program: Program) -> Tuple[int, int]:
     """(i_chunks, o_chunks) the collective implies for ``nchunksperloop`` chunks in all."""
     total, n = program.nchunksperloop, program.ngpus
     per_rank = total // n
@@ -234,7 +246,7 @@ def validate(program: Program) -> None:
     if program.collective != "all_reduce" and program.nchunksperloop % n:
         raise MscclError(f"<algo>: nchunksperloop={program.nchunksperloop} must be a multiple of "
                          f"ngpus={n} for {program.coll}")
-    want_i, want_o = _expected_chunks(program)
+    want_i, want_o = expected_chunks(program)
     for gpu in program.gpus:
         gw = f"<gpu id={gpu.id}>"
         # in-place programs often declare the buffer they never use with 0 chunks
@@ -270,6 +282,8 @@ def validate(program: Program) -> None:
                     pass
                 elif ins.cnt < 1:
                     raise MscclError(f"{sw}: cnt must be at least 1, got {ins.cnt}")
+                elif ins.cnt >= MAX_COUNT:
+                    raise MscclError(f"{sw}: cnt must be less than {MAX_COUNT} (MSCCL's MSCCL_MAX_COUNT), got {ins.cnt}")
                 _, _, reads, writes, _ = OPCODES[ins.op]
                 # only the sides an opcode touches are checked: a receive's src is unused
                 uses = ([("src", ins.srcbuf, ins.srcoff)] if reads else []) + \

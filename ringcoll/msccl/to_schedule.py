@@ -2,23 +2,34 @@
 message in the same step.
 
 MSCCL runs a rank's threadblocks concurrently and matches sends with receives per (peer,
-channel) connection; ringcoll runs a rank's steps in turn, posting a step's transfers together
-and its local work after them. The translation, done once per program in chunk units:
+channel) connection; its sends are **buffered**: a send copies its chunks into the
+connection's buffer when it is issued and goes on, so the sender may overwrite them at once
+(a ring that receives every chunk into one scratch slot, copies it out, forwards it and
+receives the next one into the same slot is a correct program). ringcoll runs a rank's steps
+in turn, posting a step's transfers together and its local work after them. The
+translation, done once per program in chunk units:
 
-1. every instruction becomes **events**: a send, a receive (with the local work that follows
-   it: the reduction of ``rrs``/``rrc``/``rrcs``), or local work (``cpy``, ``re``, ``nop``);
-   a fused opcode that forwards (``rcs``, ``rrs``, ``rrcs``) is a receive then a send one step
-   later (store and forward: a step's sends never read what its receives write). What
-   ``rrs`` forwards without storing is kept in a private temporary chunk range;
-2. program order within a threadblock and ``depid``/``deps`` order events, with a weight of
-   one step where the later one is a transfer that must see the earlier one's effect (local
-   work runs at the end of a step; a transfer that touches what an earlier receive wrote, or
-   a receive into what an earlier send reads), else zero;
-3. both ends of a message are merged; rings of send-then-receive threadblocks then form
-   zero-weight cycles, which collapse into one step, while a cycle of positive weight is a
-   dependency cycle (a program that cannot run) and is refused;
-4. each event's step is its longest path; a send and a receive of one rank left in the same
-   step on overlapping chunks get an extra one-step edge, and the order is recomputed.
+1. every instruction becomes **events** in its threadblock's program order: a receive (with
+   the local work that follows it: the reduction of ``rrs``/``rrc``/``rrcs``), local work
+   (``cpy``, ``re``, ``nop``), or for a send its **issue**, the point where MSCCL reads the
+   chunks; the **transfer** of a send is an event of its own, after its issue. A fused
+   opcode that forwards (``rcs``, ``rrs``, ``rrcs``) is a receive, then an issue one step
+   later (store and forward). What ``rrs`` forwards without storing is kept in a private
+   temporary chunk range;
+2. program order within a threadblock, ``depid``/``deps``, and issue -> transfer order events,
+   with a weight of one step where the later one must see the earlier one's effect (local
+   work runs at the end of a step; an issue or a receive that touches what an earlier
+   receive wrote), else zero. A write after an issue never waits for the issue's transfer
+   (the buffered send);
+3. a transfer and its matching receive are merged into one message. Every cycle left is
+   one in MSCCL's own order (a send waits for nothing but its threadblock and its depid;
+   a receive also for its message): the program deadlocks, and it is refused;
+4. each event's step is its longest path; two receives of one rank in the same step on
+   overlapping chunks, or a receive and a later issue reading what it writes, get an extra
+   one-step edge, and the order is recomputed;
+5. a transfer whose chunks its rank writes between the issue and the transfer (a receive
+   posted in the same step, or any write in the steps between) sends a **snapshot**: a
+   copy taken at the end of the step before the issue, which is what MSCCL's buffer holds.
 
 Within a step a rank posts its transfers by (sender, receiver, channel, index), which both
 ends of a connection agree on, and runs its local work in dependency order.
@@ -51,9 +62,9 @@ class LocalReduce:
 @dataclass
 class Event:
     gpu: int
-    kind: str                         # "send" | "recv" | "local"
+    kind: str                         # "issue" | "send" (its transfer) | "recv" | "local"
     peer: int = -1
-    region: Optional[Region] = None   # what a send reads or a receive writes
+    region: Optional[Region] = None   # what an issue or a send reads, or a receive writes
     local: Tuple = ()                 # LocalCopy / LocalReduce run after the step's transfers
     where: str = ""
     key: Tuple = ()                   # a transfer's (sender, receiver, channel, index)
@@ -73,6 +84,8 @@ class Compiled:
     steps: List[List[RankStep]]       # [rank][global step]
     messages: int
     temp_chunks: List[int]            # per rank: chunks of the temporary buffer t
+    #: sends that transfer a snapshot of their chunks (overwritten before the transfer)
+    snapshots: int = 0
     #: the cost in chunk units: steps with transfers, chunks on the wire and reduced on the
     #: critical path (per step, the busiest rank's)
     alpha: int = 0
@@ -113,10 +126,12 @@ def _overlap(a: Region, b: Region) -> bool:
 
 
 def _events(program: Program):
-    """The events of every instruction; (first, last) event of each, by instruction."""
+    """The events of every instruction; (first, last) event of each in program order, by
+    instruction; (receive, issue) pairs of a forwarding opcode; (issue, transfer) of each send."""
     events: List[Event] = []
     span: Dict[Tuple[int, int, int], Tuple[int, int]] = {}
-    inner: List[Tuple[int, int]] = []          # recv -> forwarding send: one step apart
+    inner: List[Tuple[int, int]] = []          # recv -> forwarding issue: one step apart
+    sends: List[Tuple[int, int]] = []          # issue -> its transfer
     sent: Dict[Tuple[int, int, int], int] = {}        # messages counted on each connection,
     received: Dict[Tuple[int, int, int], int] = {}    # by the sender and by the receiver
     for gpu in program.gpus:
@@ -139,32 +154,38 @@ def _events(program: Program):
                     k = (gpu.id, tb.send, tb.chan)
                     send_key = k + (sent.get(k, 0),)
                     sent[k] = send_key[-1] + 1
+                sends_from = None
                 if op == "s":
-                    events.append(Event(gpu.id, "send", tb.send, src, where=ins.where, key=send_key))
+                    sends_from = src
                 elif op == "r":
                     events.append(Event(gpu.id, "recv", tb.recv, dst, where=ins.where, key=recv_key))
                 elif op == "rcs":
                     events.append(Event(gpu.id, "recv", tb.recv, dst, where=ins.where, key=recv_key))
-                    events.append(Event(gpu.id, "send", tb.send, dst, where=ins.where, key=send_key))
+                    sends_from = dst
                 elif op == "rrs":
                     events.append(Event(gpu.id, "recv", tb.recv, temp, (LocalReduce(temp, (src,)),),
                                         where=ins.where, key=recv_key))
-                    events.append(Event(gpu.id, "send", tb.send, temp, where=ins.where, key=send_key))
+                    sends_from = temp
                 elif op in ("rrc", "rrcs"):
                     work = LocalReduce(dst, (temp,)) if src == dst else LocalReduce(temp, (src,), dst)
                     events.append(Event(gpu.id, "recv", tb.recv, temp, (work,), where=ins.where, key=recv_key))
                     if op == "rrcs":
-                        events.append(Event(gpu.id, "send", tb.send, dst, where=ins.where, key=send_key))
+                        sends_from = dst
                 elif op == "cpy":
                     events.append(Event(gpu.id, "local", local=(LocalCopy(dst, src),), where=ins.where))
                 elif op == "re":
                     events.append(Event(gpu.id, "local", local=(LocalReduce(dst, (src,)),), where=ins.where))
                 else:   # nop: a point others order against
                     events.append(Event(gpu.id, "local", where=ins.where))
-                if len(events) - first == 2:
-                    inner.append((first, first + 1))
+                if sends_from is not None:
+                    events.append(Event(gpu.id, "issue", tb.send, sends_from, where=ins.where))
+                    if len(events) - first == 2:
+                        inner.append((first, first + 1))
                 span[(gpu.id, tb.id, ins.s)] = (first, len(events) - 1)
-    return events, span, inner
+                if sends_from is not None:
+                    sends.append((len(events) - 1, len(events)))
+                    events.append(Event(gpu.id, "send", tb.send, sends_from, where=ins.where, key=send_key))
+    return events, span, inner, sends
 
 
 def _writes(event: Event) -> List[Region]:
@@ -177,14 +198,15 @@ def _writes(event: Event) -> List[Region]:
 
 
 def _weight(before: Event, after: Event) -> int:
-    """Steps between ``before`` and ``after`` when ``after`` must see ``before`` done."""
+    """Steps between ``before`` and ``after`` (consecutive in program order, or a depid) when
+    ``after`` must see ``before`` done."""
     if after.kind == "local":
         return 0                        # local work runs after the step's transfers
     if before.kind == "local" or before.local:
         return 1                        # ... so a transfer after it waits a step
     if before.kind == "recv":
         return 1 if any(_overlap(w, after.region) for w in _writes(before)) else 0
-    return 1 if after.kind == "recv" and _overlap(after.region, before.region) else 0
+    return 0                            # an issue: MSCCL's send took its copy of the chunks
 
 
 class _UnionFind:
@@ -253,7 +275,7 @@ def _sccs(nodes: List[int], adjacency: Dict[int, List[Tuple[int, int]]]) -> List
 
 def _order(events: List[Event], edges: List[Tuple[int, int, int]], uf: _UnionFind):
     """(step of each event, topological position of each event) by longest path over the
-    merged events; MscclError for a cycle that needs a positive number of steps."""
+    merged events; MscclError for a cycle (MSCCL itself would deadlock on it)."""
     adjacency: Dict[int, List[Tuple[int, int]]] = {}
     for a, b, w in edges:
         ra, rb = uf.find(a), uf.find(b)
@@ -265,18 +287,15 @@ def _order(events: List[Event], edges: List[Tuple[int, int, int]], uf: _UnionFin
         for m in members:
             comp_of[m] = c
     for a, b, w in edges:
-        ca, cb = comp_of[uf.find(a)], comp_of[uf.find(b)]
-        if ca == cb and w > 0:
-            raise MscclError(f"{events[b].where}: dependency cycle: it must come a step after "
-                             f"{events[a].where}, which (through matched sends and receives) must come "
-                             f"no later than it; the program cannot run")
+        if comp_of[uf.find(a)] == comp_of[uf.find(b)]:
+            raise MscclError(f"{events[b].where}: dependency cycle: it waits for {events[a].where}, which "
+                             f"(through program order, depid/deps and matched sends and receives) waits for "
+                             f"it; the program cannot run (MSCCL would deadlock on it too)")
     # longest path over components, in topological order (reverse of Tarjan's)
     level = [0] * len(components)
     comp_edges: Dict[int, List[Tuple[int, int]]] = {}
     for a, b, w in edges:
-        ca, cb = comp_of[uf.find(a)], comp_of[uf.find(b)]
-        if ca != cb:
-            comp_edges.setdefault(ca, []).append((cb, w))
+        comp_edges.setdefault(comp_of[uf.find(a)], []).append((comp_of[uf.find(b)], w))
     order = list(range(len(components) - 1, -1, -1))
     position = {c: p for p, c in enumerate(order)}
     for c in order:
@@ -288,29 +307,70 @@ def _order(events: List[Event], edges: List[Tuple[int, int, int]], uf: _UnionFin
     return steps, topo
 
 
-def _conflicts(events: List[Event], steps: List[int]):
-    """Pairs (a, b) of transfers of one rank in one step on overlapping chunks, where at
-    least one is a receive: ringcoll posts a step's transfers together."""
+def _conflicts(events: List[Event], steps: List[int], topo: List[int]) -> List[Tuple[int, int]]:
+    """Pairs (earlier, later) of one rank's events in one step that must be a step apart:
+    two receives into overlapping chunks (ringcoll posts a step's transfers together), or a
+    receive and an issue that reads what it writes. An issue before a receive into its
+    chunks needs no step: its transfer sends a snapshot (see :func:`_snapshots`)."""
     by_step: Dict[Tuple[int, int], List[int]] = {}
     for i, e in enumerate(events):
-        if e.kind != "local":
+        if e.kind in ("recv", "issue"):
             by_step.setdefault((e.gpu, steps[i]), []).append(i)
     found = []
     for members in by_step.values():
         recvs = [i for i in members if events[i].kind == "recv"]
-        if not recvs:
-            continue
         for r in recvs:
             for other in members:
-                if other != r and (events[other].kind == "send" or other > r) and \
-                        _overlap(events[r].region, events[other].region):
+                if other == r or topo[other] < topo[r] or (topo[other] == topo[r] and other < r):
+                    continue
+                if events[other].kind == "recv":
+                    hit = _overlap(events[r].region, events[other].region)
+                else:
+                    hit = any(_overlap(w, events[other].region) for w in _writes(events[r]))
+                if hit:
                     found.append((r, other))
     return found
 
 
+def _snapshots(events: List[Event], sends: List[Tuple[int, int]], steps: List[int], topo: List[int]) -> int:
+    """Make every transfer whose chunks its rank writes between the send's issue and the
+    transfer send a copy taken at the end of the step before the issue (MSCCL's buffered
+    send: what it sends is what the chunks held when it was issued). Adds the copies as
+    local events last in their step, shifting every step by one if a copy must come before
+    the first; returns the number of snapshots."""
+    writes: Dict[int, List[Tuple[int, int, Region]]] = {}     # rank -> (step, phase, region)
+    for i, e in enumerate(events):
+        if e.kind == "recv":
+            writes.setdefault(e.gpu, []).append((steps[i], 0, e.region))
+        for op in e.local:
+            for region in (op.dst, getattr(op, "out", None)):
+                if region is not None:
+                    writes.setdefault(e.gpu, []).append((steps[i], 1, region))
+    needed = []
+    for issue, transfer in sends:
+        first, last, region = steps[issue], steps[transfer], events[transfer].region
+        # a receive writes in its step's transfers, local work after them: the transfer reads
+        # the chunks in step ``last`` before local work
+        if any(_overlap(w, region) and first <= step and (step < last or (step == last and phase == 0))
+               for step, phase, w in writes.get(events[issue].gpu, ())):
+            needed.append((issue, transfer))
+    if needed and min(steps[issue] for issue, _ in needed) == 0:
+        steps[:] = [s + 1 for s in steps]
+    after_all = max(topo, default=0) + 1
+    for issue, transfer in needed:
+        e = events[transfer]
+        copy = (f"t{len(events)}", 0, e.region[2])
+        events.append(Event(e.gpu, "local", local=(LocalCopy(copy, e.region),), where=e.where))
+        steps.append(steps[issue] - 1)
+        topo.append(after_all)
+        after_all += 1
+        e.region = copy
+    return len(needed)
+
+
 def compile_program(program: Program) -> Compiled:
     """The program's global step order and each rank's steps (see the module's docstring)."""
-    events, span, inner = _events(program)
+    events, span, inner, sends = _events(program)
     uf = _UnionFind(len(events))
     by_key: Dict[Tuple, List[int]] = {}
     for i, e in enumerate(events):
@@ -321,7 +381,7 @@ def compile_program(program: Program) -> Compiled:
         if len(ends) == 2:          # validate() saw a receive for every send
             uf.union(ends[0], ends[1])
             messages += 1
-    edges: List[Tuple[int, int, int]] = [(a, b, 1) for a, b in inner]
+    edges: List[Tuple[int, int, int]] = [(a, b, 1) for a, b in inner] + [(a, b, 0) for a, b in sends]
     for gpu in program.gpus:
         for tb in gpu.tbs.values():
             previous = None
@@ -335,16 +395,14 @@ def compile_program(program: Program) -> Compiled:
                 previous = last
     for _ in range(10_000):
         steps, topo = _order(events, edges, uf)
-        conflicts = _conflicts(events, steps)
+        conflicts = _conflicts(events, steps, topo)
         if not conflicts:
             break
-        for a, b in conflicts:
-            if uf.find(a) == uf.find(b) or topo[a] == topo[b]:
-                raise MscclError(f"{events[b].where}: its transfer overlaps the chunks of {events[a].where} "
-                                 f"in the same step, and neither can move (a race in the program)")
-            first, second = (a, b) if topo[a] < topo[b] else (b, a)
-            edges.append((first, second, 1))
-    return _assemble(program, events, steps, topo, messages)
+        edges.extend((a, b, 1) for a, b in conflicts)
+    snapshots = _snapshots(events, sends, steps, topo)
+    compiled = _assemble(program, events, steps, topo, messages)
+    compiled.snapshots = snapshots
+    return compiled
 
 
 def _assemble(program: Program, events: List[Event], steps: List[int], topo: List[int], messages: int) -> Compiled:
@@ -356,6 +414,8 @@ def _assemble(program: Program, events: List[Event], steps: List[int], topo: Lis
     for i in order:
         e = events[i]
         place = ranks[e.gpu][steps[i]]
+        if e.kind == "issue":
+            continue                    # the point its transfer's chunks were read
         if e.kind != "local":
             comms.setdefault((e.gpu, steps[i]), []).append((e.key, e.kind, e.peer, _temp(e.region, temps)))
         for op in e.local:

@@ -61,8 +61,8 @@ from ..schedules import registry
 from ..config import settings
 from . import streams
 from .blocks import Blocks, independent, tensors_in, tensors_of
-from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_timeout, leave_notice,
-                       read_notices)
+from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_notice, group_timeout,
+                       leave_notice, read_notices)
 from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_enabled, fingerprint, pack_record,
                        print_bits, tag_of, unpack_record)
 from .local import resolve_local, run_resolved
@@ -175,7 +175,7 @@ class P2PExecutor:
             if self.stream_ordered(device):
                 transport = self._streamed(device, streams.cuda() if device.type == "cuda" else streams.emulated())
             elif device.type == "cpu" and self.transport_mode == "batched":
-                transport = BatchedTransport(NcclShim(group))
+                transport = BatchedTransport(NcclShim(group), notice=lambda: group_notice(self._store))
             else:
                 transport = HostTransport(group, stage=device.type != "cpu")
             self._transports[key] = transport
@@ -208,7 +208,8 @@ class P2PExecutor:
                 raise ValueError("RINGCOLL_TRANSPORT=streamed needs a group whose store c10d knows (a "
                                  "registered group, or an executor given store=)")
             comm = EmulatedNccl(private_gloo(self._store, self.rank, self.world, inner), inner)
-        return StreamTransport(comm, runtime, device, watchdog(), private=self._store is not None)
+        return StreamTransport(comm, runtime, device, watchdog(), private=self._store is not None,
+                               store=self._store, rank=self.rank)
 
     def close(self, how: str = "shutdown") -> None:
         """Close the private communicators of this executor's stream-ordered transports
@@ -318,6 +319,12 @@ class P2PExecutor:
         the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
+        if tag is None:                 # refused before anything is touched: the group stays usable
+            seq = (call.plan if isinstance(call, Prepared) else call).seq if seq is None else seq
+            if seq is None:
+                plan = call.plan if isinstance(call, Prepared) else call
+                raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
+                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
         try:
             return self._execute(call, seq, tag, caller, blocking)
         except BaseException as error:
@@ -342,10 +349,6 @@ class P2PExecutor:
         prepared = call if isinstance(call, Prepared) else self.prepare(call)
         plan, transport = prepared.plan, prepared.transport
         if tag is None:
-            seq = plan.seq if seq is None else seq
-            if seq is None:
-                raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
-                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
             name, tag = f"call #{seq} {plan.describe}", tag_of(seq, prepared.print_bits)
         else:
             name = plan.describe
@@ -377,25 +380,59 @@ class P2PExecutor:
 
     def _enqueue(self, prepared: "Prepared", name: str, tag: int, timeout: float, caller) -> InFlight:
         """The stream-ordered run of :meth:`execute`: everything the call does, its copies
-        before and after the schedule included, on the transport's stream."""
+        before and after the schedule included, enqueued on the transport's stream; the host's
+        part of each (Python, checks, kernel compiles and loads, allocations) runs here, now, as
+        on a GPU. Every kernel module the call's reductions need is compiled and loaded before
+        its first transfer is posted. The tensors the plan's hooks read or write are kept by
+        the call until it completes.
+
+        Enqueueing that raises (a hook, a local step's Python, a compile, an allocation, a
+        refused batch) leaves this rank's call incomplete while its peers' goes on, and NCCL
+        matches messages by order alone: the rank's next call would pair with the peers' this
+        one. So the group fails at once (its private communicator aborted, which fails the
+        peers' transfers of this call promptly), the error raises, and every later call raises
+        GroupFailedError."""
         transport = prepared.transport
         call = transport.open(name, timeout, len(prepared.steps), caller)
         call.on_failure = self._in_flight_failed
         try:
+            op = prepared.plan.op
+            for resolved in prepared.local:
+                for dst, src, out, nbytes in resolved:
+                    if nbytes is None:
+                        continue
+                    if op is None:
+                        raise RuntimeError("a Reduce step needs a reduction operator, and this collective has none")
+                    kernels.prepare_reduction(dst, src, op, out=out)
             for before in prepared.before:
-                transport.local(before)
+                transport.local(before, keep=True)
             self._run_steps(prepared, tag, timeout, name)
             for after in prepared.after:
-                transport.local(after)
-        except BaseException:
+                transport.local(after, keep=True)
+        except BaseException as error:
+            enqueued = len(call.steps)
             transport.drop()
+            if self.failure is None:      # a transfer's error has failed it already
+                failure = RuntimeError(
+                    f"ringcoll {name}: rank {self.rank}: enqueueing the call raised {type(error).__name__}: "
+                    f"{error} ({enqueued} of its {len(prepared.steps)} steps enqueued); its peers' transfers "
+                    f"of this call can no longer be matched in order, so the group is failed and its "
+                    f"communicator aborted")
+                failure.__cause__ = error
+                self._failed(failure, [call, call.touched, prepared.buffers])
             raise
         return transport.close(tensors_in(prepared.buffers))
 
     def _in_flight_failed(self, call: InFlight, error: TransferError) -> BaseException:
-        """The watchdog's report of a stream-ordered call that timed out or failed at a step:
-        the group fails (the private communicator is aborted) with the PeerError naming it."""
-        failure = self._peer_error(call.name, error.step, call.total, error, call.timeout)
+        """The watchdog's report of a stream-ordered call that timed out or failed at a step
+        (or whose local operation failed on the device, ``error.local``): the group fails (the
+        private communicator is aborted) with the error naming it."""
+        if getattr(error, "local", False):
+            failure = RuntimeError(f"ringcoll {call.name}: rank {self.rank}: a local operation failed on the "
+                                   f"stream: {type(error.error).__name__}: {error.error}")
+            failure.__cause__ = error.error
+        else:
+            failure = self._peer_error(call.name, error.step, call.total, error, call.timeout)
         if self.failure is None:
             self._failed(failure, [call.keep, call.steps])
         return failure

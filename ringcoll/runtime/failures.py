@@ -38,10 +38,13 @@ def get_timeout() -> Optional[float]:
 
 def group_timeout(pg, device: torch.device = torch.device("cpu")) -> float:
     """The timeout, in seconds, that ``pg`` (a registered ProcessGroup or a raw backend) was
-    created with; torch's default when it cannot be read."""
+    created with: its backend's for ``device`` (``options._timeout`` on gloo and NCCL; a
+    ``"ringcoll"`` group's own ``timeout``, as its Options are the user's algorithm choices);
+    torch's default when it cannot be read."""
     try:
         backend = pg._get_backend(device) if isinstance(pg, dist.ProcessGroup) else pg
-        return backend.options._timeout.total_seconds()
+        own = getattr(backend, "timeout", None)
+        return (own if isinstance(own, timedelta) else backend.options._timeout).total_seconds()
     except (AttributeError, RuntimeError):
         return DEFAULT_TIMEOUT
 
@@ -100,6 +103,8 @@ def _rebuild_mismatch(message, rank, differences, call):
 # -- the failure notice: what a failed rank leaves in its group's store -------------------------
 #: the key (in the group's store) under which rank r leaves the error that failed its group
 NOTICE = "ringcoll/failed/{rank}"
+#: the key any failed rank sets too: one look tells a polling peer that some rank failed
+GROUP_NOTICE = "ringcoll/failed"
 
 #: how long reading or leaving a notice may take: the store may be gone with a dead rank (it
 #: lives in rank 0's process under torchrun's default), and a failing call must not hang on it
@@ -135,8 +140,27 @@ def leave_notice(store, rank: int, text: str) -> None:
         return
     import threading
 
-    threading.Thread(target=lambda: _bounded(lambda: store.set(NOTICE.format(rank=rank), text.encode())),
-                     name="ringcoll-notice", daemon=True).start()
+    def leave():
+        store.set(NOTICE.format(rank=rank), text.encode())
+        store.set(GROUP_NOTICE, f"rank {rank}: {text}".encode())
+
+    threading.Thread(target=lambda: _bounded(leave), name="ringcoll-notice", daemon=True).start()
+
+
+def group_notice(store) -> Optional[str]:
+    """Whether some rank of the group has failed it (the text it left), in one store request:
+    what a peer that polls its transfers (the batched transport) looks at every
+    :data:`NOTICE_EVERY` seconds of a step, to fail fast instead of waiting out its timeout."""
+    if store is None:
+        return None
+    try:
+        return store.get(GROUP_NOTICE).decode(errors="replace") if store.check([GROUP_NOTICE]) else None
+    except Exception:  # noqa: BLE001 - a notice is best effort
+        return None
+
+
+#: how often a polling transport looks for a group notice while a step is incomplete
+NOTICE_EVERY = 0.25
 
 
 def read_notices(store, peers) -> dict:

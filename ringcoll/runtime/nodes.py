@@ -18,9 +18,10 @@ the whole call even as a group's first). At the group's first such call (every r
 it, whatever algorithm it runs), each rank
 contributes its own facts in one fixed-size record: its global rank, its
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` and its hostname. The group all-gathers the
-records once, with ringcoll's own ring on a tag of its own, through the group's executor (so
-raw backend groups and ``"ringcoll"``-backend groups get the layout as registered groups do),
-and every rank derives the layout from the same gathered list, by the first of:
+records once through its store (each rank sets its record under the exchange's key and reads
+the others': no device, no communicator, no message on any transport; a raw group built
+without a store uses ringcoll's own ring on a tag of its own instead), and every rank derives
+the layout from the same gathered list, by the first of:
 
 1. ``RINGCOLL_LOCAL_SIZE=L`` (set on every rank, to the same value): nodes of L consecutive
    global ranks (the last one may be smaller), which emulates nodes on one machine. Set on
@@ -36,8 +37,10 @@ rank by its own count gave each rank a different layout. The layout is kept per 
 its source (:func:`group_layout`), for every executor of the group (:func:`share_layout`: the
 drop-in's and the ``"ringcoll"`` backend's, so both paths see one layout from one exchange),
 keyed by this rank's record: a setting changed on every rank between calls takes effect,
-with a new exchange, at the next collective call. The cost: one ring all-gather of
-``world`` × 327-byte records per group (``world - 1`` steps), once.
+with a new exchange, at the next collective call. The cost: one store write and ``world - 1``
+store reads of 719-byte records per rank, once per group. An asynchronous call never waits for
+it on the caller's thread: at a group's first call it runs in the call's own run
+(``ringcoll.api._common.Context.late``; docs/design.md, Decisions).
 
 Outside a process group (the simulator), the layout is ``simulate(..., local_size=L)``'s
 (the context's ``nodes``), else ``RINGCOLL_LOCAL_SIZE``'s, else one node.
@@ -45,6 +48,7 @@ Outside a process group (the simulator), the layout is ``simulate(..., local_siz
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import socket
 import struct
@@ -106,11 +110,87 @@ def describe_layout(nodes: Nodes) -> str:
 
 
 # -- this rank's settings: the one place the layout reads the environment --------------------
-def _settings() -> Tuple[str, str]:
+#: the settings every rank of a group must share, because each changes which messages go where:
+#: RINGCOLL_SEGMENT the pipelined schedules' steps (how many messages, of what size);
+#: RINGCOLL_TRANSPORT the transport (``streamed`` runs on a private communicator, ``batched``
+#: through the NCCL-shaped shim: ranks on different ones never meet); RINGCOLL_CHECK an exchange
+#: of fingerprints before every call; RINGCOLL_ALGO, the tuning table's rows and the machine
+#: auto's model weighs (RINGCOLL_TUNING, RINGCOLL_MACHINE: their files' content) the algorithm;
+#: RINGCOLL_CUDA_TRANSPORT whether CUDA tensors go over NCCL or gloo. Not compared, as they
+#: change no message: RINGCOLL_WINDOW (how many steps are in flight: each peer's sends and
+#: receives are still posted in step order), RINGCOLL_PERSISTENT_PLANS (a kept plan is the plan a
+#: new build gives), RINGCOLL_KERNELS (the local reduction), the timeouts and the log.
+#: (RINGCOLL_LOCAL_SIZE and GROUP_RANK have rules of their own: :func:`agreed_layout`.)
+SHARED_SETTINGS = ("RINGCOLL_SEGMENT", "RINGCOLL_TRANSPORT", "RINGCOLL_CHECK", "RINGCOLL_ALGO",
+                   "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_CUDA_TRANSPORT")
+#: bytes of a shared setting's key and of the value its errors show (on the wire)
+KEY_BYTES, SHOWN_BYTES = 8, 48
+
+
+class Shared(NamedTuple):
+    """One setting of :data:`SHARED_SETTINGS` as a rank contributes it: ``key``, 8 bytes that
+    stand for what must agree (a digest of the value as the rank reads it, of a file's
+    content), and ``shown``, the value as the errors show it ("" when unset)."""
+
+    key: bytes
+    shown: str
+
+
+def shared_setting(value: str, shown: Optional[str] = None) -> Shared:
+    """A setting whose ``value`` (text, "" when unset) must agree, shown as ``shown`` (default
+    the value; cut to :data:`SHOWN_BYTES` with the key's digits, so values that differ never
+    look alike)."""
+    key = hashlib.blake2b(value.encode(), digest_size=KEY_BYTES).digest()
+    text = value if shown is None else shown
+    if len(text.encode()) > SHOWN_BYTES:
+        text = text.encode()[:SHOWN_BYTES - 12].decode(errors="ignore") + "..#" + key.hex()[:8]
+    return Shared(key, text)
+
+
+def file_setting(path: Optional[str], content: Optional[bytes]) -> Shared:
+    """A setting naming a file (RINGCOLL_TUNING, RINGCOLL_MACHINE): what must agree is the
+    file's ``content``, not its path (hosts may keep it in different places)."""
+    if path is None:
+        return shared_setting("")
+    digest = hashlib.blake2b(content or b"", digest_size=KEY_BYTES).hexdigest()
+    name = path.rsplit("/", 1)[-1]
+    shown = f"{name[:SHOWN_BYTES - 20]} (content {digest[:8]})"
+    return Shared(bytes.fromhex(digest), shown)
+
+
+_FILES: dict = {}           # path -> (mtime, content): a file is read again only when it changes
+
+
+def _content(variable: str, path: Optional[str]) -> Optional[bytes]:
+    if path is None:
+        return None
+
+    def load(name: str) -> bytes:
+        with open(name, "rb") as file:
+            return file.read()
+
+    return config.read_cached(_FILES, variable, path, load)
+
+
+def _settings(executor=None) -> Tuple[str, str, Tuple[Shared, ...]]:
     """This rank's ``RINGCOLL_LOCAL_SIZE`` and torchrun's ``GROUP_RANK`` as text ("" when
-    unset), checked by :mod:`ringcoll.config`."""
+    unset), checked by :mod:`ringcoll.config`, and its :data:`SHARED_SETTINGS`, in that order:
+    RINGCOLL_TRANSPORT and RINGCOLL_CHECK as ``executor`` runs them (it fixed them when it was
+    made), the others as a call reads them now."""
     current = settings()
-    return ("" if current.local_size is None else str(current.local_size), current.group_rank)
+    transport = getattr(executor, "transport_mode", None) or current.transport
+    check = getattr(executor, "check", None)
+    check = current.check if check is None else bool(check)
+    shared = (
+        shared_setting("" if current.segment is None else str(current.segment)),
+        shared_setting(transport),
+        shared_setting("on" if check else "off"),
+        shared_setting(repr(current.algo), current.algo_text),
+        file_setting(current.tuning, _content("RINGCOLL_TUNING", current.tuning)),
+        file_setting(current.machine, _content("RINGCOLL_MACHINE", current.machine)),
+        shared_setting(current.cuda_transport),
+    )
+    return ("" if current.local_size is None else str(current.local_size), current.group_rank, shared)
 
 
 def parse_local_size(value: str) -> int:
@@ -127,27 +207,39 @@ def local_size_from_env() -> Optional[int]:
 
 # -- the agreed layout of a process group ------------------------------------------------------
 class Facts(NamedTuple):
-    """What one rank contributes to its group's layout."""
+    """What one rank contributes to its group's layout, and the settings its ranks must share."""
 
     global_rank: int
     local_size: str         # RINGCOLL_LOCAL_SIZE, "" when unset
     group_rank: str         # torchrun's GROUP_RANK (its node's rank), "" when unset
     hostname: str
+    shared: Tuple[Shared, ...] = ()     # SHARED_SETTINGS, in that order (none: not compared)
 
 
 #: a rank's facts on the wire: fixed size, so the group all-gathers equal blocks; text fields
-#: cut at their width (a longer setting is no positive integer anyway; POSIX hostnames fit)
-RECORD = struct.Struct("<q32s32s255s")
+#: cut at their width (a longer setting is no positive integer anyway; POSIX hostnames fit),
+#: then each of SHARED_SETTINGS as its key and the value shown (:class:`Shared`)
+RECORD = struct.Struct("<q32s32s255s" + f"{KEY_BYTES}s{SHOWN_BYTES}s" * len(SHARED_SETTINGS))
 
 
 def pack_facts(facts: Facts) -> bytes:
+    shared = facts.shared or (Shared(b"", ""),) * len(SHARED_SETTINGS)
+    if len(shared) != len(SHARED_SETTINGS):
+        raise ValueError(f"facts must carry {len(SHARED_SETTINGS)} shared settings "
+                         f"({', '.join(SHARED_SETTINGS)}), got {len(shared)}")
     return RECORD.pack(facts.global_rank, *(text.encode()[:width] for text, width in
-                                             ((facts.local_size, 32), (facts.group_rank, 32), (facts.hostname, 255))))
+                                             ((facts.local_size, 32), (facts.group_rank, 32), (facts.hostname, 255))),
+                       *(field for one in shared for field in (one.key, one.shown.encode()[:SHOWN_BYTES])))
 
 
 def unpack_facts(record: bytes) -> Facts:
-    global_rank, *texts = RECORD.unpack(record)
-    return Facts(global_rank, *(text.rstrip(b"\0").decode(errors="replace") for text in texts))
+    global_rank, *fields = RECORD.unpack(record)
+
+    def text(raw: bytes) -> str:
+        return raw.rstrip(b"\0").decode(errors="replace")
+
+    shared = tuple(Shared(key, text(shown)) for key, shown in zip(fields[3::2], fields[4::2]))
+    return Facts(global_rank, *(text(raw) for raw in fields[:3]), shared)
 
 
 def _per_rank(values: Sequence[str]) -> str:
@@ -159,10 +251,30 @@ def _per_rank(values: Sequence[str]) -> str:
                      for value, members in ranks.items())
 
 
+def disagreeing_settings(facts: Sequence[Facts]) -> List[str]:
+    """Each of :data:`SHARED_SETTINGS` whose key is not the same on every rank of ``facts``, as
+    "RINGCOLL_SEGMENT: '4096' on rank [0], unset on rank [1]" (group ranks), in
+    SHARED_SETTINGS order. Facts without shared settings (made by hand) are not compared."""
+    if not facts or any(len(f.shared) != len(SHARED_SETTINGS) for f in facts):
+        return []
+    found = []
+    for index, name in enumerate(SHARED_SETTINGS):
+        if len({f.shared[index].key for f in facts}) > 1:
+            found.append(f"{name}: {_per_rank([f.shared[index].shown for f in facts])}")
+    return found
+
+
 def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
     """(nodes, source) from every group rank's facts, in group rank order (module docstring for
     the order of the sources). A pure function of the gathered list, so every rank derives the
-    same layout, or raises the same ValueError."""
+    same layout, or raises the same ValueError: first where a setting of
+    :data:`SHARED_SETTINGS` differs between ranks (every such setting, with each rank's value),
+    which would otherwise crash or hang the group's calls."""
+    differ = disagreeing_settings(facts)
+    if differ:
+        raise ValueError(f"settings that change which messages go where must be the same on every rank "
+                         f"of the group, got {'; '.join(differ)} (group ranks); set them alike in every "
+                         f"rank's environment")
     local_sizes = [f.local_size for f in facts]
     if len(set(local_sizes)) > 1:
         raise ValueError(f"RINGCOLL_LOCAL_SIZE must be the same on every rank of the group (the ranks "
@@ -182,14 +294,14 @@ def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
 
 def own_facts(executor) -> Facts:
     """This rank's facts: its global rank (the world's, when torch.distributed is initialised:
-    a raw or ringcoll-backend group's executor numbers its ranks from 0), its settings, its
-    hostname."""
+    a raw or ringcoll-backend group's executor numbers its ranks from 0), its node settings, its
+    hostname, and the settings its group's ranks must share (:data:`SHARED_SETTINGS`)."""
     import torch.distributed as dist
 
     global_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() \
         else executor.global_ranks[executor.rank]
-    local_size, group_rank = _settings()
-    return Facts(global_rank, local_size, group_rank, socket.gethostname())
+    local_size, group_rank, shared = _settings(executor)
+    return Facts(global_rank, local_size, group_rank, socket.gethostname(), shared)
 
 
 class Agreed(NamedTuple):
@@ -260,16 +372,25 @@ def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     known = known_layout(executor)
     if known is not None:
         return known
+    if executor.world == 1:
+        return _agree(executor, device, call)
+    # behind the calls queued before this one: an asynchronous call among them may be agreeing
+    # the layout in its run right now, and then this call reads what it agreed
+    return _in_call_order(lambda: known_layout(executor) or _agree(executor, device, call))
+
+
+def _agree(executor, device, call: str) -> Tuple[Nodes, str]:
+    """The exchange itself (:func:`group_layout`): this rank's record, every rank's, the layout."""
     owner, current = _owner(executor), settings()
     record = pack_facts(own_facts(executor))
-    if executor.world == 1:
-        gathered = [record]
-    else:
-        gathered = _in_call_order(lambda: _all_gather_records(executor, record, device, call))
+    gathered = [record] if executor.world == 1 else _all_gather_records(executor, record, device, call)
     nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
+    before = _AGREED.get(owner)
     _AGREED[owner] = Agreed(current, record, nodes, source)
-    log.info("group of %d ranks (rank %d): %s from %s", executor.world, executor.rank,
-             describe_layout(nodes), source)
+    # a new layout is news (INFO); the same one agreed again after a setting changed is not
+    news = before is None or (before.nodes, before.source) != (nodes, source)
+    log.log(logging.INFO if news else logging.DEBUG, "group of %d ranks (rank %d): %s from %s",
+            executor.world, executor.rank, describe_layout(nodes), source)
     return nodes, source
 
 
@@ -296,7 +417,7 @@ def context_layout(ctx) -> Tuple[Nodes, str]:
     return (0,) * ctx.world, "one node (no group)"
 
 
-def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
+def _in_call_order(exchange: Callable[[], object]):
     """Run ``exchange`` after every call this process queued before it (an NCCL group matches
     messages by order, not tag), on the caller's thread when nothing is queued; inline when
     already on the queue's worker thread (a call made from inside a queued one)."""
@@ -310,9 +431,64 @@ def _in_call_order(exchange: Callable[[], List[bytes]]) -> List[bytes]:
 
 
 def _all_gather_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
-    """Every group rank's ``record`` (equal sizes), in group rank order: a ring all-gather on
-    the executor's transport, on the layout's own tag (as check mode's fingerprint exchange,
-    ``P2PExecutor._check``). A failed transfer leaves the group failed, as any call's."""
+    """Every group rank's ``record`` (equal sizes), in group rank order: through the group's
+    store where the executor has one (every registered group, every ``"ringcoll"`` group),
+    else with a ring all-gather on the executor's transport (a raw group built without a
+    store). The store needs no device and no communicator: an NCCL-only group never makes one
+    on a GPU for it, and ranks whose transports differ still meet there."""
+    store = getattr(executor, "_store", None)
+    if store is not None:
+        return _store_records(executor, store, record, call)
+    return _ring_records(executor, record, device, call)
+
+
+#: each group's exchanges so far, by its owner (:func:`share_layout`), for the store's keys:
+#: every rank exchanges at the same calls, so the counts agree
+_EXCHANGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
+    """The exchange through the group's store: each rank sets its record under the exchange's
+    own key and reads every other rank's, waiting for them up to the step timeout; a rank that
+    does not come fails the exchange with a PeerError naming it and the call, and leaves the
+    group failed, as a transfer's timeout would."""
+    import time
+
+    from .failures import PeerError, get_timeout, group_timeout
+
+    owner = _owner(executor)
+    count = _EXCHANGES.get(owner, 0) + 1
+    _EXCHANGES[owner] = count
+    keys = [f"ringcoll/layout/{count}/{rank}" for rank in range(executor.world)]
+    executor.raise_if_failed()
+    seconds = get_timeout() or group_timeout(executor.group)
+    store.set(keys[executor.rank], record)
+    others = [key for rank, key in enumerate(keys) if rank != executor.rank]
+    # polled, never ``store.wait``: a store client serves one request at a time, and a wait
+    # for a late peer would hold every other store request of this process (another group's
+    # exchange, a failure notice, c10d's own) for as long
+    deadline, pause = time.monotonic() + seconds, 0.0005
+    while not store.check(others):
+        if time.monotonic() >= deadline:
+            missing = [rank for rank, key in enumerate(keys) if rank != executor.rank and not store.check([key])]
+            name = f"node layout exchange of {call}" if call else "node layout exchange"
+            failure = PeerError(
+                f"ringcoll {name}: rank {executor.rank}: rank{'s' if len(missing) != 1 else ''} "
+                f"{', '.join(map(str, missing)) or '(none missing now)'} did not reach the group's first "
+                f"collective call within {seconds:g} s (the group's store holds no record of "
+                f"{'theirs' if len(missing) != 1 else 'its'})",
+                rank=executor.rank, peer=missing[0] if len(missing) == 1 else None, step=0, peers=missing, call=name)
+            executor._failed(failure, [])
+            raise failure
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
+    return [record if rank == executor.rank else store.get(key) for rank, key in enumerate(keys)]
+
+
+def _ring_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
+    """Every group rank's ``record`` by a ring all-gather on the executor's transport, on the
+    layout's own tag (as check mode's fingerprint exchange, ``P2PExecutor._check``). A failed
+    transfer leaves the group failed, as any call's."""
     import torch
 
     from ..schedules import registry

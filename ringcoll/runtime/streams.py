@@ -9,9 +9,12 @@ methods, so the same code runs on two implementations:
 - :class:`CudaRuntime`: ``torch.cuda.Stream``/``Event``; ``launch(stream, fn)`` calls ``fn``
   at once with ``stream`` current, so the kernels and NCCL calls ``fn`` issues are enqueued on
   it and the host goes on.
-- :class:`EmulatedRuntime`: a CPU stand-in in which every stream is a thread that runs what
-  is launched on it in enqueue order (FIFO), an event is recorded when its stream reaches it,
-  and ``wait(stream, event)`` blocks that stream's thread, not the host. Collective batches
+- :class:`EmulatedRuntime`: a CPU stand-in in which every stream is a thread that runs the
+  device work launched on it in enqueue order (FIFO), an event is recorded when its stream
+  reaches it, and ``wait(stream, event)`` blocks that stream's thread, not the host. As on a
+  GPU, ``launch(stream, fn)`` runs ``fn``'s Python on the caller's thread at once (its checks,
+  compiles and allocations, and their errors, happen at enqueue); only the work that reads or
+  writes tensor data goes to the stream (:class:`_Deferring`, :func:`device_work`). Collective batches
   launched on such a stream really move bytes (over a private gloo group, see
   :class:`ringcoll.runtime.transport.stream.EmulatedNccl`), so a whole call runs with the host never
   waiting, and tests can hold a stream with a gate to show that a call returned before its
@@ -27,9 +30,13 @@ import contextlib
 import functools
 import queue
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import kernels
 
 
 class StreamRuntime:
@@ -50,8 +57,13 @@ class StreamRuntime:
         """A stream of ringcoll's own on ``device``."""
         raise NotImplementedError
 
-    def launch(self, stream, fn: Callable[[], None]) -> None:
-        """Enqueue ``fn``'s work on ``stream``."""
+    def launch(self, stream, fn: Callable[[], None], on_error: Optional[Callable] = None,
+               touched: Optional[list] = None) -> None:
+        """Enqueue ``fn``'s work on ``stream``: ``fn`` runs now, on the calling thread (its
+        Python, checks, kernel compiles, allocations: the host's part, whose errors raise here),
+        and the device work it issues goes on ``stream``. ``on_error``: told of an error of
+        that device work where it is known (the emulator's). ``touched``: the tensors that
+        ``fn``'s operations read or write are appended to it (what the call must keep alive)."""
         raise NotImplementedError
 
     @contextlib.contextmanager
@@ -61,8 +73,18 @@ class StreamRuntime:
         yield
 
     def record(self, stream):
-        """An event recorded on ``stream`` now (completes when the stream reaches it)."""
+        """An event recorded on ``stream`` now (completes when the stream reaches it): one of
+        :meth:`reuse`'s, else a new one."""
         raise NotImplementedError
+
+    def reuse(self, events) -> None:
+        """``events`` (completed, and read by no one any more) back to the pool :meth:`record`
+        takes from: events are reused, never destroyed on the watchdog's thread."""
+
+    def watching(self, device: torch.device):
+        """The context the watchdog reads a call's events in: ``device`` current and the thread's
+        stream-capture mode relaxed (a query is then legal while another thread captures)."""
+        return contextlib.nullcontext()
 
     def wait(self, stream, event) -> None:
         """Order ``stream`` after ``event``; the host does not block."""
@@ -78,6 +100,13 @@ class StreamRuntime:
 
     def capturing(self, device: torch.device) -> bool:
         """Whether the calling thread's current stream on ``device`` is capturing a graph."""
+        return False
+
+    def host_reads(self, device: torch.device) -> bool:
+        """Whether the host reads tensors on ``device`` at once, with no stream to order its
+        reads after a call (CPU memory): a synchronous call and ``Work.wait()`` then block the
+        host until the call has ended, as gloo's do. False for device memory, which the host
+        reads only through a synchronisation (CUDA: ``.cpu()``, ``.item()``)."""
         return False
 
     #: whether :meth:`new_future` gives stream-aware futures (else a call's future completes
@@ -110,19 +139,53 @@ class CudaRuntime(StreamRuntime):
     def new_stream(self, device):
         return torch.cuda.Stream(device=device)
 
-    def launch(self, stream, fn):
+    def launch(self, stream, fn, on_error=None, touched=None):
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
-            fn()
+            if touched is None:
+                fn()
+            else:
+                with _Recording(touched):
+                    fn()
 
     @contextlib.contextmanager
     def allocating(self, stream):
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
             yield
 
+    def __init__(self):
+        self._events: list = []          # events free for reuse (see StreamRuntime.reuse)
+        self._events_lock = threading.Lock()
+
     def record(self, stream):
-        event = torch.cuda.Event()
+        with self._events_lock:
+            event = self._events.pop() if self._events else None
+        if event is None:
+            event = torch.cuda.Event()
         event.record(stream)
         return event
+
+    def reuse(self, events):
+        with self._events_lock:
+            self._events.extend(event for event in events if event is not None)
+
+    @contextlib.contextmanager
+    def watching(self, device):
+        """torch's watchdog's guards: a ``CUDAGuard`` on the call's device and a thread-local
+        ``cudaStreamCaptureModeRelaxed`` (torch has no Python binding for
+        ``cudaThreadExchangeStreamCaptureMode``: it is called from the CUDA runtime torch
+        loaded; without one, no capture can be running either)."""
+        exchange = _capture_mode_exchange()
+        with torch.cuda.device(device):
+            if exchange is None:
+                yield
+                return
+            import ctypes
+            mode = ctypes.c_int(CAPTURE_MODE_RELAXED)
+            exchange(ctypes.byref(mode))         # mode now holds the thread's previous one
+            try:
+                yield
+            finally:
+                exchange(ctypes.byref(mode))
 
     def wait(self, stream, event):
         stream.wait_event(event)
@@ -157,9 +220,128 @@ class CudaRuntime(StreamRuntime):
                 tensor.record_stream(stream)
 
 
+#: cudaStreamCaptureMode's values (driver_types.h)
+CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=None)
+def _capture_mode_exchange():
+    """``cudaThreadExchangeStreamCaptureMode`` of the CUDA runtime library this process loaded
+    (torch's), or None where none is loaded (a CPU build)."""
+    import ctypes
+
+    candidates = [None]
+    try:
+        with open("/proc/self/maps") as maps:
+            candidates += sorted({line.split()[-1] for line in maps if "libcudart" in line})
+    except OSError:
+        pass
+    for library in candidates:
+        try:
+            function = ctypes.CDLL(library).cudaThreadExchangeStreamCaptureMode
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        function.restype = ctypes.c_int
+        return function
+    return None
+
+
+# -- what a launch touches, and the emulator's deferral ----------------------------------------
+def _tensors(value, into: list) -> None:
+    if isinstance(value, torch.Tensor):
+        into.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors(item, into)
+
+
+class _Recording(TorchDispatchMode):
+    """Runs every operation as it comes; appends each tensor it reads or writes to ``touched``."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would wrap ``__torch_dispatch__`` in ``_disable_dynamo``, which imports
+        dynamo at the mode's first use (seconds, inside a collective; and the import's own torch
+        operations would meet the mode). This mode never runs under torch.compile."""
+        return False
+
+    def __init__(self, touched: list):
+        super().__init__()
+        self.touched = touched
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        _tensors(args, self.touched)
+        _tensors(list(kwargs.values()), self.touched)
+        return self.run(func, args, kwargs)
+
+    def run(self, func, args, kwargs):
+        return func(*args, **kwargs)
+
+
+def _written(func, args, kwargs):
+    """The tensors ``func`` writes (its schema's ``Tensor(a!)`` arguments), or None when it
+    writes none."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        info = argument.alias_info
+        if info is not None and info.is_write:
+            written.append(args[position] if position < len(args) else kwargs.get(argument.name))
+    return written or None
+
+
+class _Deferring(_Recording):
+    """The emulator's device: operations that read or write tensor data are put on the stream
+    being launched on (run there, in order, on the stream's thread); views, allocations and
+    in-place metadata changes run now; an operation that neither writes its arguments nor is
+    one of those (``item()``, an out-of-place result the host would read) first waits for the
+    stream, then runs now."""
+
+    #: host-side operations: they allocate, or change no data
+    NOW = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+           torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
+           torch.ops.aten.new_empty_strided.default, torch.ops.aten._unsafe_view.default}
+
+    def __init__(self, put: Callable, synchronize: Callable, touched: list, allocator=None):
+        super().__init__(touched)
+        self.put, self.synchronize, self.allocator = put, synchronize, allocator
+
+    def run(self, func, args, kwargs):
+        if func.is_view or func in self.NOW or torch.Tag.inplace_view in func.tags:
+            return func(*args, **kwargs)
+        written = _written(func, args, kwargs)
+        if written is None:
+            self.synchronize()
+            return func(*args, **kwargs)
+        if self.allocator is not None:    # the device holds memory, not tensors
+            args, kwargs = self.allocator.raw(args), dict(zip(kwargs, self.allocator.raw(list(kwargs.values()))))
+        self.put(lambda: func(*args, **kwargs))
+        returns = len(func._schema.returns)
+        return None if returns == 0 else written[0] if returns == 1 else tuple(written)
+
+
+#: the emulator's launch in progress on this thread (its ``put``), for :func:`device_work`
+_launching = threading.local()
+
+
+def device_work(fn: Callable[[], None]) -> None:
+    """Device work that is not a torch operation (an emulated NCCL batch, a CPU kernel of
+    numba's): put on the stream the calling thread is launching on (the emulator's
+    :meth:`EmulatedRuntime.launch`), else run now."""
+    put = getattr(_launching, "put", None)
+    if put is None:
+        fn()
+    else:
+        put(fn)
+
+
 # -- the emulator ----------------------------------------------------------------------------
 class EmulatedEvent:
-    __slots__ = ("_done", "stream")
+    #: names of the threads events were destroyed on (tests: never the watchdog's)
+    destroyed_on: list = []
+
+    __slots__ = ("_done", "stream", "__weakref__")
 
     def __init__(self, stream):
         self._done = threading.Event()
@@ -167,6 +349,9 @@ class EmulatedEvent:
 
     def query(self) -> bool:
         return self._done.is_set()
+
+    def __del__(self):
+        EmulatedEvent.destroyed_on.append(threading.current_thread().name)
 
 
 class EmulatedStream:
@@ -197,6 +382,62 @@ class EmulatedStream:
         return f"EmulatedStream({self.name})"
 
 
+class ReusingAllocator:
+    """The emulator's stand-in for CUDA's caching allocator, at its most unforgiving: the memory
+    of a tensor whose storage is freed goes straight back to the next allocation of its size.
+    Under an emulated launch, device work holds such a tensor by its memory only (a non-owning
+    alias, as a kernel holds a pointer), so a tensor the host drops while a call still uses it
+    is reused and overwritten unless the call keeps it. Tensors come from :meth:`empty`."""
+
+    ALIGN = 64
+
+    def __init__(self, nbytes: int = 1 << 24):
+        import numpy as np
+
+        self.arena = np.zeros(nbytes, dtype=np.uint8)
+        self.whole = torch.from_numpy(self.arena)     # owns the arena, not the blocks
+        self.base, self.nbytes = self.whole.data_ptr(), nbytes
+        self._free: dict = {}
+        self._top = 0
+        self._lock = threading.Lock()
+
+    def empty(self, *size: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        numel = 1
+        for n in size:
+            numel *= n
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(-(-numel * itemsize // self.ALIGN) * self.ALIGN, self.ALIGN)
+        with self._lock:
+            blocks = self._free.get(nbytes)
+            if blocks:
+                offset = blocks.pop()
+            else:
+                offset, self._top = self._top, self._top + nbytes
+                if self._top > self.nbytes:
+                    raise MemoryError("the emulated allocator's arena is full")
+        block = self.arena[offset:offset + nbytes]
+        weakref.finalize(block, self._release, nbytes, offset)   # when the storage dies
+        return torch.from_numpy(block).view(dtype)[:numel].view(size)
+
+    def _release(self, nbytes: int, offset: int) -> None:
+        with self._lock:
+            self._free.setdefault(nbytes, []).append(offset)
+
+    def raw(self, values):
+        """``values`` (a tuple or list, nested) with each tensor of this allocator's replaced by
+        a non-owning alias of its memory."""
+        out = []
+        for value in values:
+            if isinstance(value, torch.Tensor) and self.base <= value.data_ptr() < self.base + self.nbytes:
+                start = value.untyped_storage().data_ptr() - self.base
+                value = self.whole.view(value.dtype).as_strided(
+                    value.size(), value.stride(), start // value.element_size() + value.storage_offset())
+            elif isinstance(value, (list, tuple)):
+                value = self.raw(value)
+            out.append(value)
+        return type(values)(out) if isinstance(values, tuple) else out
+
+
 class EmulatedRuntime(StreamRuntime):
     """CUDA's stream semantics on the CPU (see the module docstring). Each thread has a
     current stream per device (the device's default stream unless :meth:`use` says
@@ -209,6 +450,13 @@ class EmulatedRuntime(StreamRuntime):
         self._lock = threading.Lock()
         self._count = 0
         self.capture = False            # tests: pretend the current stream is capturing
+        #: tests: a graph captured on some thread in the global mode, as CUDA's: a query from
+        #: a thread whose capture mode is not relaxed then fails (and would invalidate it)
+        self.global_capture = False
+        self._events: list = []
+        #: tests: a :class:`ReusingAllocator` whose tensors the device work holds by their memory
+        #: only, as a GPU's kernels do (None: device work holds the tensors themselves)
+        self.allocator: Optional[ReusingAllocator] = None
 
     def _default(self, device):
         key = (device.type, device.index)
@@ -239,19 +487,64 @@ class EmulatedRuntime(StreamRuntime):
             self._count += 1
             return EmulatedStream(f"{device}-{self._count}", device)
 
-    def launch(self, stream, fn):
-        stream.put(fn)
+    def launch(self, stream, fn, on_error=None, touched=None):
+        """CUDA's split: ``fn`` runs now on the calling thread under :class:`_Deferring`, which
+        puts every operation that reads or writes tensor data (and every kernel launch and
+        batch: :func:`device_work`) on ``stream``, in order; views and allocations happen
+        now, as a GPU's host does them; an operation whose result the host reads (``item()``)
+        first waits for the stream, as CUDA's synchronising calls do."""
+
+        def put(work):
+            def run():
+                try:
+                    work()
+                except BaseException as error:  # noqa: BLE001 - the stream goes on
+                    if on_error is None:
+                        raise
+                    on_error(error)
+            stream.put(run)
+
+        outer = getattr(_launching, "put", None), getattr(kernels.device_work, "put", None)
+        _launching.put = kernels.device_work.put = put
+        try:
+            with _Deferring(put, lambda: self.synchronize(self.record(stream)),
+                            touched if touched is not None else [], self.allocator):
+                fn()
+        finally:
+            _launching.put, kernels.device_work.put = outer
 
     def record(self, stream):
-        event = EmulatedEvent(stream)
+        with self._lock:
+            event = self._events.pop() if self._events else None
+        if event is None:
+            event = EmulatedEvent(stream)
+        else:
+            event._done.clear()
+            event.stream = stream
         stream.put(event._done.set)
         return event
+
+    def reuse(self, events):
+        with self._lock:
+            self._events.extend(event for event in events if event is not None)
+
+    @contextlib.contextmanager
+    def watching(self, device):
+        saved = getattr(self._local, "relaxed", False)
+        self._local.relaxed = True
+        try:
+            yield
+        finally:
+            self._local.relaxed = saved
 
     def wait(self, stream, event):
         if stream is not event.stream:
             stream.put(event._done.wait)
 
     def query(self, event):
+        if self.global_capture and not getattr(self._local, "relaxed", False):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing "
+                               "(cudaEventQuery from another thread during a global-mode capture)")
         return event.query()
 
     def synchronize(self, event):
@@ -260,6 +553,15 @@ class EmulatedRuntime(StreamRuntime):
 
     def capturing(self, device):
         return self.capture
+
+    #: whether the emulator's CPU tensors stand for device memory, which the host reads only
+    #: after a synchronisation (tests of CUDA's semantics set it: a synchronous call then
+    #: returns once enqueued, ``wait()`` only orders the waiting stream); False, the default
+    #: (``RINGCOLL_TRANSPORT=streamed``): they are CPU memory, which the caller reads at once
+    device_memory = False
+
+    def host_reads(self, device):
+        return not self.device_memory
 
 
 @functools.lru_cache(maxsize=None)

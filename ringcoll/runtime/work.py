@@ -19,6 +19,20 @@ call returns once enqueued with the caller's stream ordered after the call's end
 ``wait()`` orders the waiting thread's current stream after it (the host does not block, but
 for a barrier), and ``get_future()`` is stream-aware (CUDA: ``Future(devices=[device])``,
 completed in the stream's order; DDP's reducer and comm hooks chain on it).
+
+**Completions run off the worker thread.** The worker only runs calls; a call it finished is
+completed (its future set, its ``then()`` callbacks run, then ``wait()`` released) by a
+completion thread, in the order the worker finished them. A callback may therefore make
+collective calls and wait for them, as torch's PowerSGD hook does inside its ``then()`` chain:
+the worker is free to run them. Before a callback blocks on ringcoll (it submits a call, or
+waits for a Work or asks for the future of one not yet complete), its thread hands the
+completion role on to another completion thread, so the nested call's own completion, and
+every later one, is not stuck behind it; callbacks still start in completion order. A
+callback that blocks on something else (a future taken before the callback ran, an event,
+a lock) holds later completions back until it returns. A call made from a callback takes its
+number where it is made, as a call from any thread: a program must order such calls the
+same way on every rank (gloo takes its tags the same way). Calls never overlap: a
+synchronous call run on its caller's thread holds the same turn as the worker's.
 """
 from __future__ import annotations
 
@@ -72,9 +86,10 @@ class Work(dist.Work):
         self._device = None
 
     def _finish(self, error: Optional[BaseException] = None) -> None:
-        """Complete the call: the futures first, then the event ``wait()`` blocks on, so that
-        whoever returns from ``wait()`` finds ``get_future()`` done (its chained callback runs
-        inside ``set_result``), as gloo's and NCCL's works guarantee."""
+        """Complete the call (on a completion thread, :class:`_Queue`): the futures first,
+        then the event ``wait()`` blocks on, so that whoever returns from ``wait()`` finds
+        ``get_future()`` done (its chained callback runs inside ``set_result``), as gloo's and
+        NCCL's works guarantee."""
         self._error = error
         if error is None:
             self._base.set_result(self._result)
@@ -86,6 +101,8 @@ class Work(dist.Work):
         """Block until the call completes (or ``timeout``, a timedelta, runs out: a
         :class:`WaitTimeout`); re-raise its error. ``timedelta(0)`` means no timeout."""
         seconds = timeout_seconds(timeout)
+        if not self._done.is_set():
+            _queue.hand_off()           # a callback about to block: later completions go on
         if not self._done.wait(seconds):
             raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
                               f"{seconds:g} s (the call is still running)")
@@ -105,6 +122,8 @@ class Work(dist.Work):
         return self._error
 
     def get_future(self) -> torch.futures.Future:
+        if not self._done.is_set():
+            _queue.hand_off()           # a callback that may wait on it (Future.wait)
         return self._future
 
     def result(self):
@@ -115,51 +134,136 @@ class Work(dist.Work):
         self.wait()
 
 
+#: per thread: whether it holds the completion role now (:meth:`_Queue.hand_off`)
+_role = threading.local()
+#: per thread: whether it is running a call now (then it holds the turn; a synchronous call made
+#: from inside that call runs inline, as it did before there was a turn)
+_running = threading.local()
+
+
 class _Queue:
+    """The per-process queue: one worker thread runs the calls in the order they were
+    submitted, one at a time (a synchronous call made with nothing pending runs on its
+    caller's thread instead, holding the same turn); completion threads complete them in
+    the order the worker finished them (module docstring).
+
+    ``_pending`` counts the calls submitted and not yet completed (queued, running, or
+    waiting for or running their completion): a synchronous call runs inline only when it
+    is 0, so every earlier call's future is done and its callbacks have returned, as
+    before. Exactly one completion thread at a time holds the completion role (``_turn_to_complete``)
+    and takes the next finished call; a thread that blocks inside a callback hands the role
+    on first (:meth:`hand_off`), to an idle completion thread or a new one."""
+
     def __init__(self):
         self._lock = threading.Lock()
         self._pending = 0
         self._tasks: "queue.Queue[tuple[Callable[[], None], Work, object]]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
+        self._turn = threading.Lock()                 # held while a call runs, wherever it runs
+        self._finished: "queue.Queue[tuple[Work, Optional[BaseException]]]" = queue.Queue()
+        self._turn_to_complete = threading.Lock()     # the completion role
+        self._idle = 0                                # completion threads waiting for the role
+        self._completers = 0                          # completion threads started (for tests)
+
+    def _start(self) -> None:
+        """Start the worker and the first completion thread (under ``_lock``)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
+            self._thread.start()
+            self._start_completer()
+
+    def _start_completer(self) -> None:
+        self._completers += 1
+        threading.Thread(target=self._completer, name=f"ringcoll-complete-{self._completers}",
+                         daemon=True).start()
 
     def _worker(self) -> None:
         while True:
             task, work, stream = self._tasks.get()
-            try:
-                if stream is None:
-                    task()
-                else:                       # the caller's device and stream, as it submitted
-                    with transport.base.streams.use(work._device, stream):
+            error = None
+            with self._turn:
+                _running.held = True
+                try:
+                    if stream is None:
                         task()
-                        work._event = transport.base.streams.record(work._device, stream)
-            except BaseException as error:  # noqa: BLE001 - handed to whoever waits
-                work._finish(error)
-            else:
-                work._finish()
+                    else:                       # the caller's device and stream, as it submitted
+                        with transport.base.streams.use(work._device, stream):
+                            task()
+                            work._event = transport.base.streams.record(work._device, stream)
+                except BaseException as failure:  # noqa: BLE001 - handed to whoever waits
+                    error = failure
+                finally:
+                    _running.held = False
+            self._finished.put((work, error))
+
+    def _completer(self) -> None:
+        """A completion thread: while it holds the role, complete the next finished call."""
+        while True:
             with self._lock:
-                self._pending -= 1
+                self._idle += 1
+            self._turn_to_complete.acquire()
+            with self._lock:
+                self._idle -= 1
+            work, error = self._finished.get()
+            _role.held = True
+            try:
+                work._finish(error)
+            finally:
+                if _role.held:                  # not handed on inside a callback
+                    _role.held = False
+                    self._turn_to_complete.release()
+                with self._lock:
+                    self._pending -= 1
+
+    def hand_off(self) -> None:
+        """Called where the current thread may block on ringcoll: if it holds the completion
+        role (it runs a callback), pass the role to an idle completion thread, or a new one,
+        so the calls it waits for, and every later call, still complete. Nothing otherwise."""
+        if not getattr(_role, "held", False):
+            return
+        _role.held = False
+        with self._lock:
+            if self._idle == 0:
+                self._start_completer()
+        self._turn_to_complete.release()
 
     def submit_work(self, task: Callable[[], None], work: Work) -> None:
         """Queue ``task`` for the worker, standing for ``work`` (which it completes itself)."""
+        self.hand_off()
         with self._lock:
             self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
-                self._thread.start()
+            self._start()
         self._tasks.put((task, work, None))
 
     def submit(self, task: Callable[[], None], async_op: bool, result=None, *,
                device: Optional[torch.device] = None, describe: str = "") -> Optional[Work]:
-        if not async_op and self._pending == 0:
-            # nothing queued: run now (a call racing in from another thread is ordered by the
-            # caller's own synchronisation; a lock around this read would not order it)
-            task()
+        self.hand_off()
+        if not async_op and getattr(_running, "held", False):
+            task()                              # made from inside a running call: its turn
             return None
+        if not async_op:
+            with self._lock:
+                inline = self._pending == 0
+                if inline:
+                    self._pending += 1          # a call submitted meanwhile queues behind this one
+            if inline:
+                # nothing pending: run now, on the caller's thread, holding the turn the worker
+                # takes, so it can never overlap a call the worker runs (one submitted
+                # meanwhile from a callback or another thread waits for it)
+                try:
+                    with self._turn:
+                        _running.held = True
+                        try:
+                            task()
+                        finally:
+                            _running.held = False
+                finally:
+                    with self._lock:
+                        self._pending -= 1
+                return None
         with self._lock:
             self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
-                self._thread.start()
+            self._start()
         work = Work(result, describe)
         stream = None
         if device is not None and device.type == "cuda":
@@ -180,7 +284,8 @@ def submit(task: Callable[[], None], async_op: bool, result=None, *,
     """Run ``task`` in call order: now, or as a Work when ``async_op``. ``device``: the call's
     tensors' device; a CUDA call run on the worker thread runs under the caller's device and
     current stream (recorded here, at submit). A CUDA call under graph capture is refused
-    (CUDA tensors over gloo: staging blocks the host, which capture forbids)."""
+    (CUDA tensors over gloo: staging blocks the host, which capture forbids). Safe from inside
+    a Work's future callback (module docstring)."""
     if device is not None and device.type == "cuda":
         _refuse_capture(streams.cuda(), device, describe)
     return _queue.submit(task, async_op, result, device=device, describe=describe)
@@ -196,7 +301,9 @@ def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
 class StreamWork(Work):
     """A stream-ordered call (see the module docstring). ``wait()`` raises the call's error
     once the watchdog has reported it (a PeerError naming the call and the step); before that
-    it orders the stream, as NCCL's."""
+    it orders the stream, as NCCL's. On memory the host reads at once (CPU tensors through the
+    emulator, ``RINGCOLL_TRANSPORT=streamed``: ``runtime.host_reads``) there is no stream to
+    order: ``wait()`` blocks the host until the call has ended, and raises its error."""
 
     def __init__(self, result, describe: str, runtime, device: torch.device, *, blocking: bool = False):
         super().__init__(result, describe)
@@ -231,7 +338,10 @@ class StreamWork(Work):
         self._done.set()
 
     def wait(self, timeout=None) -> bool:
+        from time import monotonic
+
         seconds = timeout_seconds(timeout)
+        start = monotonic()
         if not self._done.wait(seconds):          # queued behind a host call: until enqueued
             raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
                               f"{seconds:g} s (the call is still queued)")
@@ -240,8 +350,13 @@ class StreamWork(Work):
             raise self._error
         if call.failure is not None:
             raise call.failure
-        if self._blocking:                        # barrier: the host waits, as NCCL's
-            call.host_wait()
+        if self._blocking or self._runtime.host_reads(self._device):
+            # a barrier, as NCCL's; CPU memory (the emulator's tensors as a user's), which the
+            # caller reads at once: no stream of the caller's can be ordered after the call
+            left = None if seconds is None else max(seconds - (monotonic() - start), 0.0)
+            if not call.host_wait(left):
+                raise WaitTimeout(f"ringcoll {self._describe or 'collective'}: Work.wait timed out after "
+                                  f"{seconds:g} s (the call is still running)")
         else:
             self._runtime.wait(self._runtime.current(self._device), call.done)
         return True
@@ -266,13 +381,24 @@ def submit_stream(task: Callable[[object], object], async_op: bool, result, runt
     (an event of the calling thread's current stream, recorded here) and returns its InFlight.
     Enqueued now when nothing is queued on the worker thread, else by the worker in its turn.
     A synchronous call returns once enqueued, its caller's stream ordered after it; with
-    ``blocking`` (barrier) once it completed. ``queued``: enqueued by the worker even when
-    nothing is queued (a call whose run first waits on its peers: ``Plan.late``)."""
+    ``blocking`` (barrier), or on memory the host reads at once (CPU tensors), once it
+    completed, its result written. ``queued``: enqueued by the worker even when nothing is
+    queued (a call whose run first waits on its peers: ``Plan.late``)."""
     _refuse_capture(runtime, device, describe)
     caller = runtime.record(runtime.current(device))
     work = StreamWork(result, describe, runtime, device, blocking=blocking)
     if _queue._pending == 0 and not queued:
-        work._enqueued(task(caller))
+        if getattr(_running, "held", False):        # from inside a running call: its turn
+            work._enqueued(task(caller))
+        else:
+            # the turn the worker's calls take: two threads enqueueing on the stream at once
+            # never interleave their calls' batches (NCCL matches them by order)
+            with _queue._turn:
+                _running.held = True
+                try:
+                    work._enqueued(task(caller))
+                finally:
+                    _running.held = False
     else:
         _queue.submit_work(lambda: work._enqueued(task(caller)), work)
     if async_op:

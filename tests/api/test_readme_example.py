@@ -114,3 +114,20 @@ def test_a_link_to_a_missing_file_or_heading_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
     assert broken_links("docs/a.md") == ["missing.md: no file docs/missing.md",
                                          "a.md#no-such-heading: no heading #no-such-heading in docs/a.md"]
+
+
+def test_the_msccl_example_runs_as_printed_in_readme_and_docs(tmp_path):
+    """README's MSCCL block, saved as a script and run (its ranks re-import the script), and
+    docs/msccl.md shows the same block. It reads the XML from tests/data (linked into the run's
+    folder) and writes ring8.xml there."""
+    code = block("msccl")
+    with open(os.path.join(ROOT, "docs", "msccl.md")) as f:
+        assert f"```python\n{code}\n```" in f.read(), "docs/msccl.md's MSCCL block differs from README's"
+    (tmp_path / "tests").symlink_to(os.path.join(ROOT, "tests"))
+    (tmp_path / "msccl_example.py").write_text(code + "\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "msccl_example.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[4000.0, 4000.0, 4000.0, 4000.0]" in done.stdout.splitlines(), done.stdout
+    assert (tmp_path / "ring8.xml").read_text().startswith("<algo ")

@@ -14,7 +14,8 @@ import ringcoll
 import ringcoll.msccl as msccl
 from ringcoll.schedules import registry
 from ringcoll.msccl import MscclError
-from ringcoll.msccl.ir import load_program
+from ringcoll.msccl.ir import OPCODES, load_program, read_text
+from ringcoll.msccl.to_schedule import compile_program
 from ringcoll.selection import choose
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "msccl")
@@ -120,7 +121,7 @@ def refused(text: str, *patterns: str) -> str:
     return str(error.value)
 
 
-PAIR = """<algo name="pair" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1" outofplace="1">
+PAIR = """<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="1" outofplace="1" minBytes="0" maxBytes="0">
   <gpu id="0" i_chunks="1" o_chunks="2" s_chunks="0">
     <tb id="0" send="1" recv="1" chan="0">
       <step s="0" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
@@ -154,6 +155,42 @@ def test_a_dependency_cycle_is_refused():
         'type="r" srcbuf="o" srcoff="0"', 'type="s" srcbuf="o" srcoff="1"').replace('type="TMP"', 'type="r" srcbuf="o" srcoff="0"')
     assert text.count('type="r"') == 2 and text.index('type="r"') < text.index('type="s"')
     refused(text, r"<gpu id=\d> <tb id=0> <step s=\d type='[rs]'>", "dependency cycle")
+
+
+#: every attribute MSCCL's executor reads (msccl_parser.cc), by element: (element's first tag
+#: text in PAIR, attribute, how the error names the element)
+REQUIRED = [("<algo ", a, "<algo>") for a in ("coll", "ngpus", "nchunksperloop", "nchannels", "proto", "inplace",
+                                              "outofplace", "minBytes", "maxBytes")] + \
+           [('<gpu id="0"', a, "<gpu id=0>") for a in ("i_chunks", "o_chunks", "s_chunks")] + \
+           [('<tb id="0" send="1"', a, "<gpu id=0> <tb id=0>") for a in ("send", "recv", "chan")] + \
+           [('<step s="1" type="r" srcbuf="o" srcoff="1"', a, r"<gpu id=0> <tb id=0> <step s=1 type='r'>")
+            for a in ("srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")]
+
+
+@pytest.mark.parametrize("tag, attribute, where", REQUIRED, ids=[f"{t.split()[0][1:]}-{a}" for t, a, _ in REQUIRED])
+def test_a_missing_required_attribute_is_refused_naming_element_and_attribute(tag, attribute, where):
+    start = PAIR.index(tag)
+    end = PAIR.index(">", start)
+    element = PAIR[start:end]
+    cut = re.sub(rf' {attribute}="[^"]*"', "", element, count=1)
+    assert cut != element, (tag, attribute)
+    message = refused(PAIR[:start] + cut + PAIR[end:], re.escape(where), f"'{attribute}' is required")
+    assert "given:" in message, message          # what the element does have
+
+
+def test_a_step_without_cnt_is_refused_not_read_as_one_chunk():
+    text = PAIR.replace('type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1"',
+                        'type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1"')
+    assert text != PAIR
+    message = refused(text, r"<gpu id=0> <tb id=0> <step s=1 type='r'>", "'cnt' is required and missing")
+    assert "dstoff='1'" in message, message
+
+
+def test_a_count_msccl_cannot_run_is_refused():
+    # the executor's MSCCL_MAX_COUNT: a step moves fewer than 72 chunks
+    bad = PAIR.replace('dstoff="0" cnt="1"', 'dstoff="0" cnt="72"', 1)
+    assert bad != PAIR
+    refused(bad, r"<gpu id=0> <tb id=0> <step s=0 type='s'>", "cnt must be less than 72", "got 72")
 
 
 def test_a_chunk_out_of_range_is_refused():
@@ -367,3 +404,243 @@ def test_study_sweep_takes_a_loaded_program_at_its_own_world(loaded_names, tmp_p
     for row in ours:        # the exported ring costs what ringcoll's ring costs
         fields = row.split(",")
         assert fields[4] == ring[fields[3]].split(",")[4], (row, ring[fields[3]])
+
+
+# -- buffers reused along a chain (MSCCL's buffered sends) -----------------------------------
+
+#: hand-written 3-rank ring allgathers that receive every chunk into one scratch slot s[0],
+#: copy it out, forward it from s[0] and receive the next chunk into s[0]: one threadblock
+#: per rank, and one with separate send/receive threadblocks ordered by depid/deps
+SCRATCH_RING = ["ring_allgather_3_scratch", "ring_allgather_3_scratch_deps"]
+
+
+def xml_path(stem: str) -> str:
+    return os.path.join(DATA, stem + ".xml")
+
+
+def scratch_ring(copy_outs) -> str:
+    """The one-threadblock scratch ring with each rank's two copy-outs into ``copy_outs(rank)``
+    (output blocks): a well-formed program that computes the wrong all_gather when they are
+    not (left, the one before it)."""
+    text = open(xml_path("ring_allgather_3_scratch")).read()
+    gpus = text.split('<gpu id=')
+    for rank in range(3):
+        first, second = copy_outs(rank)
+        part = gpus[rank + 1]
+        part = re.sub(r'(<step s="3" type="cpy" srcbuf="s" srcoff="0" dstbuf="o" dstoff=")\d', rf"\g<1>{first}", part)
+        part = re.sub(r'(<step s="6" type="cpy" srcbuf="s" srcoff="0" dstbuf="o" dstoff=")\d', rf"\g<1>{second}", part)
+        gpus[rank + 1] = part
+    return '<gpu id='.join(gpus)
+
+
+@pytest.mark.parametrize("stem", SCRATCH_RING)
+def test_a_ring_that_reuses_one_scratch_slot_loads_and_gathers_exactly(stem, loaded_names):
+    name = msccl.load(xml_path(stem))
+    loaded_names.append(name)
+    compiled = msccl.loaded()[("all_gather", name)].compiled
+    # two rounds of 3 messages; the second forwards a copy of s[0] taken before it receives into it
+    assert (compiled.alpha, compiled.messages, compiled.snapshots) == (2, 6, 3)
+    for numel in (3, 6, 7, 3 * 5 + 1):
+        block = -(-numel // 3)
+        inputs = [(torch.empty(3 * block, dtype=torch.int64), torch.arange(block, dtype=torch.int64) + 10 * rank + 1)
+                  for rank in range(3)]
+        sim = ringcoll.simulate("all_gather_into_tensor", name, world=3, inputs=inputs, check=False)
+        want = torch.cat([inputs[rank][1] for rank in range(3)])
+        for rank, out in enumerate(sim.outputs):
+            got = out if isinstance(out, torch.Tensor) else torch.cat(list(out))
+            assert torch.equal(got, want), f"rank {rank} at {numel} elements: got {got.tolist()}, want {want.tolist()}"
+
+
+def test_the_scratch_reusing_rings_match_the_builtin_on_gloo(clusters):
+    files = [xml_path(stem) for stem in SCRATCH_RING]
+    for rank, rows in enumerate(clusters(3).run(run_loaded, files, [0, 1, 2, 3 * 4 + 1])):
+        assert len(rows) == 2 * 4
+        for file, numel, same, got in rows:
+            assert same, f"rank {rank}: {os.path.basename(file)} at {numel} elements per rank gives {got}"
+
+
+def test_a_scratch_ring_that_skips_a_block_is_a_wrong_result_never_written():
+    # every rank copies both received chunks into the block of its left neighbour: the block
+    # of its right neighbour is never written (rank 0: block 1, elements 2 and 3 at 6 elements)
+    text = scratch_ring(lambda rank: ((rank - 1) % 3, (rank - 1) % 3))
+    before = registered()
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="skips")
+    assert registered() == before
+    message = str(error.value)
+    assert "cycle" not in message, message
+    assert re.search(r"rank 0 output \(o chunk 1\): element 2 is never written, the definition gives 2\b", message), message
+
+
+def test_a_scratch_ring_that_swaps_two_blocks_is_a_wrong_result_naming_the_value():
+    # every rank copies the chunk of its left neighbour where the one before it belongs and back
+    text = scratch_ring(lambda rank: ((rank + 1) % 3, (rank - 1) % 3))
+    before = registered()
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="swaps")
+    assert registered() == before
+    message = str(error.value)
+    assert "cycle" not in message, message
+    # rank 0's block 1 holds rank 2's first element (1 + 2), the definition rank 1's (1 + 1)
+    assert re.search(r"rank 0 output \(o chunk 1\): element 2 is 3, the definition gives 2\b", message), message
+
+
+def test_check_reports_a_never_written_element_without_garbage(tmp_path, capsys):
+    from ringcoll.msccl.__main__ import main
+
+    (tmp_path / "skips.xml").write_text(scratch_ring(lambda rank: ((rank - 1) % 3, (rank - 1) % 3)))
+    assert main(["check", str(tmp_path / "skips.xml")]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"first wrong: +.*rank 0 output \(o chunk 1\): element \d+ is never written, the definition gives \d+", out), out
+
+
+def test_a_scratch_ring_that_copies_out_an_unwritten_slot_says_so_without_garbage():
+    # the last copy-out reads s[1], which nothing writes: the element holds no value of the program's
+    text = re.sub(r'(<step s="6" type="cpy" srcbuf="s" srcoff=")0', r"\g<1>1",
+                  open(xml_path("ring_allgather_3_scratch")).read()).replace('s_chunks="1"', 's_chunks="2"')
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="unwritten")
+    assert re.search(r"rank 0 output \(o chunk 1\): element 2 is only ever written from chunks nothing wrote "
+                     r"\(uninitialised memory\), the definition gives 2\b", str(error.value)), str(error.value)
+
+
+def test_a_send_then_a_receive_into_its_chunks_sends_what_they_held():
+    # every rank sends o[0] to its right and receives its left's o[0] into o[0] (MSCCL: the
+    # send took its copy first): a rotation, which all_reduce's check names with the value
+    gpus = "".join(f'''<gpu id="{r}" i_chunks="1" o_chunks="1" s_chunks="0"><tb id="0" send="{(r + 1) % 3}" recv="{(r - 1) % 3}" chan="0">
+      <step s="0" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="r" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb></gpu>''' for r in range(3))
+    text = ('<algo name="rotate" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="3" coll="allreduce" '
+            f'inplace="1" outofplace="0" minBytes="0" maxBytes="0">{gpus}</algo>')
+    compiled = compile_program(load_program(text))
+    assert (compiled.alpha, compiled.messages, compiled.snapshots) == (1, 3, 3)
+    with pytest.raises(AssertionError) as error:
+        msccl.load(text, name="rotate")
+    # rank 0 holds rank 2's first element (1 + 2); the sum is 1 + 2 + 3
+    assert re.search(r"rank 0 output \(o chunk 0\): element 0 is 3, the definition gives 6\b", str(error.value)), str(error.value)
+
+
+# -- ringcoll's run against MSCCL's semantics, instruction by instruction --------------------
+
+def msccl_semantics(program, inputs):
+    """Each rank's buffers after MSCCL runs ``program``: threadblocks run their steps in order,
+    a step waits for its depid's step and, if it receives, for a message on its connection;
+    a send is buffered (it takes its chunks when issued). ``inputs[rank]``: the value of each
+    input chunk. Buffers are dicts (buffer, chunk) -> value; never-written chunks are absent.
+    A program that cannot finish raises (MSCCL deadlocks)."""
+    from ringcoll.msccl.to_schedule import aliases
+
+    n = program.ngpus
+    memory, fifo = [], {}
+    for rank in range(n):
+        alias = aliases(program, rank)
+        target, base = alias.get("i", ("i", 0))
+        memory.append({(target, base + k): v for k, v in enumerate(inputs[rank])})
+
+    def cells(rank, buf, off, cnt):
+        target, base = aliases(program, rank).get(buf, (buf, 0))
+        return [(target, base + off + k) for k in range(cnt)]
+
+    def read(rank, buf, off, cnt):
+        return [memory[rank].get(c) for c in cells(rank, buf, off, cnt)]
+
+    def write(rank, buf, off, values):
+        for c, v in zip(cells(rank, buf, off, len(values)), values):
+            if v is None:
+                memory[rank].pop(c, None)
+            else:
+                memory[rank][c] = v
+
+    def add(a, b):
+        return [None if x is None or y is None else x + y for x, y in zip(a, b)]
+
+    done = {(g.id, tb.id): 0 for g in program.gpus for tb in g.tbs.values()}
+    while True:
+        moved = False
+        for gpu in program.gpus:
+            for tb in gpu.tbs.values():
+                pc = done[(gpu.id, tb.id)]
+                if pc == len(tb.steps):
+                    continue
+                ins = tb.steps[pc]
+                if ins.depid >= 0 and done[(gpu.id, ins.depid)] <= ins.deps:
+                    continue
+                inbox = fifo.setdefault((tb.recv, gpu.id, tb.chan), [])
+                if ins.receives and not inbox:
+                    continue
+                got = inbox.pop(0) if ins.receives else None
+                r, op = gpu.id, ins.op
+                src = read(r, ins.srcbuf, ins.srcoff, ins.cnt) if OPCODES[op][2] else None
+                out = None
+                if op == "s":
+                    out = src
+                elif op in ("r", "rcs"):
+                    write(r, ins.dstbuf, ins.dstoff, got)
+                    out = got
+                elif op == "rrs":
+                    out = add(got, src)
+                elif op in ("rrc", "rrcs"):
+                    out = add(got, src)
+                    write(r, ins.dstbuf, ins.dstoff, out)
+                elif op == "cpy":
+                    write(r, ins.dstbuf, ins.dstoff, src)
+                elif op == "re":
+                    write(r, ins.dstbuf, ins.dstoff, add(read(r, ins.dstbuf, ins.dstoff, ins.cnt), src))
+                if ins.sends:
+                    fifo.setdefault((r, tb.send, tb.chan), []).append(list(out))
+                done[(gpu.id, tb.id)] = pc + 1
+                moved = True
+        if all(done[(g.id, tb.id)] == len(tb.steps) for g in program.gpus for tb in g.tbs.values()):
+            return memory
+        assert moved, f"MSCCL deadlocks: {done}"
+
+
+def compare_with_msccl(text: str, name: str):
+    """Run ``text`` in the simulator at one element per chunk and compare every output
+    element MSCCL's semantics define with it; the number of elements compared."""
+    from ringcoll.msccl.program import cost_of, result_of, schedule_of
+    from ringcoll.msccl.to_schedule import aliases
+
+    program = load_program(text)
+    compiled = compile_program(program)
+    n, total, coll = program.ngpus, program.nchunksperloop, program.collective
+    per = total if coll == "all_reduce" else total // n
+    size = per if coll == "all_gather" else total
+    data = [[1000 * (rank + 1) + k + 1 for k in range(size)] for rank in range(n)]
+    out_numel = {"all_reduce": total, "all_gather": total, "all_to_all": total, "reduce_scatter": per}[coll]
+    calls = [(torch.tensor(data[r]),) if coll == "all_reduce" else
+             (torch.zeros(out_numel, dtype=torch.int64), torch.tensor(data[r])) for r in range(n)]
+    registry.register(coll, name, cost_of(compiled), replace=True, world=n, auto=False)(schedule_of(compiled, name))
+    try:
+        sim = ringcoll.simulate(BUILDER[coll], name, world=n, inputs=calls, check=False, record=False)
+    finally:
+        registry.unregister(coll, name)
+    memory = msccl_semantics(program, data)
+    compared = 0
+    for rank in range(n):
+        got = result_of(sim.outputs[rank]).tolist()
+        target, base = aliases(program, rank).get("o", ("o", 0))
+        for k in range(out_numel):
+            want = memory[rank].get((target, base + k))
+            if want is not None:
+                assert got[k] == want, f"{name}: rank {rank} output element {k}: ringcoll {got[k]}, MSCCL {want}"
+                compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("stem", sorted(PUBLIC) + SCRATCH_RING)
+def test_ringcolls_run_gives_what_msccl_gives(stem):
+    text = read_text(path(stem) if stem in PUBLIC else xml_path(stem))
+    assert compare_with_msccl(text, "semantics") > 0
+
+
+@pytest.mark.parametrize("wrong", ["skips", "swaps"])
+def test_a_wrong_program_gives_what_msccl_gives(wrong):
+    outs = {"skips": lambda rank: ((rank - 1) % 3, (rank - 1) % 3), "swaps": lambda rank: ((rank + 1) % 3, (rank - 1) % 3)}
+    assert compare_with_msccl(scratch_ring(outs[wrong]), wrong) > 0
+
+
+@pytest.mark.parametrize("collective, algorithm", EXPORTED + [("all_to_all", "pairwise")])
+def test_an_exported_schedule_runs_as_msccl_runs_it(collective, algorithm):
+    assert compare_with_msccl(msccl.export(collective, algorithm, 5), "semantics") > 0

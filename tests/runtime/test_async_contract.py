@@ -14,6 +14,7 @@ which waited in ``recv`` for rank 0's send: a deadlock until B's timeout.
 from __future__ import annotations
 
 import pytest
+from _util import environment
 
 from ringcoll.schedules import registry
 
@@ -43,11 +44,8 @@ def deadlock_pattern(entry: str, algorithms, machine_json: str) -> dict:
     path = os.path.join(tempfile.mkdtemp(), "machine.json")
     with open(path, "w") as file:
         file.write(machine_json)
-    env = {"RINGCOLL_LOCAL_SIZE": "2" if world > 2 else "1", "RINGCOLL_MACHINE": path}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
     results = {}
-    try:
+    with environment({"RINGCOLL_LOCAL_SIZE": "2" if world > 2 else "1", "RINGCOLL_MACHINE": path}):
         for algorithm in algorithms:
             ranks = list(range(world))
             if entry == "dist":
@@ -82,12 +80,6 @@ def deadlock_pattern(entry: str, algorithms, machine_json: str) -> dict:
                                       round(time.monotonic() - start, 1))
             dist.destroy_process_group(group_a)
             dist.destroy_process_group(group_b)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return results
 
 

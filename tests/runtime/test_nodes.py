@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import ringcoll_log
+from _util import environment, ringcoll_log
 from ringcoll.api._common import Context
 from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
@@ -425,3 +425,47 @@ def test_exchange_runs_in_call_order(clusters):
     nodes = ((0, 0, 1), "torchrun's GROUP_RANK")
     for rank, found in enumerate(clusters(3).run(exchange_behind_queued_calls)):
         assert found == ([6, 6], [3 * i + 3 for i in range(7)], [1, 2, 3, 30], nodes, nodes), rank
+
+
+def layout_through_the_store(absent: int) -> tuple:
+    """A fresh group's layout agreed through its store: no transport is made for it (no
+    communicator on any device) and no message moves; then a group whose rank ``absent``
+    never makes a collective call: the others' exchange fails within the timeout, naming it."""
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    from ringcoll.api._common import executor_context, group_executor
+    from ringcoll.runtime.failures import PeerError
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with environment({"RINGCOLL_TIMEOUT": None}):     # the group's own timeout applies
+        group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
+        executor = group_executor(group)
+        ctx = executor_context(executor)
+        made = dict(executor._transports)
+        lonely = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=2))
+        outcome = None
+        if rank != absent:
+            start = time.monotonic()
+            try:
+                executor_context(group_executor(lonely))
+            except PeerError as error:
+                outcome = (round(time.monotonic() - start, 1), error.peers, str(error))
+    dist.barrier()
+    for each in (group, lonely):
+        dist.destroy_process_group(each)
+    return ctx.nodes, made, outcome
+
+
+def test_the_layout_is_agreed_through_the_store(clusters):
+    """#37: the exchange needs no device and no communicator (the records are a few hundred
+    bytes; the group's store serves), and a rank that never comes is named within the timeout."""
+    for rank, (nodes, made, outcome) in enumerate(clusters(3).run(layout_through_the_store, 2)):
+        assert nodes == (0, 0, 0) and made == {}, (rank, nodes, made)
+        if rank == 2:
+            assert outcome is None
+            continue
+        seconds, peers, text = outcome
+        assert seconds < 4 and peers == (2,) and "rank 2 did not reach" in text, (rank, outcome)

@@ -22,6 +22,7 @@ test here fails on that code (most simply because none of it was there).
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -48,6 +49,34 @@ def sync() -> None:
     runtime.synchronize(runtime.record(runtime.current(CPU)))
 
 
+class device_memory:
+    """The emulator's CPU tensors standing for device memory while active (the host reads them
+    only after a synchronisation, as CUDA tensors): what the tests of CUDA's semantics need.
+    Outside it they are CPU memory, read at once (RINGCOLL_TRANSPORT=streamed for a user)."""
+
+    def __enter__(self):
+        self.saved = streams.emulated().device_memory
+        streams.emulated().device_memory = True
+
+    def __exit__(self, *exc):
+        streams.emulated().device_memory = self.saved
+
+
+def on_stream(stream, fn) -> None:
+    """``fn`` run on ``stream`` as device work (a kernel's): a launch runs its Python on the
+    host at once, as CUDA's, so a test's stand-in for a slow kernel is device work itself."""
+    streams.emulated().launch(stream, lambda: streams.device_work(fn))
+
+
+def on_device_memory(fn):
+    """``fn`` run with :class:`device_memory` active (a rank function of a CUDA-semantics test)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with device_memory():
+            return fn(*args, **kwargs)
+    return run
+
+
 class HostWaits:
     """Counts the host's waits inside ringcoll calls only (the test's own syncs excluded)."""
 
@@ -64,10 +93,19 @@ class HostWaits:
         return result
 
 
-def catalogue():
+def catalogue(as_device: bool = True):
     """Every collective x algorithm, one size per algorithm (rotating through 0, 1, world - 1,
     world + 1 and 1001), on the whole group and on a sub-group of world - 1 ranks, some calls
-    async; int64 exact data against the built-in on the same group."""
+    async; int64 exact data against the built-in on the same group. ``as_device``: the tensors
+    stand for device memory (:class:`device_memory`); else they are CPU memory, which every
+    call must have written when it returns (synchronous) or ``wait()`` returns."""
+    if as_device:
+        with device_memory():
+            return _catalogue(True)
+    return _catalogue(False)
+
+
+def _catalogue(as_device: bool):
     rank, world = dist.get_rank(), dist.get_world_size()
     wrong, waits, compared = [], HostWaits(), []
     sizes = (0, 1, world - 1, world + 1, 1001)
@@ -166,7 +204,8 @@ def catalogue():
         checks.append(("all_reduce int16", x, sum(data(world + 1, r) for r in members).to(torch.int16)))
         for work in pending:
             work.wait()
-        sync()
+        if as_device:
+            sync()                              # CPU memory: no sync, read at once
         for what, got, want in checks:
             if isinstance(got, list):
                 got, want = torch.cat(got), torch.cat(want)
@@ -197,6 +236,16 @@ def test_every_collective_and_algorithm_on_emulated_streams_with_no_host_wait(st
         assert waits == 0, f"rank {rank}: the host waited in {where}"
 
 
+def test_every_collective_and_algorithm_on_cpu_memory_returns_its_result(streamed):
+    """Issue #40 finding 4: ``RINGCOLL_TRANSPORT=streamed`` on CPU tensors, read at once as a
+    user does (no stream synchronisation): every synchronous call returns with its result
+    written, every async call's ``wait()`` with it. Old code: results read before they arrived."""
+    for rank, (transport, runtime, wrong, waits, where, compared) in enumerate(streamed.run(catalogue, False)):
+        assert (transport, runtime) == ("StreamTransport", "EmulatedRuntime")
+        assert compared > 0 and wrong == [], f"rank {rank}: {wrong}"
+
+
+@on_device_memory
 def gated():
     """A synchronous call while the caller's stream is held: it must return (enqueued) with the
     data not yet there, then complete once the gate opens."""
@@ -206,7 +255,7 @@ def gated():
     ringcoll.all_reduce(x.clone())                       # the group's set-up, outside the gate
     sync()
     gate = threading.Event()
-    runtime.launch(runtime.current(CPU), lambda: gate.wait(30))
+    on_stream(runtime.current(CPU), lambda: gate.wait(30))
     start = time.monotonic()
     before = streams.StreamRuntime.host_waits
     ringcoll.all_reduce(x, algorithm="ring")
@@ -225,6 +274,41 @@ def test_a_synchronous_call_returns_before_its_data_arrived(streamed):
         assert returned < 5 and untouched and waits == 0 and right
 
 
+def read_at_once():
+    """Every entry point on CPU tensors read at once, as a user reads them, with the last rank
+    late (its data arrives after the others' calls were enqueued): synchronous drop-in, async
+    drop-in + ``wait()``, ``dist.all_reduce`` on a "ringcoll" group, sync and async."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.new_group(list(range(world)), backend="ringcoll")
+    warm = data(4, rank)
+    ringcoll.all_reduce(warm)                            # set-ups outside the measured calls
+    dist.all_reduce(warm, group=backend)
+    want = sum(data(1001, r) for r in range(world))
+    out = {}
+    for name, reduce in (("sync drop-in", lambda x: ringcoll.all_reduce(x, algorithm="ring")),
+                         ("async drop-in + wait", lambda x: ringcoll.all_reduce(x, algorithm="ring",
+                                                                                async_op=True).wait()),
+                         ("dist.all_reduce", lambda x: dist.all_reduce(x, group=backend)),
+                         ("dist async + wait", lambda x: dist.all_reduce(x, group=backend, async_op=True).wait())):
+        x = data(1001, rank)
+        if rank == world - 1:
+            time.sleep(0.3)
+        reduce(x)
+        wrong = (x != want).nonzero()
+        out[name] = "right" if not len(wrong) else \
+            f"element {wrong[0].item()}: got {x[wrong[0]].item()}, want {want[wrong[0]].item()}"
+    return out
+
+
+def test_cpu_tensors_on_the_streamed_transport_hold_their_result_on_return(streamed):
+    """Issue #40 finding 4: on CPU tensors there is no stream the caller's reads are ordered on,
+    so a synchronous call and ``wait()`` return with the result written (the host waits). Old
+    code: every rank but the late one read its own input back."""
+    for rank, out in enumerate(streamed.run(read_at_once)):
+        assert set(out.values()) == {"right"}, f"rank {rank}: {out}"
+
+
+@on_device_memory
 def scratch_on_ringcoll_stream():
     """Every scratch or staging buffer the stream path allocates for a call, on which stream it
     was allocated: ringcoll's stream of the group (which alone uses it), never the caller's."""
@@ -262,6 +346,7 @@ def test_scratch_buffers_are_allocated_on_ringcoll_s_stream(streamed):
         assert count > 0 and on_ringcoll and not on_side and right
 
 
+@on_device_memory
 def ordered():
     """A producer on the caller's stream before an async call, a consumer after ``wait()``:
     the call reads what the producer wrote and the consumer reads the call's result, with the
@@ -279,13 +364,13 @@ def ordered():
         x, seen = torch.zeros(64, dtype=torch.int64), torch.zeros(64, dtype=torch.int64)
         side = runtime.new_stream(CPU)                   # the caller works on a side stream
         with runtime.use(side):
-            runtime.launch(side, lambda: (time.sleep(0.3), x.copy_(data(64, rank))))   # producer
+            on_stream(side, lambda: (time.sleep(0.3), x.copy_(data(64, rank))))        # producer
             before = streams.StreamRuntime.host_waits
             work = reduce(x)
             start = time.monotonic()
             work.wait()
             waited = time.monotonic() - start
-            runtime.launch(side, lambda: seen.copy_(x))                                 # consumer
+            on_stream(side, lambda: seen.copy_(x))                                      # consumer
             waits = streams.StreamRuntime.host_waits - before
             runtime.synchronize(runtime.record(side))
         out[name] = (type(work).__name__, waited < 0.25, waits, torch.equal(seen, want))
@@ -429,7 +514,10 @@ class FakeProcessGroupNccl:
         import os
         self.store, self.rank, self.size, self.timeout = store, rank, size, options._timeout
         self.env = {name: os.environ.get(name) for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                            "TORCH_NCCL_BLOCKING_WAIT")}
+                                                            "TORCH_NCCL_BLOCKING_WAIT",
+                                                            "TORCH_NCCL_ENABLE_MONITORING",
+                                                            "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                                                            "TORCH_NCCL_DESYNC_DEBUG")}
         self.aborted = False
         FakeProcessGroupNccl.made.append(self)
 
@@ -484,10 +572,14 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
     assert fake_nccl and transport.comm.pg is fake_nccl[0] and transport.comm.pg is not user
     private = fake_nccl[0]
     assert private.timeout.total_seconds() == private_timeout(7.0) > 7.0
-    assert private.env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+    # #37: nor does its heartbeat monitor dump through the global store and end the process
+    assert private.env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0",
+                           "TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+                           "TORCH_NCCL_DESYNC_DEBUG": "0"}
     import os
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"          # restored for the user's
     executor._failed(PeerError("timed out", rank=0, peer=1, step=0), [])
+    transport._aborting.join(5)                  # the abort runs on a thread of its own
     assert private.aborted and not user.aborted
 
 
@@ -665,8 +757,15 @@ def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
 
 
 # -- the transport and the watchdog in process, on a fake communicator ----------------------------
+from ringcoll.runtime.watchdog import Watchdog
+
+#: the in-process tests' watchdog (one thread, as the process's)
+WATCHDOG = Watchdog(period=0.002)
+
+
 class GatedComm:
-    """A communicator whose batches complete when ``gate`` is set (or fail once aborted)."""
+    """A communicator whose batches complete when ``gate`` is set (or fail once aborted); NCCL's
+    shape: ``start`` and ``join`` return at once, the wait is the stream's (device work)."""
 
     def __init__(self):
         self.gate, self.aborted, self.started = threading.Event(), False, []
@@ -676,24 +775,28 @@ class GatedComm:
 
     def start(self, ops):
         self.started.append(len(ops))
-        return ops
+        return {"error": None}
 
     def join(self, work):
-        while not self.gate.wait(0.01):
-            if self.aborted:
-                raise RuntimeError("NCCL communicator was aborted")
+        def wait():
+            while not self.gate.wait(0.01):
+                if self.aborted:
+                    work["error"] = RuntimeError("NCCL communicator was aborted")
+                    return
+
+        streams.device_work(wait)
 
     def failed(self, work):
-        return None
+        return work["error"]
 
     def abort(self):
         self.aborted = True
 
 
-def _enqueue_one(transport, timeout=0.3, local=None):
+def _enqueue_one(transport, timeout=0.3, local=None, name="call #1 all_reduce/ring 4xint64"):
     from ringcoll.schedules.vocabulary import Buf, Recv, Send
 
-    call = transport.open("call #1 all_reduce/ring 4xint64", timeout, 1)
+    call = transport.open(name, timeout, 1)
     items = [Send(1, Buf("data", 0, 2)), Recv(1, Buf("data", 2, 4))]
     step = transport.post(list(zip(items, [torch.ones(2), torch.zeros(2)])), 0)
     step.index = 0
@@ -717,6 +820,7 @@ def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
     with pytest.raises(Exception) as caught:
         first.host_wait()
     assert 0.25 <= time.monotonic() - start < 2.0
+    transport._aborting.join(5)                  # the abort runs on a thread of its own
     assert comm.aborted and caught.value.timed_out and caught.value.step == 0 and len(caught.value.items) == 2
     assert second.failure is first.failure
     drained = transport.runtime.record(transport.stream)
@@ -724,20 +828,27 @@ def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
 
 
 def test_a_local_operations_error_on_the_stream_is_the_calls():
-    """A reduction that raises on the emulated stream fails the call (its Work raises), not
-    only the stream's log."""
+    """A local operation's Python that raises raises at enqueue, on the caller's thread (as on
+    a GPU, where only device work is deferred); one whose device work fails on the emulated
+    stream fails the call (its Work raises), not only the stream's log."""
     from ringcoll.runtime.transport.stream import StreamTransport
-    from ringcoll.runtime.watchdog import Watchdog
 
     comm = GatedComm()
     comm.gate.set()
-    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
-    call = _enqueue_one(transport, timeout=5, local=lambda: 1 // 0)
+    transport = StreamTransport(comm, streams.emulated(), CPU, WATCHDOG)
+    on_host = threading.current_thread().name
+    seen = []
     with pytest.raises(ZeroDivisionError):
+        _enqueue_one(transport, timeout=5, local=lambda: seen.append(threading.current_thread().name) or 1 // 0)
+    assert seen == [on_host]
+    transport.drop()
+    small, large = torch.ones(2), torch.ones(3)
+    call = _enqueue_one(transport, timeout=5, local=lambda: small.add_(large))   # fails when it runs
+    with pytest.raises(Exception, match="size of tensor"):
         call.host_wait()
     ok = _enqueue_one(transport, timeout=5)
     ok.host_wait()
-    assert ok.failure is None and comm.started == [2, 2]
+    assert ok.failure is None and comm.started == [2, 2, 2]
 
 
 def test_the_private_communicators_set_up_has_a_deadline():
@@ -755,3 +866,421 @@ def test_the_private_communicators_set_up_has_a_deadline():
     with pytest.raises(TimeoutError, match="set-up"):
         NcclComm(group, torch.device("cuda", 0)).connect(time.monotonic() + 0.3)
     assert 0.25 <= time.monotonic() - start < 2 and group.aborted
+
+
+# -- a watchdog that cannot die (issue #36 item 4) ------------------------------------------------
+def _watched(runtime, comm=None, timeout=5.0, name="call #1 all_reduce/ring 4xint64", gate_open=True):
+    """One call of one step on a transport of its own, its failure reported as the executor's
+    (an error naming the call)."""
+    from ringcoll.runtime.transport.stream import StreamTransport
+
+    comm = comm or GatedComm()
+    if gate_open:
+        comm.gate.set()
+    transport = StreamTransport(comm, runtime, CPU, WATCHDOG)
+    call = _enqueue_one(transport, timeout=timeout, name=name)
+    call.on_failure = lambda call, error: RuntimeError(f"ringcoll {call.name}: {error}")
+    return transport, call
+
+
+def _settled(call, within: float = 3.0) -> bool:
+    return call._verdict.wait(within)
+
+
+class RefusingQueries(streams.EmulatedRuntime):
+    """Queries of the events in ``refused`` raise, as a sticky CUDA error would."""
+
+    def __init__(self):
+        super().__init__()
+        self.refused = set()
+
+    def query(self, event):
+        if id(event) in self.refused:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().query(event)
+
+
+def test_an_exception_reading_one_call_fails_that_call_and_the_watchdog_goes_on():
+    """A failing event query fails that call's group with an error naming the call; the
+    watchdog keeps serving the other calls, then and later. Old code: the exception killed the
+    watchdog's thread for good (no later call ever completed)."""
+    runtime = RefusingQueries()
+    _, bad = _watched(runtime, name="call #7 all_reduce/ring 4xint64")
+    runtime.refused.add(id(bad.steps[0].event))
+    _, good = _watched(runtime)
+    assert _settled(bad) and _settled(good)
+    assert good.failure is None
+    assert "call #7 all_reduce/ring" in str(bad.failure) and "illegal memory access" in str(bad.failure)
+    _, later = _watched(runtime)
+    assert _settled(later) and later.failure is None and WATCHDOG._thread.is_alive()
+
+
+def test_the_watchdog_reads_events_in_a_relaxed_capture_mode():
+    """While a graph is captured on another thread in the global mode, a query from a thread
+    whose capture mode is not relaxed fails (as cudaEventQuery does); the watchdog's are made
+    under the relaxed mode and calls complete. Old code: no capture-mode guard."""
+    runtime = streams.EmulatedRuntime()
+    runtime.global_capture = True
+    try:
+        transport, call = _watched(runtime)
+        assert _settled(call) and call.failure is None, call.failure
+        with pytest.raises(RuntimeError, match="capturing"):
+            runtime.query(call.done)             # this thread: not relaxed
+        with runtime.watching(CPU):
+            assert runtime.query(call.done)
+    finally:
+        runtime.global_capture = False
+
+
+def test_a_blocking_abort_does_not_stall_the_watchdog():
+    """A call past its deadline is failed and its communicator aborted, with the abort blocking
+    (ProcessGroupNCCL's can, up to its timeout): the failed call's verdict comes at once and a
+    call on another stream completes meanwhile. Old code: the abort ran on the watchdog's
+    thread, which stalled in it."""
+
+    class BlockingAbort(GatedComm):
+        def abort(self):
+            release.wait(30)
+            super().abort()
+
+    release = threading.Event()
+    try:
+        runtime = streams.emulated()
+        _, overdue = _watched(runtime, comm=BlockingAbort(), timeout=0.3, gate_open=False)
+        assert _settled(overdue) and "did not complete within the timeout" in str(overdue.failure)
+        _, other = _watched(runtime)
+        assert _settled(other) and other.failure is None
+    finally:
+        release.set()
+
+
+def test_the_watchdog_reuses_step_events_and_destroys_none():
+    """Step events of completed calls go back to the runtime's pool and are reused; no event is
+    destroyed on the watchdog's thread (cudaEventDestroy can hang). Old code: a new event per
+    step, dropped wherever the last reference went."""
+    import gc
+
+    runtime = streams.EmulatedRuntime()
+    streams.EmulatedEvent.destroyed_on.clear()
+    made = []
+    original = streams.EmulatedEvent.__init__
+
+    def counting(self, stream):
+        made.append(1)
+        original(self, stream)
+
+    streams.EmulatedEvent.__init__ = counting
+    try:
+        for _ in range(6):
+            _, call = _watched(runtime)
+            assert _settled(call) and call.failure is None
+            time.sleep(0.02)
+        gc.collect()
+    finally:
+        streams.EmulatedEvent.__init__ = original
+    assert len(made) < 6 * 3, len(made)             # caller, step and end events: steps reused
+    assert "ringcoll-watchdog" not in streams.EmulatedEvent.destroyed_on
+
+
+# -- an emulator as strict as CUDA (issue #36 item 3) ---------------------------------------------
+def raising_at_enqueue(where: str):
+    """The middle rank's local reduction raises MemoryError at enqueue (its Python, on the
+    caller's thread, as CUDA's host side would) in the middle of a ring all_reduce, or its
+    kernel's compile and load fails (``where`` = "compile"): what every rank sees of that call,
+    then of the next one on the group, and of a call on a fresh group."""
+    from ringcoll import kernels
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failing = world // 2
+    group = dist.new_group(list(range(world)))
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(60.0)                   # the peers must fail long before it
+    out = {}
+    try:
+        warm = data(12, rank)
+        ringcoll.all_reduce(warm, group=group, algorithm="ring")
+        transport = group_executor(group).transport(CPU)
+        batches = sum(1 for entry in transport.comm.shim.log if entry[0] == "batch")
+        seen, original = [], (kernels.reduce_into if where == "local" else kernels.prepare_reduction)
+
+        def failing_kernel(*args, **kwargs):
+            seen.append(threading.current_thread().name)
+            if len(seen) == 2:                   # the second reduction of the call
+                raise MemoryError("injected: out of memory in a local reduction")
+            return original(*args, **kwargs)
+
+        name = "reduce_into" if where == "local" else "prepare_reduction"
+        if rank == failing:
+            setattr(kernels, name, failing_kernel)
+        x = data(1001, rank)
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(x, group=group, algorithm="ring")
+            out["call"] = "returned: " + ("right" if torch.equal(x, sum(data(1001, r) for r in range(world)))
+                                          else f"WRONG {x[:3].tolist()}")
+        except Exception as error:  # noqa: BLE001 - reported
+            out["call"] = f"{type(error).__name__}: {error}"
+        finally:
+            setattr(kernels, name, original)
+        out["seconds"] = time.monotonic() - start
+        out["on host"] = all(thread == threading.current_thread().name for thread in seen)
+        if where == "compile" and rank == failing:
+            out["posted"] = sum(1 for entry in transport.comm.shim.log if entry[0] == "batch") - batches
+        y = data(7, rank)
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(y, group=group)
+            out["next"] = f"returned {y.tolist()}"
+        except Exception as error:  # noqa: BLE001 - reported
+            out["next"] = f"{type(error).__name__}: {error}"
+        out["next seconds"] = time.monotonic() - start
+        fresh = dist.new_group(list(range(world)))
+        z = data(5, rank)
+        ringcoll.all_reduce(z, group=fresh)
+        out["fresh"] = torch.equal(z, sum(data(5, r) for r in range(world)))
+    finally:
+        ringcoll.set_timeout(previous)
+    return out
+
+
+@pytest.mark.parametrize("where", ["local", "compile"])
+def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where):
+    """Issue #36 item 3: with a local reduction raising at enqueue on one rank mid-call (or its
+    kernel failing to compile before the call's first transfer), every rank raises for that call,
+    the failing rank's next call raises GroupFailedError at once, a fresh group works; never a
+    wrong value. The reduction's host part runs on the caller's thread. Old code: the emulator ran
+    it on the stream's thread; the failing rank's group stayed usable and its peers received
+    unreduced data."""
+    results = streamed.run(raising_at_enqueue, where)
+    world = len(results)
+    for rank, out in enumerate(results):
+        assert not out["call"].startswith("returned"), f"rank {rank}: {out}"
+        assert out["on host"], f"rank {rank}: the reduction ran on a stream's thread"
+        assert out["next"].startswith("GroupFailedError"), f"rank {rank}: {out}"
+        assert out["fresh"], f"rank {rank}: {out}"
+        assert out["seconds"] < 20, f"rank {rank}: peers must fail fast, not at the timeout: {out}"
+    failing = results[world // 2]
+    assert failing["call"].startswith("MemoryError: injected"), failing
+    assert "all_reduce/ring" in failing["next"] and "MemoryError" in failing["next"], failing
+    assert failing["next seconds"] < 0.5, failing
+    if where == "compile":
+        assert failing["posted"] == 0, failing          # compiled before the first transfer
+
+
+# -- tensor lifetime of async calls (issue #36 item 5) ---------------------------------------------
+@on_device_memory
+def dropped_before_wait():
+    """Each tensor a call's hooks read or write, dropped by the caller after an async call whose
+    stream is held, its memory handed straight to a new tensor that is then overwritten
+    (streams.ReusingAllocator: device work holds memory, not tensors, as a GPU's); then
+    ``wait()``. Per case: which of those tensors the call does not keep, whether the result is
+    right, whether the new tensors kept what was written into them."""
+    import gc
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    pool = runtime.allocator = streams.ReusingAllocator(1 << 22)
+    n = 2 * world + 1
+    out = {}
+    try:
+        ringcoll.all_reduce(data(4, rank))                   # set-up
+        sync()
+
+        def filled(values: torch.Tensor) -> torch.Tensor:
+            tensor = pool.empty(*values.shape, dtype=values.dtype)
+            tensor.copy_(values)
+            return tensor
+
+        def staged_list_input():
+            inputs = [filled(data(n, rank * world + j)) for j in range(world)]
+            output = torch.zeros(n, dtype=torch.int64)
+            work = ringcoll.reduce_scatter(output, inputs, algorithm="ring", async_op=True)
+            want = sum(data(n, r * world + rank) for r in range(world))
+            return work, inputs, lambda: torch.equal(output, want)
+
+        def premul_source():
+            source = filled(data(n * world, rank).double())
+            output = torch.zeros(n, dtype=torch.float64)
+            work = ringcoll.reduce_scatter_tensor(output, source, op=dist._make_nccl_premul_sum(2.0),
+                                                  algorithm="ring", async_op=True)
+            want = 2 * sum(data(n * world, r).double() for r in range(world))[rank * n:(rank + 1) * n]
+            return work, [source], lambda: torch.equal(output, want)
+
+        def write_back_target():
+            wide = filled(data(2 * n, rank).view(n, 2))
+            target = wide.t()                                # not contiguous: reduced through a copy
+            work = dist.all_reduce(target, group=backend, async_op=True)
+            return work, [wide], lambda: True                # the caller dropped its result
+
+        backend = dist.new_group(list(range(world)), backend="ringcoll")
+        warm = data(4, rank)
+        dist.all_reduce(warm, group=backend)
+        sync()
+        for name, start in (("staged list input", staged_list_input), ("PREMUL_SUM source", premul_source),
+                            ("write-back target", write_back_target)):
+            gate = threading.Event()
+            on_stream(runtime.current(CPU), lambda: gate.wait(30))     # the call waits behind it
+            work, dropped, right = start()
+            call = getattr(work, "_call", None)
+            kept = {t.untyped_storage().data_ptr() for t in (call.keep if call is not None else [])}
+            missing = [i for i, t in enumerate(dropped) if t.untyped_storage().data_ptr() not in kept]
+            shapes = [(t.shape, t.dtype) for t in dropped]
+            dropped.clear()                                  # the caller's last references
+            gc.collect()
+            reused = [pool.empty(*shape, dtype=dtype) for shape, dtype in shapes]
+            for tensor in reused:
+                tensor.fill_(-7)
+            gate.set()
+            work.wait()
+            sync()
+            out[name] = {"not kept": missing, "right": right(),
+                         "reused memory untouched": all(bool((t == -7).all()) for t in reused)}
+    finally:
+        runtime.allocator = None
+    return out
+
+
+def test_async_calls_keep_every_tensor_their_hooks_touch(streamed):
+    """Issue #36 item 5: staged list inputs, the PREMUL_SUM source and the write-back target of a
+    non-contiguous tensor are kept by the call (and recorded on ringcoll's stream) until it
+    completes: dropped by the caller before ``wait()``, their memory is not reused while the call
+    reads or writes it. Old code: the call kept its buffers only."""
+    for rank, out in enumerate(streamed.run(dropped_before_wait)):
+        for case, facts in out.items():
+            assert facts == {"not kept": [], "right": True, "reused memory untouched": True}, f"rank {rank} {case}: {facts}"
+
+
+def test_wait_with_a_timeout_on_cpu_memory_honours_it():
+    """On CPU memory ``wait()`` blocks the host until the call ends, and ``wait(timeout)``
+    raises WaitTimeout once the timeout has passed (the call goes on)."""
+    from datetime import timedelta
+    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.work import StreamWork, WaitTimeout
+
+    comm = GatedComm()
+    transport = StreamTransport(comm, streams.emulated(), CPU, WATCHDOG)
+    call = _enqueue_one(transport, timeout=10)
+    work = StreamWork([], "all_reduce/ring", streams.emulated(), CPU)
+    work._enqueued(call)
+    start = time.monotonic()
+    with pytest.raises(WaitTimeout, match="still running"):
+        work.wait(timedelta(seconds=0.2))
+    assert 0.15 <= time.monotonic() - start < 2
+    comm.gate.set()
+    assert work.wait() is True and call.finished
+
+
+def test_a_numba_cpu_kernel_is_device_work_in_the_emulator():
+    """A numba CPU reduction launched on an emulated stream compiles at once, on the caller's
+    thread (the host's part), and computes when the stream reaches it (not a torch operation, so
+    the dispatch mode alone would have run it at once)."""
+    pytest.importorskip("numba")
+    from ringcoll import kernels
+
+    runtime = streams.EmulatedRuntime()
+    stream = runtime.new_stream(CPU)
+    gate = threading.Event()
+    runtime.launch(stream, lambda: streams.device_work(lambda: gate.wait(30)))
+    dst, src = data(9, 0), data(9, 1)
+    runtime.launch(stream, lambda: kernels.reduce_into(dst, src, "sum", backend="numba"))
+    held = torch.equal(dst, data(9, 0))
+    gate.set()
+    runtime.synchronize(runtime.record(stream))
+    assert held and torch.equal(dst, data(9, 0) + data(9, 1))
+
+
+def watchdog_query_fails():
+    """Rank 0's event queries of one call on group A raise (a sticky CUDA error's stand-in):
+    what each rank sees of that call, of a call on group B meanwhile and after, and of the next
+    call on A."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    runtime = streams.emulated()
+    a, b = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
+    for group in (a, b):
+        ringcoll.all_reduce(data(4, rank), group=group)
+    previous = ringcoll.get_timeout()
+    ringcoll.set_timeout(20.0)
+    original = type(runtime).query
+    refused = set()
+
+    def query(self, event):
+        if id(event) in refused:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return original(self, event)
+
+    out = {}
+    try:
+        if rank == 0:
+            type(runtime).query = query
+        transport = group_executor(a).transport(CPU)
+        real_close = transport.close
+
+        def close(keep=()):
+            call = real_close(keep)
+            refused.update(id(step.event) for step in call.steps)
+            return call
+
+        transport.close = close
+        x = data(1001, rank)
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(x, group=a, algorithm="ring")
+            out["a"] = "returned " + ("right" if torch.equal(x, sum(data(1001, r) for r in range(world))) else "WRONG")
+        except Exception as error:  # noqa: BLE001 - reported
+            out["a"] = f"{type(error).__name__}: {error}"
+        out["a seconds"] = time.monotonic() - start
+        transport.close = real_close
+        y = data(7, rank)
+        ringcoll.all_reduce(y, group=b)
+        out["b"] = torch.equal(y, sum(data(7, r) for r in range(world)))
+        start = time.monotonic()
+        try:
+            ringcoll.all_reduce(data(3, rank), group=a)
+            out["next a"] = "returned"
+        except Exception as error:  # noqa: BLE001 - reported
+            out["next a"] = type(error).__name__
+        out["next a seconds"] = time.monotonic() - start
+    finally:
+        type(runtime).query = original
+        ringcoll.set_timeout(previous)
+    return out
+
+
+def test_a_failing_event_query_fails_its_group_and_the_watchdog_serves_the_others(streamed):
+    """Issue #36 item 4 through the executor: the failing rank's call raises an error naming the
+    call and the watchdog's failure (its peers' call completed: the transfers did), group B keeps
+    working on every rank, and group A is failed on every rank: the next call on it raises at
+    once where it failed, within seconds on its peers (the abort is told through the store).
+    Old code: the exception killed rank 0's watchdog; no later call there ever completed."""
+    results = streamed.run(watchdog_query_fails)
+    for rank, out in enumerate(results):
+        assert out["a"] in ("returned right",) or not out["a"].startswith("returned"), f"rank {rank}: {out}"
+        assert out["a seconds"] < 10 and out["b"] is True, f"rank {rank}: {out}"
+        assert out["next a"] in ("GroupFailedError", "PeerError") and out["next a seconds"] < 10, f"rank {rank}: {out}"
+    assert results[0]["next a"] == "GroupFailedError", results[0]
+    assert "call #" in results[0]["a"] and "all_reduce/ring" in results[0]["a"], results[0]
+    assert "watchdog could not read" in results[0]["a"] and "illegal memory access" in results[0]["a"], results[0]
+
+
+class FailingNccl(FakeProcessGroupNccl):
+    """A ProcessGroupNCCL (the fake stands for the class) whose eager connect fails as NCCL's does."""
+
+    def eager_connect_single_device(self, device):
+        raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp: unhandled system error (run with NCCL_DEBUG=INFO)")
+
+    def allreduce(self, tensors):
+        raise AssertionError("a lazy set-up was tried after NCCL's own eager connect failed")
+
+
+def test_a_failed_eager_connect_on_nccl_is_reported_as_itself(fake_nccl, monkeypatch):
+    """#37: ProcessGroupNCCL always has its eager connect, so its error is NCCL's: raised as it
+    is, never followed by a lazy set-up that blocks in the store past the deadline and reports
+    a timeout. A group standing in for NCCL without one (the gloo shim) still falls back."""
+    import time
+
+    from ringcoll.runtime.transport.shim import NcclComm
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FailingNccl, raising=False)
+    comm = NcclComm(FailingNccl(None, 0, 2, FakeProcessGroupNccl.Options()), torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="unhandled system error"):
+        comm.connect(time.monotonic() + 5)

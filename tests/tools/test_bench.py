@@ -213,6 +213,11 @@ def test_table_format():
     summary = report.summary_lines(rows)
     assert any("ring" in line and "0.50" in line for line in summary)
     assert any("pairwise" in line and "RuntimeError" in line for line in summary)
+    # an algorithm that handed back wrong elements is marked where its numbers are read (#40)
+    marked = [line for line in summary if "WRONG RESULTS" in line]
+    assert len(marked) == 1 and "pairwise" in marked[0] and "#wrong 7" in marked[0], summary
+    footer = report.avg_bus_bandwidth(rows)[0]
+    assert footer.count("WRONG") == 1 and "pairwise 0.004 (WRONG: 7 elements)" in footer, footer
 
 
 def test_choose_collectives():

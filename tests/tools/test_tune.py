@@ -81,3 +81,10 @@ def test_a_held_algorithm_missing_at_a_size_gives_way_to_the_fastest():
             row("rabenseifner", 4096, [20.0, 21.0, 22.0]), row("recursive_doubling", 4096, [19.0, 20.0, 23.0]),
             row("ring", 16384, [30.0, 31.0, 32.0]), row("recursive_doubling", 16384, [30.5, 31.0, 33.0])]
     assert tune.steady_choices(rows) == {1024: "ring", 4096: "recursive_doubling", 16384: "recursive_doubling"}
+
+
+def test_the_table_names_only_algorithms_auto_weighs():
+    """#40: ``--tune`` wrote rabenseifner_far (registered auto=False), a row auto skips."""
+    rows = [row("rabenseifner_far", 1024, [5.0] * 15), row("ring", 1024, [10.0] * 15)]
+    assert tune.steady_choices(rows) == {1024: "ring"}
+    assert [band.algorithm for band in tune.tuning_rows(rows, 4)] == ["ring"]

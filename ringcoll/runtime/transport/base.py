@@ -73,12 +73,22 @@ def _remaining(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.001)
 
 
-def poll(work, deadline: float, pause: float = 20e-6, longest: float = 1e-3) -> bool:
+def poll(work, deadline: float, pause: float = 20e-6, longest: float = 1e-3, give_up=None,
+         every: float = 0.25) -> bool:
     """Block the host until ``work`` completes (True) or ``deadline`` passes (False), polling
-    ``is_completed()`` with a pause that doubles from 20 us to 1 ms."""
+    ``is_completed()`` with a pause that doubles from 20 us to 1 ms. ``give_up``: asked every
+    ``every`` seconds while the work is incomplete (never in a step that completes sooner); a
+    true answer ends the wait at once (False)."""
+    start = time.monotonic()
+    asked = start + every
     while not work.is_completed():
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return False
+        if give_up is not None and now >= asked:
+            if give_up():
+                return False
+            asked = now + every
         time.sleep(pause)
         pause = min(pause * 2, longest)
     return True

@@ -13,9 +13,14 @@ class BatchedTransport:
 
     batched = True
 
-    def __init__(self, comm):
+    def __init__(self, comm, notice=None):
+        """``notice()``: the text a rank that failed the group left, or None (the executor's
+        look at the group's store), asked while a step waits: a peer's failure ends the wait
+        at once instead of at the deadline."""
         self.comm = comm
         self._ready = False
+        self._notice = notice
+        self._told = None
 
     def ready(self, deadline: float) -> None:
         """Set the communicator up (see NcclComm.connect); TimeoutError after ``deadline``."""
@@ -33,8 +38,12 @@ class BatchedTransport:
 
     def wait(self, handle, deadline: float) -> None:
         items, work = handle
-        if not poll(work, deadline):
+        if not poll(work, deadline, give_up=self._gave_up if self._notice is not None else None):
             self.comm.abort()
+            if self._told is not None:
+                raise TransferError(items, RuntimeError(f"a rank failed the group before this batch completed "
+                                                        f"({self._told}); the communicator was aborted"),
+                                    timed_out=False, batch=True)
             raise TransferError(items, TimeoutError("the batch did not complete within the timeout; "
                                                     "the communicator was aborted"),
                                 timed_out=True, batch=True)
@@ -43,6 +52,10 @@ class BatchedTransport:
         except Exception as error:  # noqa: BLE001
             self.comm.abort()
             raise TransferError(items, error, timed_out=False, batch=True) from error
+
+    def _gave_up(self) -> bool:
+        self._told = self._notice()
+        return self._told is not None
 
     def release(self, handle) -> None:
         pass

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
 from .base import NCCL_DTYPES, _remaining, poll
 
@@ -54,9 +55,12 @@ class NcclComm:
                 raise TimeoutError(_SETUP_TIMEOUT)
             if not errors:
                 return
-            if not isinstance(errors[0], RuntimeError):
+            if not isinstance(errors[0], RuntimeError) or _is_nccl(backend):
+                # ProcessGroupNCCL always has the eager connect: its error is NCCL's own, reported
+                # as itself (a lazy set-up behind it would block in the store past the deadline
+                # and call a real NCCL error a timeout)
                 raise errors[0]
-            # not supported by this build: post a collective
+            # not supported by this build (a group standing in for NCCL): post a collective
         work = self.pg.allreduce([torch.zeros(1, device=self.device)])
         if not poll(work, deadline):
             self.abort()
@@ -185,3 +189,9 @@ class NcclShim:
 def _c10_name(dtype: torch.dtype) -> str:
     return {torch.int16: "Short", torch.uint16: "UInt16", torch.complex64: "ComplexFloat",
             torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
+
+
+def _is_nccl(backend) -> bool:
+    """Whether ``backend`` is torch's ProcessGroupNCCL (absent from CPU builds of torch)."""
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    return isinstance(nccl, type) and isinstance(backend, nccl)

@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 
 from ...schedules.vocabulary import Send
-from ..streams import StreamRuntime
-from . import NcclShim, TransferError, wire
+from ..streams import StreamRuntime, device_work
+from . import NCCL_DTYPES, NcclShim, TransferError, wire
 
 #: ringcoll's deadline is at most this share of the private communicator's own timeout
 PRIVATE_MARGIN = 4.0
@@ -94,6 +94,7 @@ class InFlight:
         self.done = None                  # the call's end event
         self.failure: Optional[BaseException] = None
         self.keep: list = []              # tensors the stream uses, held until the call completes
+        self.touched: list = []           # tensors its hooks read or write (kept at close)
         self.error: Optional[BaseException] = None   # a local operation's, on the stream
         self.on_failure: Optional[Callable] = None   # (call, step index, TransferError) -> error
         self.enqueued = time.monotonic()
@@ -124,17 +125,23 @@ class InFlight:
             settled, self._settled = self._settled, []
         self._verdict.set()
         for fn in settled:
-            fn(self)
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a waiter's callback: the verdict stands for the others
+                pass
 
-    def host_wait(self) -> None:
+    def host_wait(self, seconds: Optional[float] = None) -> bool:
         """Block the host until the watchdog has seen the call end (its end event reached) or
-        fail (then raise its error): what a barrier, check mode and exchanges the host reads
-        need. Counted in ``StreamRuntime.host_waits``. Never longer than the watchdog's
-        deadline, even where an aborted transfer would keep the stream from its end event."""
+        fail (then raise its error): what a barrier, check mode, exchanges the host reads and
+        CPU memory need. Counted in ``StreamRuntime.host_waits``. Never longer than the
+        watchdog's deadline, even where an aborted transfer would keep the stream from its end
+        event; ``seconds``: at most that long (False if the call has not ended by then)."""
         StreamRuntime.host_waits += 1
-        self._verdict.wait()
+        if not self._verdict.wait(seconds):
+            return False
         if self.failure is not None:
             raise self.failure
+        return True
 
     def __repr__(self) -> str:
         return f"InFlight({self.name}, steps={len(self.steps)}/{self.total})"
@@ -146,13 +153,23 @@ class StreamTransport:
     batched = True
     streamed = True
 
-    def __init__(self, comm, runtime: StreamRuntime, device: torch.device, watchdog, *, private: bool = True):
+    def __init__(self, comm, runtime: StreamRuntime, device: torch.device, watchdog, *, private: bool = True,
+                 store=None, rank: Optional[int] = None):
+        """``store``, ``rank``: the group's store, on which an abort is told to the peers (the
+        private communicator made last on it is this transport's), and this rank."""
         self.comm, self.runtime, self.device, self.watchdog = comm, runtime, device, watchdog
         self.private = private            # whether comm's group is ringcoll's own (see shutdown)
+        self.rank = rank
+        key = (id(store), device.type)
+        self._store = store if private and store is not None and key in _made else None
+        self._aborted_key = f"ringcoll/private/{device.type}/{_made[key][1]}/aborted" if self._store else None
+        self.polled = 0.0                 # when the watchdog last asked whether a peer aborted
         self.stream = runtime.new_stream(device)
         self.call: Optional[InFlight] = None
         self.last: Optional[InFlight] = None
         self._ready = False
+        self._abort_lock = threading.Lock()
+        self._aborting: Optional[threading.Thread] = None
 
     def ready(self, deadline: float) -> None:
         """Set the private communicator up once, every rank together (the group's first call on
@@ -206,27 +223,27 @@ class StreamTransport:
         if step.error is not None:
             raise TransferError(step.items, step.error, timed_out=False, batch=True)
 
-    def local(self, fn: Callable[[], object]) -> None:
-        """A step's own copies and reductions, on the stream after its batch. An error where
-        the launch runs later (the emulator) is the call's: its Work raises it."""
+    def local(self, fn: Callable[[], object], keep: bool = False) -> None:
+        """A step's own copies and reductions (or a plan's hook), on the stream after its batch:
+        ``fn``'s Python runs now (an error raises here, as CUDA's host side does); an error of
+        its device work (known to the emulator) is the call's: the watchdog fails it. ``keep``:
+        every tensor ``fn``'s operations read or write is kept by the call until it completes
+        (and recorded on the stream), as NCCL keeps an async op's inputs and outputs: a plan's
+        hooks name the caller's tensors and staging copies, which the caller may drop."""
         call = self.call
 
-        def run():
-            try:
-                fn()
-            except BaseException as error:  # noqa: BLE001 - reported by the watchdog
-                if call.error is None:
-                    call.error = error
+        def failed(error):
+            if call.error is None:
+                call.error = error
 
-        self.runtime.launch(self.stream, run)
-        if call.error is not None:       # known at once where launching runs it (CUDA)
-            raise call.error
+        self.runtime.launch(self.stream, fn, on_error=failed, touched=call.touched if keep else None)
 
     def close(self, keep=()) -> InFlight:
         """End the call: its end event, handed to the watchdog."""
         call, self.call = self.call, None
         call.done = self.runtime.record(self.stream)
-        call.keep = list(keep)
+        call.keep = _unique(list(keep) + call.touched)
+        call.touched = []
         self.runtime.keep_alive(call.keep, self.stream)
         self.watchdog.watch(call)
         self.last = call
@@ -251,17 +268,69 @@ class StreamTransport:
         pass
 
     def abort(self) -> None:
-        self.comm.abort()
+        """Abort the communicator, on a thread of its own: ProcessGroupNCCL's ``abort()`` can
+        block up to the group's timeout, and the watchdog (which calls this) must not. Once."""
+        with self._abort_lock:
+            if self._aborting is not None:
+                return
+            self._aborting = threading.Thread(target=self._abort, name="ringcoll-abort", daemon=True)
+        self._aborting.start()
+
+    def _abort(self) -> None:
+        if self._store is not None:       # first: the peers' transfers of the call fail fast
+            try:
+                self._store.set(self._aborted_key, f"rank {self.rank}")
+            except Exception:  # noqa: BLE001 - the peers then learn of it at their deadline
+                pass
+        try:
+            self.comm.abort()
+        except Exception:  # noqa: BLE001 - best effort: the group is failed either way
+            pass
+
+    def peer_aborted(self) -> Optional[str]:
+        """Which rank aborted this communicator (``"rank 2"``), or None. gloo's abort (and NCCL's,
+        unless a network error tells them) leaves the peers' pending transfers waiting until
+        their deadline; so an aborting rank says so on the group's store, which the watchdog
+        reads for a call stalled at a step (torch's NCCL propagates its errors likewise)."""
+        if self._store is None:
+            return None
+        try:
+            if self._store.check([self._aborted_key]):
+                return self._store.get(self._aborted_key).decode()
+        except Exception:  # noqa: BLE001 - no answer: the deadline stands
+            return None
+        return None
+
+
+def _unique(tensors: list) -> list:
+    seen, unique = set(), []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            unique.append(tensor)
+    return unique
 
 
 # -- the emulated NCCL communicator ---------------------------------------------------------
+class _EmulatedBatch:
+    """A batch of the emulated communicator: posted when its stream reaches it."""
+
+    __slots__ = ("work", "error")
+
+    def __init__(self):
+        self.work, self.error = None, None
+
+
 class EmulatedNccl:
     """NCCL on an emulated device (see the module docstring): :class:`NcclShim` (one tag, NCCL's
-    dtype list, one Work per batch settled by its waiter thread) on a private gloo group.
-    ``start`` posts a batch's sends and receives when the stream reaches it; ``join`` blocks
-    the stream's thread (not the host) until the batch completes, or until the communicator is
-    aborted: gloo's abort does not fail the waits already blocked, so the stream must not sit
-    in one (a stalled stream would keep a barrier's host from the watchdog's verdict)."""
+    dtype list, one Work per batch settled by its waiter thread) on a private gloo group, split
+    as NCCL's calls are: ``start`` and ``join`` are host calls that return at once (an
+    aborted communicator or a refused dtype raises there); what they enqueue runs on the
+    stream (:func:`ringcoll.runtime.streams.device_work`): the batch's sends and receives are
+    posted when the stream reaches them, and the stream's thread (not the host) waits for the
+    batch, or until the communicator is aborted: gloo's abort does not fail the waits already
+    blocked, so the stream must not sit in one (a stalled stream would keep a barrier's host
+    from the watchdog's verdict). A batch's error is read by the watchdog (``failed``)."""
 
     def __init__(self, pg, timeout: float):
         self.shim, self.timeout = NcclShim(pg), timeout
@@ -271,16 +340,38 @@ class EmulatedNccl:
         self.shim.connect(deadline)
 
     def start(self, ops):
-        return self.shim.batch(ops)
+        if self.shim.aborted:
+            raise RuntimeError("NCCL communicator was aborted")
+        for _, tensor, _ in ops:
+            if tensor.dtype not in NCCL_DTYPES:
+                raise RuntimeError(f"Input tensor data type is not supported for NCCL process group: {tensor.dtype}")
+        batch = _EmulatedBatch()
 
-    def join(self, work) -> None:
-        while not work._done.wait(0.01):
-            if self.shim.aborted:
-                raise RuntimeError("NCCL communicator was aborted")
-        work.wait()                       # the batch's error, if it failed
+        def post():
+            try:
+                batch.work = self.shim.batch(ops)
+            except BaseException as error:  # noqa: BLE001 - the watchdog reads it
+                batch.error = error
 
-    def failed(self, work) -> None:   # noqa: ARG002 - its errors come through join
-        return None
+        device_work(post)
+        return batch
+
+    def join(self, batch) -> None:
+        def wait():
+            if batch.error is not None:
+                return
+            try:
+                while not batch.work._done.wait(0.01):
+                    if self.shim.aborted:
+                        raise RuntimeError("NCCL communicator was aborted")
+                batch.work.wait()         # the batch's error, if it failed
+            except BaseException as error:  # noqa: BLE001 - the watchdog reads it
+                batch.error = error
+
+        device_work(wait)
+
+    def failed(self, batch) -> Optional[BaseException]:
+        return batch.error
 
     def abort(self) -> None:
         if not self.shim.aborted:
@@ -330,7 +421,7 @@ def private_nccl(store, rank: int, world: int, timeout: float, device: torch.dev
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timedelta(seconds=timeout)
     prefix = private_prefix(store, device)
-    with _environment(PRIVATE_NCCL_ENV):
+    with private_nccl_environment():
         return dist.ProcessGroupNCCL(dist.PrefixStore(prefix, store), rank, world, options)
 
 
@@ -338,9 +429,22 @@ def private_nccl(store, rank: int, world: int, timeout: float, device: torch.dev
 #: ringcoll's watchdog handles its errors and timeouts (NCCL's own error handling would tear
 #: the whole process down on a peer's failure), and its ``wait()`` must order the stream
 #: without blocking the host whatever the user chose for their groups
-PRIVATE_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0"}
+PRIVATE_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "0",
+                    # the heartbeat monitor and the dump on a timeout or an async error: read by a
+                    # ProcessGroupNCCL's constructor, and the monitor runs only in a process's first
+                    # one (PG uid 0), so these hold where ringcoll's group is that first one (the
+                    # "ringcoll" backend's on a job with no NCCL group of its own; docs/gpu.md says
+                    # what a user's own first NCCL group needs)
+                    "TORCH_NCCL_ENABLE_MONITORING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+                    # forces the process's teardown on any NCCL error whatever the above say
+                    "TORCH_NCCL_DESYNC_DEBUG": "0"}
 
 _env_lock = threading.Lock()
+
+
+def private_nccl_environment():
+    """The environment a ProcessGroupNCCL of ringcoll's own is built under (:data:`PRIVATE_NCCL_ENV`)."""
+    return _environment(PRIVATE_NCCL_ENV)
 
 
 @contextlib.contextmanager
