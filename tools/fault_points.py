@@ -256,10 +256,10 @@ class Patches:
             return wrapped
 
         def local(original):
-            def wrapped(self, fn):
+            def wrapped(self, fn, *args, **kwargs):
                 if patches._target() and patches._stack:
                     patches._event("enqueue", RuntimeError("injected: raised enqueueing host work"))
-                return original(self, fn)
+                return original(self, fn, *args, **kwargs)
             return wrapped
 
         def query(original):
