@@ -67,7 +67,7 @@ SINGLE = ("ready", "start", "before", "after")
 PER_K = ("post", "local")
 STREAMED_ONLY_SINGLE = ("watchdog_query", "watchdog_failed")
 STREAMED_ONLY_PER_K = ("enqueue",)
-VERDICTS = ("ok", "wrong", "hang", "slow", "later", "fresh", "unfired")
+VERDICTS = ("ok", "wrong", "hang", "slow", "later", "fresh", "unfired", "harness")
 NUMEL = 1027
 #: the fresh group's timeout (s)
 FRESH_TIMEOUT = 30.0
@@ -398,10 +398,10 @@ def inject_on_rank(inj: dict, timeout: float, grace: float) -> dict:
     if again["kind"] == "returned":
         again["correct"] = bool(correct())
     if again["kind"] != "hung":
-        try:
-            dist.destroy_process_group(fresh)
-        except Exception:  # noqa: BLE001 - best effort
-            pass
+        # both groups go (a failed group's threads and connections too: hundreds of injections
+        # share these processes); the injected group's destroy is watched like a call
+        report["destroy"] = _bounded(lambda: (dist.destroy_process_group(group),
+                                              dist.destroy_process_group(fresh)), bound)
     return report
 
 
@@ -617,15 +617,20 @@ class Runner:
         bound = 3 * (self.timeout + self.grace) + 60
         try:
             reports = cluster.run(inject_on_rank, asdict(inj), self.timeout, self.grace, timeout=bound)
-        except (ClusterError, Exception) as error:  # noqa: BLE001 - a rank died or the run hung
+        except (ClusterError, Exception) as error:  # noqa: BLE001 - a rank died or raised outside a call
+            # every call is bounded inside the ranks, so this is the harness's (a group not
+            # made in time on a loaded host: the store's wait is the group's timeout), or a
+            # rank that died
             reports = [None] * inj.world
             self.retire(inj.world)
-            verdict = judge(inj, reports, self.timeout, self.margin)
-            verdict["problems"].append(f"cluster: {type(error).__name__}: {str(error)[:300]}")
+            verdict = harness_failed(inj, f"cluster: {type(error).__name__}: {str(error)[:300]}")
         else:
             verdict = judge(inj, reports, self.timeout, self.margin)
-            if "hang" in verdict["verdicts"]:
+            destroyed = [(r or {}).get("destroy", {}).get("kind") for r in reports]
+            if "hang" in verdict["verdicts"] or any(kind not in (None, "returned") for kind in destroyed):
                 self.retire(inj.world)       # a hung thread and whatever it holds stay in its ranks
+            if any(kind not in (None, "returned") for kind in destroyed):
+                verdict["destroy"] = [(r or {}).get("destroy") for r in reports]
         verdict["seconds"] = round(time.monotonic() - start, 2)
         return verdict
 
@@ -735,10 +740,20 @@ def report_text(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def harness_failed(inj: Injection, problem: str) -> dict:
+    """The verdict of an injection the harness could not run (the ranks report nothing)."""
+    return {"id": inj.id, "verdicts": ["harness"], "problems": [problem], "ranks": [None] * inj.world}
+
+
 def rejudge(verdict: dict, timeout: float, margin: float) -> dict:
     """``verdict`` judged again from its ranks' reports (kept for every injection not ok), as
     this version of :func:`judge` reads them."""
     verdict.pop("injection", None)               # older runs kept it; the id says it
+    cluster = [p for p in verdict["problems"] if p.startswith("cluster: ")]
+    if cluster and not any(verdict["ranks"]):     # older runs judged these a hang
+        again = harness_failed(injection_of(verdict), cluster[0])
+        again["seconds"] = verdict.get("seconds")
+        return again
     if "reports" not in verdict:
         return verdict
     for report in verdict["reports"]:
