@@ -336,7 +336,13 @@ class EmulatedNccl:
         self.shim, self.timeout = NcclShim(pg), timeout
 
     def connect(self, deadline: float) -> None:
-        """Set the communicator up now, every rank together, within ``deadline``."""
+        """Set the communicator up now, every rank together, within ``deadline``: the private
+        group is made now (gloo connects every pair) with ``deadline`` as its set-up's limit, so
+        a peer that never comes fails the set-up in time, as NCCL's eager connect
+        (:meth:`NcclComm.connect`), and nothing is left waiting in the store behind it."""
+        pg = self.shim.pg
+        if isinstance(pg, MadeAtFirstUse):
+            pg.made_now(max(deadline - time.monotonic(), 0.001))
         self.shim.connect(deadline)
 
     def start(self, ops):
@@ -402,12 +408,17 @@ class MadeAtFirstUse:
     def made(self) -> bool:
         return self._pg is not None
 
+    def made_now(self, within: Optional[float] = None):
+        """Make the group now, if not yet: it blocks until every peer has connected, up to
+        ``within`` seconds (None: the group's own timeout)."""
+        if self._pg is None:
+            self._pg = self._make(within)
+        return self._pg
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        if self._pg is None:
-            self._pg = self._make()
-        return getattr(self._pg, name)
+        return getattr(self.made_now(), name)
 
 
 def group_store(group):
@@ -438,8 +449,15 @@ def private_gloo(store, rank: int, world: int, timeout: float):
     creates it at the same call, made (gloo connects every pair, within ``timeout``) at its first
     use: :class:`MadeAtFirstUse`."""
     prefix = private_prefix(store, torch.device("cpu"))
-    return MadeAtFirstUse(lambda: dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world,
-                                                        timedelta(seconds=timeout)))
+
+    def make(within: Optional[float]):
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world,
+                                   timedelta(seconds=timeout if within is None else within))
+        if within is not None:        # the set-up had the call's limit; its transfers get their own
+            (getattr(pg, "set_timeout", None) or pg._set_default_timeout)(timedelta(seconds=timeout))
+        return pg
+
+    return MadeAtFirstUse(make)
 
 
 def private_nccl(store, rank: int, world: int, timeout: float, device: torch.device):
