@@ -208,6 +208,18 @@ def run_injection(inj: Injection, margin: float) -> dict:
             fired = item
         else:
             outcomes[item["rank"]] = item
+    # the victim's "fired" may still be queued when the survivors were faster (a kill after its
+    # sends were posted: they complete in milliseconds): read it before judging
+    drain = time.monotonic() + 2.0
+    while not fired and time.monotonic() < drain:
+        try:
+            item = results.get(timeout=0.1)
+        except queue_module.Empty:
+            continue
+        if item.get("fired"):
+            fired = item
+        elif "rank" in item:
+            outcomes.setdefault(item["rank"], item)
     done.set()
     for proc in procs:
         proc.join(10)

@@ -511,7 +511,7 @@ class P2PExecutor:
         notices = read_notices(self._store, [r for r in range(self.world) if r != self.rank])
         if notices:
             message += "".join(f"; rank {rank} had failed the group: {text}" for rank, text in sorted(notices.items()))
-        elif error.timed_out:
+        if error.timed_out:
             message += self._timeout_hint()
         first = error.items[0].peer if error.items and not error.batch else None
         return PeerError(message, rank=self.rank, peer=peers[0] if len(peers) == 1 else first,
