@@ -197,7 +197,7 @@ def run_injection(inj: Injection, margin: float) -> dict:
     expected = inj.world - (1 if inj.mode == "kill" else 0)
     outcomes, fired = {}, {}
     deadline = time.monotonic() + 120 + 3 * inj.stall
-    while len(outcomes) < expected and time.monotonic() < deadline:
+    while (len(outcomes) < expected or not fired) and time.monotonic() < deadline:
         if inj.mode == "kill" and procs[inj.victim].exitcode not in (None, KILL_CODE):
             break                               # the victim died before its hook: a harness failure
         try:
@@ -208,18 +208,10 @@ def run_injection(inj: Injection, margin: float) -> dict:
             fired = item
         else:
             outcomes[item["rank"]] = item
-    # the victim's "fired" may still be queued when the survivors were faster (a kill after its
-    # sends were posted: they complete in milliseconds): read it before judging
-    drain = time.monotonic() + 2.0
-    while not fired and time.monotonic() < drain:
-        try:
-            item = results.get(timeout=0.1)
-        except queue_module.Empty:
-            continue
-        if item.get("fired"):
-            fired = item
-        elif "rank" in item:
-            outcomes.setdefault(item["rank"], item)
+            if len(outcomes) == expected:
+                # the victim's "fired" may still be queued when the survivors were faster (a kill
+                # after its sends were posted: they complete in milliseconds): 2 s more for it
+                deadline = min(deadline, time.monotonic() + 2.0)
     done.set()
     for proc in procs:
         proc.join(10)

@@ -20,7 +20,6 @@ from ..runtime.nodes import group_layout, known_layout, share_layout
 from ..sim.machine import Machine
 from ..runtime.plan import Plan
 from ..selection import checked_settings
-from ..runtime import streams
 from ..runtime.work import submit, submit_stream
 
 log = logging.getLogger("ringcoll")
@@ -438,8 +437,7 @@ def submit_streamed(executor: P2PExecutor, run: Callable, async_op: bool, result
     call's run first agrees its group's layout (``Plan.late``), so the worker enqueues it and
     its transport (a private communicator every rank sets up together) is made there too."""
     # a late call's transport is made in its run, on the worker: the process's runtime for now
-    runtime = (streams.cuda() if device.type == "cuda" else streams.emulated()) if late \
-        else executor.transport(device).runtime
+    runtime = executor.stream_runtime(device) if late else executor.transport(device).runtime
 
     def task(caller):
         with torch.no_grad():

@@ -173,7 +173,7 @@ class P2PExecutor:
         if transport is None:
             group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
             if self.stream_ordered(device):
-                transport = self._streamed(device, streams.cuda() if device.type == "cuda" else streams.emulated())
+                transport = self._streamed(device, self.stream_runtime(device))
             elif device.type == "cpu" and self.transport_mode == "batched":
                 transport = BatchedTransport(NcclShim(group), notice=lambda: group_notice(self._store))
             else:
@@ -187,6 +187,11 @@ class P2PExecutor:
         group with an NCCL backend, CPU tensors with ``RINGCOLL_TRANSPORT=streamed``."""
         return (device.type == "cuda" and self.device_backends.get("cuda") == "nccl") or \
             (device.type == "cpu" and self.transport_mode == "streamed")
+
+    @staticmethod
+    def stream_runtime(device: torch.device):
+        """The streams and events of the stream-ordered path on ``device``: CUDA's, or the CPU's emulator."""
+        return streams.cuda() if device.type == "cuda" else streams.emulated()
 
     def _streamed(self, device: torch.device, runtime) -> StreamTransport:
         """The stream-ordered transport for ``device`` over a private communicator made now
@@ -319,10 +324,10 @@ class P2PExecutor:
         the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
+        plan = call.plan if isinstance(call, Prepared) else call
         if tag is None:                 # refused before anything is touched: the group stays usable
-            seq = (call.plan if isinstance(call, Prepared) else call).seq if seq is None else seq
+            seq = plan.seq if seq is None else seq
             if seq is None:
-                plan = call.plan if isinstance(call, Prepared) else call
                 raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
                                  f"taken at its entry (ringcoll.api._common.executor_context); got none")
         try:
@@ -332,14 +337,8 @@ class P2PExecutor:
             # reduction out of memory, a kernel that fails to load, a hook's error): its
             # messages may be half posted, and no later call may meet what is left of them
             if self.failure is None:
-                self._failed(error, [], call=self._name(call, seq, tag))
+                self._failed(error, [], call=f"call #{seq} {plan.describe}" if tag is None else plan.describe)
             raise
-
-    def _name(self, call, seq: Optional[int], tag: Optional[int]) -> str:
-        """``call #7 all_reduce/ring ...``, for errors (an internal exchange: its description)."""
-        plan = call.plan if isinstance(call, Prepared) else call
-        seq = plan.seq if seq is None else seq
-        return f"call #{seq} {plan.describe}" if tag is None else plan.describe
 
     def _execute(self, call: Union[Plan, "Prepared"], seq: Optional[int], tag: Optional[int], caller,
                  blocking: bool) -> Optional[InFlight]:
