@@ -141,10 +141,14 @@ def leave_notice(store, rank: int, text: str) -> None:
     import threading
 
     def leave():
-        store.set(NOTICE.format(rank=rank), text.encode())
-        store.set(GROUP_NOTICE, f"rank {rank}: {text}".encode())
+        try:
+            store.set(NOTICE.format(rank=rank), text.encode())
+            store.set(GROUP_NOTICE, f"rank {rank}: {text}".encode())
+        except Exception:  # noqa: BLE001 - a notice is best effort (the store may be gone)
+            pass
 
-    threading.Thread(target=lambda: _bounded(leave), name="ringcoll-notice", daemon=True).start()
+    # nothing waits for it, so no bound either (_bounded's would be a second thread)
+    threading.Thread(target=leave, name="ringcoll-notice", daemon=True).start()
 
 
 def group_notice(store) -> Optional[str]:
