@@ -135,20 +135,18 @@ def leave_notice(store, rank: int, text: str) -> None:
     store, for the peers' errors to name: a peer waiting on this rank learns of the failure
     only at its own timeout (gloo cannot cancel a posted receive, and its ``abort()`` leaves
     receives already posted waiting: measured, docs/semantics.md), and its PeerError then says
-    why the rank went silent instead of only that it did. In a daemon thread: never blocks."""
+    why the rank went silent instead of only that it did. Waited for up to
+    :data:`NOTICE_SECONDS` (a store gone with a dead rank never answers): the notice must be in
+    the store before this rank goes on, or its next store request (a new group's set-up, which
+    waits for these very peers) would hold the store client and the notice behind it."""
     if store is None:
         return
-    import threading
 
     def leave():
-        try:
-            store.set(NOTICE.format(rank=rank), text.encode())
-            store.set(GROUP_NOTICE, f"rank {rank}: {text}".encode())
-        except Exception:  # noqa: BLE001 - a notice is best effort (the store may be gone)
-            pass
+        store.set(NOTICE.format(rank=rank), text.encode())
+        store.set(GROUP_NOTICE, f"rank {rank}: {text}".encode())
 
-    # nothing waits for it, so no bound either (_bounded's would be a second thread)
-    threading.Thread(target=leave, name="ringcoll-notice", daemon=True).start()
+    _bounded(leave)
 
 
 def group_notice(store) -> Optional[str]:

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from ...schedules.vocabulary import Send
+from ..failures import group_notice
 from ..streams import StreamRuntime, device_work
 from . import NCCL_DTYPES, NcclShim, TransferError, wire
 
@@ -299,7 +300,9 @@ class StreamTransport:
                 return self._store.get(self._aborted_key).decode()
         except Exception:  # noqa: BLE001 - no answer: the deadline stands
             return None
-        return None
+        # a rank's executor also leaves its failure in the group's store (runtime.failures), at
+        # once, before its abort's thread may have reached the store
+        return group_notice(self._store)
 
 
 def _unique(tensors: list) -> list:
