@@ -164,7 +164,13 @@ class P2PExecutor:
         call; any other is named with the call that raised it."""
         if getattr(failure, "call", ""):
             return str(failure)
-        return f"rank {self.rank} {self.failed_call}: {type(failure).__name__}: {failure}"
+        where = f"rank {self.rank} {self.failed_call}" if self.failed_call else f"rank {self.rank}"
+        return f"{where}: {type(failure).__name__}: {failure}"
+
+    def _notice(self) -> Optional[str]:
+        """The text a rank that failed this group left in its store, or None (one store
+        request): what the polling transports ask while a step waits, to fail fast."""
+        return group_notice(self._store)
 
     def transport(self, device: torch.device):
         """The transport for tensors on ``device`` (kept per device)."""
@@ -175,7 +181,7 @@ class P2PExecutor:
             if self.stream_ordered(device):
                 transport = self._streamed(device, self.stream_runtime(device))
             elif device.type == "cpu" and self.transport_mode == "batched":
-                transport = BatchedTransport(NcclShim(group), notice=lambda: group_notice(self._store))
+                transport = BatchedTransport(NcclShim(group), notice=self._notice)
             else:
                 transport = HostTransport(group, stage=device.type != "cpu")
             self._transports[key] = transport
@@ -214,7 +220,7 @@ class P2PExecutor:
                                  "registered group, or an executor given store=)")
             comm = EmulatedNccl(private_gloo(self._store, self.rank, self.world, inner), inner)
         return StreamTransport(comm, runtime, device, watchdog(), private=self._store is not None,
-                               store=self._store, rank=self.rank)
+                               notice=self._notice)
 
     def close(self, how: str = "shutdown") -> None:
         """Close the private communicators of this executor's stream-ordered transports
@@ -508,8 +514,9 @@ class P2PExecutor:
                    f"{error.error}")
         # a rank that failed its group first (the peer named, or the rank that peer waits on)
         notices = read_notices(self._store, [r for r in range(self.world) if r != self.rank])
-        if notices:
-            message += "".join(f"; rank {rank} had failed the group: {text}" for rank, text in sorted(notices.items()))
+        for rank, text in sorted(notices.items()):
+            if text not in message:      # a peer's notice names the rank it failed on already
+                message += f"; rank {rank} had failed the group: {text}"
         if error.timed_out:
             message += self._timeout_hint()
         first = error.items[0].peer if error.items and not error.batch else None

@@ -132,10 +132,9 @@ def _bounded(work, seconds: float = NOTICE_SECONDS):
 
 def leave_notice(store, rank: int, text: str) -> None:
     """Leave ``text`` (the call and the error that failed the group on ``rank``) in the group's
-    store, for the peers' errors to name: a peer waiting on this rank learns of the failure
-    only at its own timeout (gloo cannot cancel a posted receive, and its ``abort()`` leaves
-    receives already posted waiting: measured, docs/semantics.md), and its PeerError then says
-    why the rank went silent instead of only that it did. Waited for up to
+    store, for the peers' errors to name (why the rank went silent or closed its connections,
+    not only that it did) and for the polling transports to read while a step waits (an abort
+    that does not reach a peer: docs/semantics.md). Waited for up to
     :data:`NOTICE_SECONDS` (a store gone with a dead rank never answers): the notice must be in
     the store before this rank goes on, or its next store request (a new group's set-up, which
     waits for these very peers) would hold the store client and the notice behind it."""
@@ -151,7 +150,7 @@ def leave_notice(store, rank: int, text: str) -> None:
 
 def group_notice(store) -> Optional[str]:
     """Whether some rank of the group has failed it (the text it left), in one store request:
-    what a peer that polls its transfers (the batched transport) looks at every
+    what a peer that polls its transfers (the batched and stream-ordered transports) looks at every
     :data:`NOTICE_EVERY` seconds of a step, to fail fast instead of waiting out its timeout."""
     if store is None:
         return None

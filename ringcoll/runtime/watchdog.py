@@ -34,11 +34,10 @@ import time
 from collections import deque
 from typing import Dict, Optional
 
+from .failures import NOTICE_EVERY
+
 #: how often the thread reads the events of the calls in flight
 PERIOD = 0.005
-#: how long a step waits before the watchdog asks whether a peer aborted the communicator,
-#: and how often it asks again (a store round trip: never on every period)
-ABORT_POLL = 0.25
 
 
 class Watchdog:
@@ -142,12 +141,13 @@ class Watchdog:
                 queue[0].clock = now
             return True
         transport = call.transport
-        if now - clock > ABORT_POLL and now - getattr(transport, "polled", now) > ABORT_POLL:
+        if now - clock > NOTICE_EVERY and now - getattr(transport, "polled", now) > NOTICE_EVERY:
             transport.polled = now
-            aborted = transport.peer_aborted()
-            if aborted is not None:
+            notice = transport.peer_failed()
+            if notice is not None:
                 self._fail(queue, call, index, RuntimeError(
-                    f"{aborted} of the group aborted ringcoll's communicator (its call failed)"), timed_out=False)
+                    f"a rank failed the group before this step completed ({notice}); ringcoll's "
+                    f"communicator was aborted"), timed_out=False)
                 return False
         if now - clock > call.timeout:
             self._fail(queue, call, index, TimeoutError(

@@ -4,16 +4,19 @@ rank raise it for the call and GroupFailedError, naming it, at once for every la
 group; its peers raise for the call too (a PeerError naming the failed rank and its error, left
 in the group's store) within the group's timeout, or, where their part of the call was complete
 before the failure, return the right value and raise at their next call; never a wrong value; a
-fresh group works afterwards. On the host transport (gloo, tags) and the batched one (NCCL-shaped, order),
-where the peers fail at once (they poll their transfers and read the group's store).
+fresh group works afterwards. On the host transport (gloo, tags), where the failed rank closes its
+gloo connections so the peers waiting on it fail at once, and the batched one (NCCL-shaped,
+order), where the peers poll their transfers and read the group's store.
 """
 from __future__ import annotations
 
 import pytest
 from _util import environment, group_timeouts
 
-#: the group's step timeout in these runs (seconds): the peers' errors come within it
-TIMEOUT = 3.0
+#: the group's step timeout in these runs (seconds): the peers' errors come well before it
+TIMEOUT = 6.0
+#: how soon the peers of the failed rank raise: "at once", far from the timeout (a loaded CI)
+PROMPT = 2.0
 
 
 def local_step_raises(victim: int, transport: str, algorithm: str) -> dict:
@@ -104,11 +107,11 @@ def test_a_local_error_fails_the_group_on_every_rank(clusters, transport, algori
             kind, seconds, text = done["next"]
             assert kind in ("PeerError", "GroupFailedError") and seconds < TIMEOUT + 3, f"rank {rank}: {done}"
             continue
-        # a peer raises for the call (never a wrong value), within the timeout plus a margin,
-        # naming the rank that failed and why; where it polls its transfers (batched), at once:
-        # it reads the failed rank's notice in the group's store every 0.25 s of a step
-        limit = TIMEOUT / 2 if transport == "batched" else TIMEOUT + 3
-        assert kind == "PeerError" and seconds < limit, f"rank {rank}: {done['call']}"
+        # a peer raises for the call (never a wrong value) at once, naming the rank that failed
+        # and why: on the host transport the failed rank closed its connections (a peer waiting
+        # on a peer waiting on it fails in turn, and closes its own); the batched transport reads
+        # the failed rank's notice in the group's store every 0.25 s of a step
+        assert kind == "PeerError" and seconds < PROMPT, f"rank {rank}: {done['call']}"
         assert f"rank {victim} had failed the group" in text and "MemoryError" in text, f"rank {rank}: {text}"
         kind, seconds, text = done["next"]
         assert kind == "GroupFailedError" and seconds < 0.5, f"rank {rank}: {done['next']}"

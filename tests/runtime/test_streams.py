@@ -983,29 +983,29 @@ def test_the_watchdog_reuses_step_events_and_destroys_none():
 
 
 # -- an emulator as strict as CUDA (issue #36 item 3) ---------------------------------------------
-def raising_at_enqueue(where: str):
-    """The middle rank's local reduction raises MemoryError at enqueue (its Python, on the
-    caller's thread, as CUDA's host side would) in the middle of a ring all_reduce, or its
-    kernel's compile and load fails (``where`` = "compile"): what every rank sees of that call,
-    then of the next one on the group, and of a call on a fresh group."""
+def raising_at_enqueue(where: str, algorithm: str = "ring", last: bool = False):
+    """The middle rank's local reduction (``last``: the last rank's first) raises MemoryError at
+    enqueue (its Python, on the caller's thread, as CUDA's host side would) in the middle of an
+    all_reduce, or its kernel's compile and load fails (``where`` = "compile"): what every rank
+    sees of that call, then of the next one on the group, and of a call on a fresh group."""
     from ringcoll import kernels
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    failing = world // 2
+    failing, nth = (world - 1, 1) if last else (world // 2, 2)
     group = dist.new_group(list(range(world)))
     previous = ringcoll.get_timeout()
     ringcoll.set_timeout(60.0)                   # the peers must fail long before it
     out = {}
     try:
         warm = data(12, rank)
-        ringcoll.all_reduce(warm, group=group, algorithm="ring")
+        ringcoll.all_reduce(warm, group=group, algorithm=algorithm)
         transport = group_executor(group).transport(CPU)
         batches = sum(1 for entry in transport.comm.shim.log if entry[0] == "batch")
         seen, original = [], (kernels.reduce_into if where == "local" else kernels.prepare_reduction)
 
         def failing_kernel(*args, **kwargs):
             seen.append(threading.current_thread().name)
-            if len(seen) == 2:                   # the second reduction of the call
+            if len(seen) == nth:                 # the second (or first) reduction of the call
                 raise MemoryError("injected: out of memory in a local reduction")
             return original(*args, **kwargs)
 
@@ -1015,7 +1015,7 @@ def raising_at_enqueue(where: str):
         x = data(1001, rank)
         start = time.monotonic()
         try:
-            ringcoll.all_reduce(x, group=group, algorithm="ring")
+            ringcoll.all_reduce(x, group=group, algorithm=algorithm)
             out["call"] = "returned: " + ("right" if torch.equal(x, sum(data(1001, r) for r in range(world)))
                                           else f"WRONG {x[:3].tolist()}")
         except Exception as error:  # noqa: BLE001 - reported
@@ -1043,15 +1043,22 @@ def raising_at_enqueue(where: str):
     return out
 
 
-@pytest.mark.parametrize("where", ["local", "compile"])
-def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where):
+@pytest.mark.parametrize("where, algorithm, last", [("local", "ring", False), ("compile", "ring", False),
+                                                    ("compile", "recursive_doubling", True)])
+def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where, algorithm, last):
     """Issue #36 item 3: with a local reduction raising at enqueue on one rank mid-call (or its
     kernel failing to compile before the call's first transfer), every rank raises for that call,
     the failing rank's next call raises GroupFailedError at once, a fresh group works; never a
     wrong value. The reduction's host part runs on the caller's thread. Old code: the emulator ran
     it on the stream's thread; the failing rank's group stayed usable and its peers received
-    unreduced data."""
-    results = streamed.run(raising_at_enqueue, where)
+    unreduced data.
+
+    Recursive doubling at world 3 with its last rank failing before it posts anything: rank 1's
+    exchange with it fails at once (the failed rank closed its connections), and rank 1's stream
+    must post nothing after that batch: its next step hands rank 0 the result, which would be
+    computed from a receive that never landed (rank 0 returned those stale bytes when the
+    emulator's stream went on past a failed batch)."""
+    results = streamed.run(raising_at_enqueue, where, algorithm, last)
     world = len(results)
     for rank, out in enumerate(results):
         assert not out["call"].startswith("returned"), f"rank {rank}: {out}"
@@ -1059,9 +1066,9 @@ def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where):
         assert out["next"].startswith("GroupFailedError"), f"rank {rank}: {out}"
         assert out["fresh"], f"rank {rank}: {out}"
         assert out["seconds"] < 20, f"rank {rank}: peers must fail fast, not at the timeout: {out}"
-    failing = results[world // 2]
+    failing = results[world - 1 if last else world // 2]
     assert failing["call"].startswith("MemoryError: injected"), failing
-    assert "all_reduce/ring" in failing["next"] and "MemoryError" in failing["next"], failing
+    assert f"all_reduce/{algorithm}" in failing["next"] and "MemoryError" in failing["next"], failing
     assert failing["next seconds"] < 0.5, failing
     if where == "compile":
         assert failing["posted"] == 0, failing          # compiled before the first transfer

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from datetime import timedelta
 from typing import Sequence
 
 import torch
 
+from ..identity import CLOSE_TAG
 
 
 #: the dtypes ProcessGroupNCCL accepts (torch's getNcclDataType): no int16, uint16, complex ...
@@ -67,6 +69,26 @@ def wire(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.numel() <= 1 and tensor.dim() > 0 and tensor.stride(-1) != 1:
         tensor = tensor.as_strided((tensor.numel(),), (1,))
     return tensor.view(torch.uint8)
+
+
+def close_gloo(pg) -> object:
+    """Close this rank's gloo connections of ``pg`` (a gloo group of world >= 2), so that every
+    peer waiting on this rank fails at once ("Connection closed by peer") instead of at its
+    timeout. gloo has no call for it (``abort()``/``shutdown()`` leave receives already posted
+    waiting, measured on torch 2.13), but a wait that times out makes gloo's context signal the
+    error to every pair of the group, which closes their sockets: the very teardown a peer's
+    timeout would cause a moment later. So: a receive no rank ever sends to (:data:`CLOSE_TAG`),
+    waited on for a millisecond. Returns the receive's buffer, which the caller keeps (gloo
+    holds its address). A failed group is never used again; a new group has connections of its
+    own."""
+    if pg.size() < 2:
+        return None
+    buffer = torch.empty(1, dtype=torch.uint8)
+    try:
+        pg.recv([buffer], (pg.rank() + 1) % pg.size(), CLOSE_TAG).wait(timedelta(milliseconds=1))
+    except Exception:  # noqa: BLE001 - the timeout that closes the connections, or closed already
+        pass
+    return buffer
 
 
 def _remaining(deadline: float) -> float:

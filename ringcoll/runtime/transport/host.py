@@ -8,7 +8,7 @@ from typing import List, Sequence
 
 from ...schedules.vocabulary import Recv, Send
 from . import base
-from .base import TransferError, _remaining, wire
+from .base import TransferError, _remaining, close_gloo, wire
 
 
 class _Staging:
@@ -51,6 +51,7 @@ class HostTransport:
         self.pg = pg
         self.stage = stage
         self._staging = _Staging()
+        self._closed = None               # close_gloo's buffer, once the group has failed
 
     def ready(self, deadline: float) -> None:
         """gloo connects lazily per pair; nothing to set up."""
@@ -143,4 +144,7 @@ class HostTransport:
             handle.staging = None
 
     def abort(self) -> None:
-        """gloo tears a pair's connection down when a wait on it times out; nothing more."""
+        """The group failed on this rank: close its gloo connections (:func:`close_gloo`), so
+        that the peers waiting on this rank fail now, not at their timeout. Once."""
+        if self._closed is None:
+            self._closed = close_gloo(self.pg) or True

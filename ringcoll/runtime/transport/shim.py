@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .base import NCCL_DTYPES, _remaining, poll
+from .base import NCCL_DTYPES, _remaining, close_gloo, poll
 
 
 _SETUP_TIMEOUT = ("Timed out waiting for NCCL's communicator set-up (every rank of the group joins it "
@@ -182,8 +182,16 @@ class NcclShim:
             self._pending.get()._settle()
 
     def abort(self) -> None:
+        """NCCL's abort: nothing more is posted, and the gloo group's connections are closed
+        (:func:`close_gloo`), which fails this rank's waits still blocked and the peers' on it
+        at once, as an aborted communicator's transfers end. Once; a private group never made
+        has no connections."""
+        if self.aborted:
+            return
         self.aborted = True
         self.log.append(("abort",))
+        if getattr(self.pg, "made", True):
+            self._closed = close_gloo(self.pg)
 
 
 def _c10_name(dtype: torch.dtype) -> str:

@@ -44,7 +44,6 @@ import torch
 import torch.distributed as dist
 
 from ...schedules.vocabulary import Send
-from ..failures import group_notice
 from ..streams import StreamRuntime, device_work
 from . import NCCL_DTYPES, NcclShim, TransferError, wire
 
@@ -155,16 +154,14 @@ class StreamTransport:
     streamed = True
 
     def __init__(self, comm, runtime: StreamRuntime, device: torch.device, watchdog, *, private: bool = True,
-                 store=None, rank: Optional[int] = None):
-        """``store``, ``rank``: the group's store, on which an abort is told to the peers (the
-        private communicator made last on it is this transport's), and this rank."""
+                 notice: Optional[Callable[[], Optional[str]]] = None):
+        """``notice()``: the text a rank that failed the group left in its store, or None (the
+        executor's look, as the batched transport's), asked by the watchdog for a call stalled
+        at a step."""
         self.comm, self.runtime, self.device, self.watchdog = comm, runtime, device, watchdog
         self.private = private            # whether comm's group is ringcoll's own (see shutdown)
-        self.rank = rank
-        key = (id(store), device.type)
-        self._store = store if private and store is not None and key in _made else None
-        self._aborted_key = f"ringcoll/private/{device.type}/{_made[key][1]}/aborted" if self._store else None
-        self.polled = 0.0                 # when the watchdog last asked whether a peer aborted
+        self._notice = notice
+        self.polled = 0.0                 # when the watchdog last asked whether a peer failed
         self.stream = runtime.new_stream(device)
         self.call: Optional[InFlight] = None
         self.last: Optional[InFlight] = None
@@ -278,31 +275,18 @@ class StreamTransport:
         self._aborting.start()
 
     def _abort(self) -> None:
-        if self._store is not None:       # first: the peers' transfers of the call fail fast
-            try:
-                self._store.set(self._aborted_key, f"rank {self.rank}")
-            except Exception:  # noqa: BLE001 - the peers then learn of it at their deadline
-                pass
         try:
             self.comm.abort()
         except Exception:  # noqa: BLE001 - best effort: the group is failed either way
             pass
 
-    def peer_aborted(self) -> Optional[str]:
-        """Which rank aborted this communicator (``"rank 2"``), or None. gloo's abort (and NCCL's,
-        unless a network error tells them) leaves the peers' pending transfers waiting until
-        their deadline; so an aborting rank says so on the group's store, which the watchdog
-        reads for a call stalled at a step (torch's NCCL propagates its errors likewise)."""
-        if self._store is None:
-            return None
-        try:
-            if self._store.check([self._aborted_key]):
-                return self._store.get(self._aborted_key).decode()
-        except Exception:  # noqa: BLE001 - no answer: the deadline stands
-            return None
-        # a rank's executor also leaves its failure in the group's store (runtime.failures), at
-        # once, before its abort's thread may have reached the store
-        return group_notice(self._store)
+    def peer_failed(self) -> Optional[str]:
+        """The notice of the rank that failed the group (``"rank 2: ..."``), or None. An abort
+        (NCCL's, unless a network error tells them) leaves the peers' pending transfers waiting
+        until their deadline; so a failing rank's executor leaves its error in the group's store
+        before it aborts (runtime.failures), which the watchdog reads for a call stalled at a
+        step (torch's NCCL propagates its errors likewise)."""
+        return self._notice() if self._notice is not None else None
 
 
 def _unique(tensors: list) -> list:
@@ -337,6 +321,10 @@ class EmulatedNccl:
 
     def __init__(self, pg, timeout: float):
         self.shim, self.timeout = NcclShim(pg), timeout
+        #: the first batch error the stream met: NCCL's asynchronous error, sticky; every batch
+        #: the stream reaches after it posts nothing (a later step's sends would carry data
+        #: computed from a receive that never landed: stale bytes a peer would take as right)
+        self.error: Optional[BaseException] = None
 
     def connect(self, deadline: float) -> None:
         """Set the communicator up now, every rank together, within ``deadline``: the private
@@ -357,10 +345,14 @@ class EmulatedNccl:
         batch = _EmulatedBatch()
 
         def post():
+            if self.error is not None:
+                batch.error = RuntimeError(f"NCCL communicator has an earlier batch's error, nothing more is "
+                                           f"posted: {self.error}")
+                return
             try:
                 batch.work = self.shim.batch(ops)
             except BaseException as error:  # noqa: BLE001 - the watchdog reads it
-                batch.error = error
+                batch.error = self.error = error
 
         device_work(post)
         return batch
@@ -376,6 +368,8 @@ class EmulatedNccl:
                 batch.work.wait()         # the batch's error, if it failed
             except BaseException as error:  # noqa: BLE001 - the watchdog reads it
                 batch.error = error
+                if self.error is None:
+                    self.error = error
 
         device_work(wait)
 
