@@ -3,10 +3,8 @@
 The campaign (``python -m tools.fault_points``, results in bench/results/faults_points.json and
 .txt) raises an exception in one rank at one point of one call (before the first post, at a
 step's post, in a local operation, in a before/after hook, at enqueue, in the watchdog) for
-every algorithm of every collective at 3 and 4 ranks. Here: a seeded sample on the host and
-batched transports, and the judge's own checks. The streamed transport's sample is expected to
-fail until the stream path raises a local operation's error at enqueue and fails the group
-(#36 items 3 and 4; the campaign's streamed rows say what happens now).
+every algorithm of every collective at 3 and 4 ranks. Here: a seeded sample on the host,
+batched and streamed transports, and the judge's own checks.
 """
 from __future__ import annotations
 
@@ -16,15 +14,16 @@ import pytest
 
 from tools import fault_points as fp
 
-#: the sample CI runs: host and batched, 3 and 4 ranks
-SAMPLE, SEED = 16, 1
+#: the sample CI runs: host, batched and streamed, 3 and 4 ranks
+SAMPLE, SEED = 18, 1
+TRANSPORTS = ["host", "batched", "streamed"]
 
 
 def test_a_seeded_sample_raises_or_returns_right_on_every_rank():
     start = time.monotonic()
     runner = fp.Runner(timeout=2.0, margin=3.0, grace=6.0, relaunch_every=100)
     try:
-        plan = fp.draw_sample(runner, SAMPLE, SEED, [3, 4], ["host", "batched"])
+        plan = fp.draw_sample(runner, SAMPLE, SEED, [3, 4], TRANSPORTS)
         assert len(plan) == SAMPLE, [inj.id for inj in plan]
         verdicts = fp.run_plan(runner, plan, progress=SAMPLE, start=start)
     finally:
