@@ -59,7 +59,6 @@ import torch.distributed as dist
 from .. import kernels
 from ..schedules import registry
 from ..config import settings
-from . import streams
 from .blocks import Blocks, independent, tensors_in, tensors_of
 from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_notice, group_timeout,
                        leave_notice, read_notices)
@@ -68,10 +67,10 @@ from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_ena
 from .local import resolve_local, run_resolved
 from .plan import Plan
 from ..schedules.vocabulary import Layout, Send, extents
-from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
-from .transport.stream import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
-                               private_gloo, private_nccl, private_timeout)
-from .watchdog import watchdog
+from .transport import TransferError, wire
+from .transport.factory import make_transport, stream_ordered, stream_runtime
+from .transport.interface import Transport
+from .transport.stream import InFlight, PostedStep, group_store
 
 #: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides
 DEFAULT_WINDOW = 2
@@ -127,7 +126,7 @@ class P2PExecutor:
         self.failure: Optional[BaseException] = None
         self.failed_call = ""           # the call that raised ``failure`` (see _failed)
         self._seq = 0
-        self._transports: Dict[Tuple[str, Optional[int]], object] = {}
+        self._transports: Dict[Tuple[str, Optional[int]], Transport] = {}
         self._graveyard: list = []        # transfers of a failed call, kept alive (see _failed)
         self._scratch: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
@@ -172,61 +171,31 @@ class P2PExecutor:
         request): what the polling transports ask while a step waits, to fail fast."""
         return group_notice(self._store)
 
-    def transport(self, device: torch.device):
-        """The transport for tensors on ``device`` (kept per device)."""
+    def transport(self, device: torch.device) -> Transport:
+        """The transport for tensors on ``device`` (kept per device), as the factory picks it."""
         key = (device.type, device.index)
         transport = self._transports.get(key)
         if transport is None:
             group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
-            if self.stream_ordered(device):
-                transport = self._streamed(device, self.stream_runtime(device))
-            elif device.type == "cpu" and self.transport_mode == "batched":
-                transport = BatchedTransport(NcclShim(group), notice=self._notice)
-            else:
-                transport = HostTransport(group, stage=device.type != "cpu")
-            self._transports[key] = transport
+            transport = self._transports[key] = make_transport(
+                device, group, device_backends=self.device_backends, mode=self.transport_mode,
+                store=self._store, rank=self.rank, world=self.world,
+                seconds=get_timeout() or group_timeout(self.group, device), notice=self._notice)
         return transport
 
     def stream_ordered(self, device: torch.device) -> bool:
         """Whether calls on ``device`` take the stream-ordered path, told without making its
-        transport (which sets up a private communicator with every peer): CUDA tensors on a
-        group with an NCCL backend, CPU tensors with ``RINGCOLL_TRANSPORT=streamed``."""
-        return (device.type == "cuda" and self.device_backends.get("cuda") == "nccl") or \
-            (device.type == "cpu" and self.transport_mode == "streamed")
+        transport (which sets up a private communicator with every peer)."""
+        return stream_ordered(device, self.device_backends, self.transport_mode)
 
-    @staticmethod
-    def stream_runtime(device: torch.device):
-        """The streams and events of the stream-ordered path on ``device``: CUDA's, or the CPU's emulator."""
-        return streams.cuda() if device.type == "cuda" else streams.emulated()
-
-    def _streamed(self, device: torch.device, runtime) -> StreamTransport:
-        """The stream-ordered transport for ``device`` over a private communicator made now
-        (every rank makes it at the group's first call on this device): NCCL on a CUDA device,
-        the emulator's gloo group on the CPU. A group whose store c10d does not give (a raw
-        NCCL group built without one) shares its own communicator, as before."""
-        seconds = get_timeout() or group_timeout(self.group, device)
-        inner = private_timeout(seconds)
-        if device.type == "cuda":
-            pg = self.group if self._store is None else private_nccl(self._store, self.rank, self.world,
-                                                                     inner, device)
-            comm = NcclComm(pg, device)
-            # the reduction kernels' availability probe compiles and runs once per process: here,
-            # on this group's device at its first CUDA call, not inside a collective's schedule
-            with runtime.on_device(device):
-                kernels.backend_for(device)
-        else:
-            if self._store is None:
-                raise ValueError("RINGCOLL_TRANSPORT=streamed needs a group whose store c10d knows (a "
-                                 "registered group, or an executor given store=)")
-            comm = EmulatedNccl(private_gloo(self._store, self.rank, self.world, inner), inner)
-        return StreamTransport(comm, runtime, device, watchdog(), private=self._store is not None,
-                               notice=self._notice)
+    #: the streams and events of the stream-ordered path on a device
+    stream_runtime = staticmethod(stream_runtime)
 
     def close(self, how: str = "shutdown") -> None:
         """Close the private communicators of this executor's stream-ordered transports
         (``"shutdown"``: after their calls in flight; ``"abort"``: at once)."""
         for transport in list(self._transports.values()):
-            if getattr(transport, "streamed", False):
+            if transport.streamed:
                 transport.shutdown(how)
 
     def streamed(self, device: torch.device) -> bool:
@@ -262,7 +231,7 @@ class P2PExecutor:
         ringcoll's stream, which alone uses it (calls run in its order): freed or grown, its
         memory goes back to that stream's pool, never to the caller's while in use."""
         transport = self.transport(device)
-        if getattr(transport, "streamed", False):
+        if transport.streamed:
             with transport.runtime.allocating(transport.stream):
                 return torch.empty(numel, dtype=dtype, device=device)
         return torch.empty(numel, dtype=dtype, device=device)
@@ -370,7 +339,7 @@ class P2PExecutor:
             # on the stream-ordered path its own call on the stream, read by the host: check
             # mode's one wait
             self._check(plan, seq, timeout)
-        if transport.batched and getattr(transport, "streamed", False):
+        if transport.batched and transport.streamed:
             in_flight = self._enqueue(prepared, name, tag, timeout, caller)
             if not blocking:
                 return in_flight
@@ -452,7 +421,7 @@ class P2PExecutor:
         """``name``: the call, for errors (``call #7 all_reduce/ring ...``). On the stream-ordered path the
         transport's ``wait`` only orders its stream, and local operations are launched on it."""
         transport, op, local = prepared.transport, prepared.plan.op, prepared.local
-        streamed = getattr(transport, "streamed", False)
+        streamed = transport.streamed
         reach = prepared.reach(self.window)
         posted: deque = deque()          # handles of posted, unfinished steps, in step order
         next_post, index, handle = 0, 0, None

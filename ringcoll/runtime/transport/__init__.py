@@ -1,4 +1,6 @@
-"""Transports: how the P2P executor moves one step's transfers.
+"""Transports: how the P2P executor moves one step's transfers. Every transport implements
+:class:`~ringcoll.runtime.transport.interface.Transport` (its contract, method by method);
+:func:`~ringcoll.runtime.transport.factory.make_transport` picks one for a group and device.
 
 Every transfer moves bytes (a ``uint8`` view of its chunk), so every dtype travels on every
 transport, int16 included, which NCCL refuses and gloo's own collectives lack.
@@ -29,6 +31,7 @@ from .base import NCCL_DTYPES, CudaStreams, TransferError, poll, wire
 from .host import HostTransport
 from .shim import NcclComm, NcclShim
 from .batched import BatchedTransport
+from .interface import Transport
 
 __all__ = ["NCCL_DTYPES", "BatchedTransport", "CudaStreams", "HostTransport", "NcclComm", "NcclShim",
-           "TransferError", "base", "poll", "wire"]
+           "TransferError", "Transport", "base", "poll", "wire"]

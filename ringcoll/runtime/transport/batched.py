@@ -6,9 +6,10 @@ from typing import Sequence
 
 from ...schedules.vocabulary import Send
 from .base import TransferError, poll, wire
+from .interface import Transport
 
 
-class BatchedTransport:
+class BatchedTransport(Transport):
     """NCCL-shaped: one batch per step; see the module docstring."""
 
     batched = True

@@ -9,6 +9,7 @@ from typing import List, Sequence
 from ...schedules.vocabulary import Recv, Send
 from . import base
 from .base import TransferError, _remaining, close_gloo, wire
+from .interface import Transport
 
 
 class _Staging:
@@ -42,7 +43,7 @@ class _HostStep:
         self.staging = None
 
 
-class HostTransport:
+class HostTransport(Transport):
     """gloo: one tagged message per transfer; see the module docstring."""
 
     batched = False

@@ -46,6 +46,7 @@ import torch.distributed as dist
 from ...schedules.vocabulary import Send
 from ..streams import StreamRuntime, device_work
 from . import NCCL_DTYPES, NcclShim, TransferError, wire
+from .interface import Transport
 
 #: ringcoll's deadline is at most this share of the private communicator's own timeout
 PRIVATE_MARGIN = 4.0
@@ -147,7 +148,7 @@ class InFlight:
         return f"InFlight({self.name}, steps={len(self.steps)}/{self.total})"
 
 
-class StreamTransport:
+class StreamTransport(Transport):
     """The stream-ordered transport (see the module docstring)."""
 
     batched = True
