@@ -157,7 +157,7 @@ def _call(c, alg, rank, world, group, x, total, of, n):
             (lambda: torch.equal(out, torch.cat([of(r) * (rank + 1) for r in range(world)])))
     if c == "barrier":
         return (lambda **kw: ringcoll.barrier(**g, **kw)), (lambda: True)
-    raise ValueError(f"unknown collective {collective!r}")
+    raise ValueError(f"unknown collective {c!r}")
 
 
 # -- the monkeypatches (in the victim only) -------------------------------------------------
