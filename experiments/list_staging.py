@@ -86,7 +86,7 @@ def _measure() -> list:
     import torch.distributed as dist
 
     import ringcoll
-    from ringcoll.api._common import group_executor, persistent_plans
+    from ringcoll.api.common import group_executor, persistent_plans
     from ringcoll.runtime.blocks import Blocks
 
     executor = group_executor(None)

@@ -24,7 +24,7 @@ _moved.install()
 
 from .schedules.registry import Cost, algorithms
 from .sim.trust import register
-from .sim.machine import Machine
+from .cost.machine import Machine
 from .cluster import launch
 from . import api
 from .api import *  # noqa: F401,F403 - the drop-ins, one module each

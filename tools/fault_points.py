@@ -194,9 +194,9 @@ class Patches:
 
     def install(self) -> "Patches":
         from ringcoll.runtime import executor as ex
-        from ringcoll.runtime import streams
+        from ringcoll.runtime import stream_runtime
         from ringcoll.runtime.transport import BatchedTransport, HostTransport
-        from ringcoll.runtime.transport import stream as stream_transport
+        from ringcoll.runtime.transport import stream_ordered as stream_transport
 
         patches = self
 
@@ -287,7 +287,7 @@ class Patches:
         for cls in (HostTransport, BatchedTransport, stream_transport.StreamTransport):
             self._patch(cls, "ready", ready)
         self._patch(stream_transport.StreamTransport, "local", local)
-        self._patch(streams.EmulatedRuntime, "query", query)
+        self._patch(stream_runtime.EmulatedRuntime, "query", query)
         self._patch(stream_transport.EmulatedNccl, "failed", failed)
         return self
 

@@ -14,7 +14,7 @@ from ..selection import choose, group_nodes, segment_elements
 from ..selection.model import machine as model_machine
 from ..runtime.nodes import context_layout, describe_layout
 
-from ._common import Context
+from .common import Context
 from ._checks import check_device, flat
 
 log = logging.getLogger("ringcoll")

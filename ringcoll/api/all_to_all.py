@@ -21,7 +21,7 @@ from ..schedules.vocabulary import Buf, Layout
 from ..schedules import registry
 from ..selection import choose
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import new_plan, pick, table_device
 

@@ -17,7 +17,7 @@ from ..schedules import registry
 from ..config import Settings
 from ..runtime.executor import P2PExecutor, Prepared
 from ..runtime.nodes import group_layout, known_layout, share_layout
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..selection import checked_settings
 from ..runtime.work import submit, submit_stream

@@ -10,7 +10,7 @@ __all__ = ["gather", "scatter"]
 
 from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import check_device, flat, group_root, real_tensor
 from ._plans import describe, new_plan, pick_per_block
 from ._lists import (check_all_same, check_list_fits, check_tensor_list, is_block, separate_input,

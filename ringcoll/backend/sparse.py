@@ -6,7 +6,7 @@ import torch
 
 from typing import List
 
-from ..api._common import BUILDERS, Context
+from ..api.common import BUILDERS, Context
 from ..api._checks import as_real
 from ..ops import RedOpType
 from ..runtime.work import Work, submit

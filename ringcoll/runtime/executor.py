@@ -3,7 +3,7 @@
 Each step's sends and receives are posted together and waited on together (a blocking send
 before a receive deadlocks under gloo at every size), then the step's local operations run.
 The transfers go through a transport (:mod:`ringcoll.runtime.transport`), chosen by the device of
-the call's tensors: the stream-ordered transport (:mod:`ringcoll.runtime.transport.stream`) for CUDA
+the call's tensors: the stream-ordered transport (:mod:`ringcoll.runtime.transport.stream_ordered`) for CUDA
 tensors on a group with an NCCL backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend
 given), where the same loop enqueues the whole call on ringcoll's stream and returns without a
 host wait (a watchdog thread, not this loop, times its steps); gloo's host transport otherwise
@@ -59,7 +59,7 @@ import torch.distributed as dist
 from .. import kernels
 from ..schedules import registry
 from ..config import settings
-from . import streams
+from . import stream_runtime
 from .blocks import Blocks, independent, tensors_in, tensors_of
 from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_notice, group_timeout,
                        leave_notice, read_notices)
@@ -69,7 +69,7 @@ from .local import resolve_local, run_resolved
 from .plan import Plan
 from ..schedules.vocabulary import Layout, Send, extents
 from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
-from .transport.stream import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
+from .transport.stream_ordered import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
                                private_gloo, private_nccl, private_timeout)
 from .watchdog import watchdog
 
@@ -141,7 +141,7 @@ class P2PExecutor:
     # -- calls -------------------------------------------------------------------------
     def begin_call(self) -> int:
         """The next call's sequence number in this group (raises if the group has failed).
-        Called in one place only, the call's entry (``ringcoll.api._common.executor_context``,
+        Called in one place only, the call's entry (``ringcoll.api.common.executor_context``,
         which the drop-ins and the backend both use), on the caller's thread, before any check
         that depends on this rank's role: a check failing on one rank only then leaves the
         numbering aligned. A composite call (an object collective, the backend's sparse
@@ -191,7 +191,7 @@ class P2PExecutor:
     @staticmethod
     def stream_runtime(device: torch.device):
         """The streams and events of the stream-ordered path on ``device``: CUDA's, or the CPU's emulator."""
-        return streams.cuda() if device.type == "cuda" else streams.emulated()
+        return stream_runtime.cuda() if device.type == "cuda" else stream_runtime.emulated()
 
     def _streamed(self, device: torch.device, runtime) -> StreamTransport:
         """The stream-ordered transport for ``device`` over a private communicator made now
@@ -308,7 +308,7 @@ class P2PExecutor:
         ``window`` steps' transfers in flight.
 
         ``seq``: the call's number in the group (default: the plan's own). Numbers are taken in
-        one place, at the call's entry, never here (``ringcoll.api._common.executor_context``);
+        one place, at the call's entry, never here (``ringcoll.api.common.executor_context``);
         a call that reaches the executor without one is refused. ``tag``: an internal
         exchange's reserved tag instead of a number (the node layout, check mode's
         fingerprints): such a run has no number, is not itself checked and is named by its
@@ -320,7 +320,7 @@ class P2PExecutor:
         Step j is posted early, while earlier steps are still moving or reducing, when none of
         its transfers touches what those steps still read or write; a step's local operations
         run as soon as its own transfers are done, so the reduction of one segment overlaps the
-        transfer of the next. On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream`)
+        transfer of the next. On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream_ordered`)
         the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
@@ -329,7 +329,7 @@ class P2PExecutor:
             seq = plan.seq if seq is None else seq
             if seq is None:
                 raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
-                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
+                                 f"taken at its entry (ringcoll.api.common.executor_context); got none")
         try:
             return self._execute(call, seq, tag, caller, blocking)
         except BaseException as error:
@@ -669,7 +669,7 @@ class Prepared:
     buffers. Which later step may be posted while an earlier one is in flight is worked out
     once (:meth:`reach`). Valid for any later call
     whose tensors name the same memory with the same shapes, strides and dtypes: the drop-in
-    checks that before it reuses one (ringcoll.api._common.run_call)."""
+    checks that before it reuses one (ringcoll.api.common.run_call)."""
 
     __slots__ = ("plan", "steps", "buffers", "posts", "local", "transport", "print_bits", "group_timeout",
                  "before", "after", "device", "_addresses", "_reach")

@@ -11,7 +11,7 @@ runs nothing.
 first used for a collective call.** Every collective call, drop-in (object collectives
 included) or backend (``dist.*`` on a ``"ringcoll"`` group, its sparse all_reduce included),
 resolves it at its entry, right after taking its number
-(``ringcoll.api._common.executor_context``), and carries it in its context; point-to-point
+(``ringcoll.api.common.executor_context``), and carries it in its context; point-to-point
 send/recv never do (not every rank makes them, so they cannot exchange), nor do barriers and
 monitored_barrier (tokens only, no node-aware algorithm, and a ``timeout=`` that must bound
 the whole call even as a group's first). At the group's first such call (every rank makes
@@ -40,7 +40,7 @@ keyed by this rank's record: a setting changed on every rank between calls takes
 with a new exchange, at the next collective call. The cost: one store write and ``world - 1``
 store reads of 719-byte records per rank, once per group. An asynchronous call never waits for
 it on the caller's thread: at a group's first call it runs in the call's own run
-(``ringcoll.api._common.Context.late``; docs/design.md, Decisions).
+(``ringcoll.api.common.Context.late``; docs/design.md, Decisions).
 
 Outside a process group (the simulator), the layout is ``simulate(..., local_size=L)``'s
 (the context's ``nodes``), else ``RINGCOLL_LOCAL_SIZE``'s, else one node.
@@ -344,7 +344,7 @@ def known_layout(executor) -> Optional[Tuple[Nodes, str]]:
     """``executor``'s group's layout and its source when no exchange is needed to know it (agreed
     earlier, and this rank's facts unchanged since), else None: what :func:`group_layout` returns
     without waiting on a peer. An ``async_op=True`` call whose group has none yet agrees it inside
-    its own run (``ringcoll.api._common.executor_context``), never on the caller's thread."""
+    its own run (``ringcoll.api.common.executor_context``), never on the caller's thread."""
     owner, current = _owner(executor), settings()
     known = _AGREED.get(owner)
     if known is None:
@@ -362,7 +362,7 @@ def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the group's
     first collective call, then kept for the group (:func:`agreed`) while this rank's facts
     stay the same (the same settings: about a microsecond to tell). Called at every collective
-    call's entry (``ringcoll.api._common.executor_context``), never while a plan is built:
+    call's entry (``ringcoll.api.common.executor_context``), never while a plan is built:
     every rank of the group makes the same collective calls in the same order, so the ranks
     exchange at the same call; a call made by some ranks only (send/recv) never asks. A
     group of one rank derives its layout without an exchange. ``device``: where the exchange
@@ -405,12 +405,12 @@ def context_layout(ctx) -> Tuple[Nodes, str]:
     if getattr(ctx, "layout_pending", False):
         # an async call at its group's first collective call, built on the caller's thread
         # before the layout is agreed (inside its run): one node stands in, and the call's run
-        # builds its plan again on the agreed layout (ringcoll.api._common.Context.late)
+        # builds its plan again on the agreed layout (ringcoll.api.common.Context.late)
         ctx.provisional = True
         return (0,) * ctx.world, "a stand-in until the group agrees its layout"
     if ctx.executor is not None:
         raise RuntimeError("ringcoll: a call on a process group builds its plan with the layout its entry "
-                           "resolved (ringcoll.api._common.executor_context); this context has none")
+                           "resolved (ringcoll.api.common.executor_context); this context has none")
     size = local_size_from_env()
     if size is not None:
         return even_nodes(ctx.world, size), f"RINGCOLL_LOCAL_SIZE={size}"

@@ -54,7 +54,7 @@ from typing import Optional
 
 from ..schedules import registry
 from ..config import configure_logging, settings  # noqa: F401 - configure_logging: ringcoll's own
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 from ..runtime.nodes import context_layout
 
 from .tables import (CUDA_MACHINE, DEFAULT_MACHINE, RULES, SEGMENTS, TABLES, Rule, SegmentRule, Table,  # noqa: F401

@@ -24,7 +24,7 @@ from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from typing import List, Optional
 
-from .machine import Machine
+from ..cost.machine import Machine
 
 
 def _sizes(lo: int, hi: int, factor: int) -> List[int]:

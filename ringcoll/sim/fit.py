@@ -24,7 +24,7 @@ import numpy as np
 
 from ..schedules import registry
 from ..schedules.registry import Cost
-from .machine import Machine
+from ..cost.machine import Machine
 from ..selection import segment_bytes
 
 _ITEMSIZE = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,

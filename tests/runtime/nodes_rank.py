@@ -80,7 +80,7 @@ def main(out_dir: str) -> None:
                     problem = compare(rank, world, numel, algorithm, collective)
                     if problem:
                         found["problems"].append(problem)
-        from ringcoll.api._common import group_executor
+        from ringcoll.api.common import group_executor
         from ringcoll.runtime.nodes import group_layout
 
         nodes, source = group_layout(group_executor(None))

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 import ringcoll
 from _util import group_timeouts, ringcoll_log
-from ringcoll.api._common import Context
+from ringcoll.api.common import Context
 from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -115,7 +115,7 @@ def test_plan_building_reads_the_layout_its_entry_resolved_and_never_exchanges(m
     model deciding, only read it. Before, the builder asked group_layout, which exchanged at
     the group's first node-aware call."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import executor_context
+    from ringcoll.api.common import executor_context
     from ringcoll.runtime import nodes
     from ringcoll.runtime.executor import P2PExecutor
 
@@ -157,7 +157,7 @@ def _hierarchical_sum(group=None) -> list:
 def disagreeing_local_size():
     """RINGCOLL_LOCAL_SIZE 2 on ranks 0-1, 3 on ranks 2-3: the error each rank raises; then,
     with the setting removed everywhere, a hierarchical call on the same group."""
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
     from ringcoll.runtime.nodes import group_layout
 
     rank = dist.get_rank()
@@ -186,7 +186,7 @@ def test_disagreeing_local_size_is_refused_on_every_rank(clusters):
 def layout_sources():
     """Each source of a group's layout on the default group (group_layout, as every rank
     calls it at one point), and LOCAL_WORLD_SIZE alone, which must not count."""
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
     from ringcoll.runtime.nodes import group_layout
 
     rank, executor = dist.get_rank(), group_executor(None)
@@ -416,7 +416,7 @@ def exchange_behind_queued_calls():
 
 
 def group_executor_of(group):
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
 
     return group_executor(group)
 
@@ -436,7 +436,7 @@ def layout_through_the_store(absent: int) -> tuple:
 
     import torch.distributed as dist
 
-    from ringcoll.api._common import executor_context, group_executor
+    from ringcoll.api.common import executor_context, group_executor
     from ringcoll.runtime.failures import PeerError
 
     rank, world = dist.get_rank(), dist.get_world_size()

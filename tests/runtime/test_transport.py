@@ -26,16 +26,16 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.runtime import streams, transport, work as work_module
+from ringcoll.runtime import stream_runtime, transport, work as work_module
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context, executor_context
+from ringcoll.api.common import Context, executor_context
 from ringcoll.api._checks import check_device
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import group_timeout
 from ringcoll.schedules.vocabulary import Buf, Recv, Send
 from ringcoll.runtime.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError,
                                 wire)
-from ringcoll.runtime.transport.stream import StreamTransport
+from ringcoll.runtime.transport.stream_ordered import StreamTransport
 
 
 # -- the catalogue through the batched transport -------------------------------------------------
@@ -109,7 +109,7 @@ def catalogue_slice():
         x = data(n, rank, torch.int16)
         ringcoll.all_reduce(x, algorithm="ring")
         check(f"all_reduce int16 {n}", x, sum(data(n, r) for r in range(world)).to(torch.int16))
-    executor = ringcoll.api._common.group_context(None).executor
+    executor = ringcoll.api.common.group_context(None).executor
     return type(executor.transport(torch.device("cpu"))).__name__, wrong
 
 
@@ -129,7 +129,7 @@ def batched_semantics():
         ringcoll.all_to_all_single(got, inp, counts, counts, group=group)
         want = torch.zeros_like(got)
         dist.all_to_all_single(want, inp, counts, counts, group=group)
-        shim = ringcoll.api._common.group_context(group).executor.transport(torch.device("cpu")).comm
+        shim = ringcoll.api.common.group_context(group).executor.transport(torch.device("cpu")).comm
         out["zero_splits"] = (torch.equal(got, want), shim.log[0], sum(e[0] == "batch" for e in shim.log))
         # barrier blocks the host until the peers arrive (NCCL's wait() does not)
         if rank == 1:
@@ -294,7 +294,7 @@ class FakeStreams:
 @pytest.fixture
 def fake_streams(monkeypatch):
     fake = FakeStreams()
-    monkeypatch.setattr(transport.base, "streams", fake)
+    monkeypatch.setattr(transport.base, "cuda_calls", fake)
     return fake
 
 
@@ -463,7 +463,7 @@ def test_the_shim_keeps_nccls_dtype_list_and_the_transports_move_bytes():
 
 def test_the_transport_follows_the_tensors_device_not_the_backend_string(monkeypatch):
     monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)      # (pytest --transport batched)
-    monkeypatch.setattr(streams, "cuda", streams.emulated)       # no CUDA streams in this build
+    monkeypatch.setattr(stream_runtime, "cuda", stream_runtime.emulated)       # no CUDA streams in this build
     mixed = P2PExecutor(FakeNccl(), rank=0, world=2, backend="cpu:gloo,cuda:nccl")
     cuda = mixed.transport(torch.device("cuda", 0))
     assert isinstance(cuda, StreamTransport) and isinstance(cuda.comm, NcclComm)
