@@ -15,13 +15,8 @@ setting, read once) < ``schedules`` (the registry and one module per collective)
 (rules, tuning table, model) < ``api`` (the drop-ins) and ``backend`` (the torch backend, the
 DDP hook) < ``sim`` (the simulator and the study) and ``msccl`` < this package, the launcher and
 the command lines < ``bench`` (ringcoll-bench). Nothing here imports the checkout's tools/ or
-experiments/; the pre-split module paths (``ringcoll.executor``, ``ringcoll.schedule``, ...)
-still import, with a DeprecationWarning (:mod:`ringcoll._moved`).
+experiments/.
 """
-from . import _moved
-
-_moved.install()
-
 from .schedules.registry import Cost, algorithms
 from .sim.trust import register
 from .cost.machine import Machine

@@ -45,7 +45,6 @@ def package_dirs(root: pathlib.Path = ROOT) -> dict:
 
 #: module -> layer (see the module docstring); a module not listed here fails the test.
 LAYERS = {
-    "ringcoll._moved": 0,
     "ringcoll.ops": 0, "ringcoll.cost.machine": 0, "ringcoll.cost.network": 0, "ringcoll.schedules.vocabulary": 0,
     "ringcoll.kernels._lowering": 0, "ringcoll.kernels._numba": 0,
     "ringcoll.msccl.ir": 0, "ringcoll.sim": 0, "ringcoll.sim.bounds": 0,
@@ -210,40 +209,3 @@ def test_the_checks_catch_a_bad_import(tmp_path, source, complaint):
                   if b.startswith("ringcoll.bench") and not a.startswith("ringcoll.bench")]
     found = {"lower layer to a higher": upward, "tools": outside, "ringcoll.bench": into_bench}[complaint]
     assert found, (source, complaint)
-
-
-@pytest.mark.parametrize("old", sorted(__import__("ringcoll._moved", fromlist=["MOVED"]).MOVED))
-def test_old_module_paths_still_import_with_a_deprecation(old):
-    """A pre-split path (``ringcoll.runtime.executor``, ``ringcoll.schedules.vocabulary``, ...) imports, warns with a
-    DeprecationWarning naming the new path, and gives the very module at the new path, not a copy
-    (a copy would hold its own registry, plan cache and settings)."""
-    import importlib
-    import sys
-    import warnings
-
-    from ringcoll._moved import MOVED
-
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(MOVED[old])
-    assert any(issubclass(w.category, DeprecationWarning) and MOVED[old] in str(w.message) for w in caught)
-
-
-def test_an_old_child_module_is_the_new_one():
-    """``import ringcoll.sim.sweep`` (a child of a moved package) binds the module at
-    ``ringcoll.sim.sweep`` itself: the alias finder runs before the path finder, which would
-    otherwise load the file a second time under the old name."""
-    import importlib
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old = importlib.import_module("ringcoll.sim.sweep")
-        step = importlib.import_module("ringcoll.schedules.vocabulary").Step
-    import ringcoll.schedules.vocabulary
-    import ringcoll.sim.sweep
-
-    assert old is ringcoll.sim.sweep and step is ringcoll.schedules.vocabulary.Step
-    assert old.__spec__.name == "ringcoll.sim.sweep" and ringcoll.sim.__spec__.name == "ringcoll.sim"

@@ -58,7 +58,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import config
 from ..config import settings
-from ..schedules.vocabulary import Nodes, needs_nodes  # noqa: F401 - a layout is a Nodes
+from ..schedules.vocabulary import Nodes
 from .identity import tag_of
 
 log = logging.getLogger("ringcoll")
