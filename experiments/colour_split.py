@@ -1,6 +1,6 @@
 """Does splitting the double trees' global steps by colour hurt on gloo?
 
-    python -m experiments.colour_split [--worlds 3 4] [--rounds 1.0] [--runs 1] [--out bench/results]
+    python -m experiments.colour_split [--worlds 3 4] [--rounds 1.0] [--runs 1] [--out bench/results/experiments]
 
 The double trees (``ringcoll.schedules.trees.TreePipeline``: all_reduce, broadcast and reduce
 ``double_binary_tree``) split each global step into one step per colour of a proper edge
@@ -190,7 +190,7 @@ def main(argv=None) -> None:
     parser.add_argument("--merge", nargs="*", default=[], help="earlier colour_split.json files to report "
                         "with this one (their runs numbered first)")
     parser.add_argument("--report-only", action="store_true", help="measure nothing: report the --merge files")
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="bench/results/experiments")
     args = parser.parse_args(argv)
     result = {"host": platform.node(), "torch": torch.__version__, "cpus": os.cpu_count(), "worlds": []}
     for path in args.merge:

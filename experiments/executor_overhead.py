@@ -1,6 +1,6 @@
 """Where the time goes: the executor's own cost per step, and a profile of one big all_reduce.
 
-    python -m experiments.executor_overhead [--out bench/results]
+    python -m experiments.executor_overhead [--out bench/results/experiments]
 
 1. Executor overhead: rank 0's schedule of each all_reduce algorithm, run by the P2P
    executor over a transport that moves nothing (every send and receive completes at once),
@@ -334,7 +334,7 @@ def _thread_cpu(rounds: int = 500, numel: int = 1024) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="bench/results/experiments")
     parser.add_argument("--np", type=int, default=4)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -1,7 +1,7 @@
 """Fault injection at every point of a call: an exception raised inside one rank's call.
 
     python -m tools.fault_points --worlds 3 --transports host --out /tmp/w3_host.json     # one part
-    python -m tools.fault_points --merge /tmp/w*_*.json --replays /tmp/replays.json --out bench/results/faults_points.json
+    python -m tools.fault_points --merge /tmp/w*_*.json --replays /tmp/replays.json --out bench/results/faults/faults_points.json
     python -m tools.fault_points --sample 16 --seed 1 --transports host,batched          # CI runs this one
     python -m tools.fault_points --replay 'all_reduce/ring@4/host:local:1:r2'            # one injection alone
 

@@ -265,7 +265,7 @@ def test_fitted_machine_file_is_the_model(plain_env, tmp_path):
     closed-form time on the fitted machine, and names the file."""
     import pathlib
 
-    run = pathlib.Path(__file__).resolve().parents[2] / "bench" / "results" / "20261202T144510Z_np4_gloo.json"
+    run = pathlib.Path(__file__).resolve().parents[2] / "bench" / "results" / "runs" / "20261202T144510Z_np4_gloo.json"
     fitted = ringcoll.fit([str(run)])
     path = tmp_path / "fitted.json"
     fitted.save(str(path))
