@@ -181,7 +181,7 @@ def test_hierarchical_cost_equals_the_port_clock(monkeypatch, collective):
 
 
 def test_torus_grid():
-    from ringcoll.schedules.hierarchical import torus_grid
+    from ringcoll.schedules.vocabulary import torus_grid
 
     assert [torus_grid(p) for p in (1, 2, 6, 12, 16, 17, 64, 1024)] == \
         [(1, 1), (2, 1), (3, 2), (4, 3), (4, 4), (17, 1), (8, 8), (32, 32)]
