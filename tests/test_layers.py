@@ -1,26 +1,25 @@
-"""The layers of ringcoll/, read from its source: every module is parsed with ``ast``, every
+"""The layers of ringcoll, read from its source: every module is parsed with ``ast``, every
 import in it (at the top or inside a function: a late import is still a dependency) becomes an
 edge of the import graph, and the graph must go down the layers only, without a circle.
 
-The layer order, lowest first (a module may import its own layer and the ones below it):
+A layer is a package: the folders show the layers. Lowest first (a module may import its own
+layer and the ones below it):
 
-0. models and vocabulary -- ``ops``, ``machine``, ``schedule`` (steps, buffers, layouts),
-   the kernels' lowering and CPU kernels, MSCCL-IR's parser, the simulator's bounds, result
-   checks and pictures: nothing of ringcoll above them.
-1. settings -- ``config`` (every RINGCOLL_* variable, read in one place), and what only
-   needs settings (the NVRTC compiler's cache directory).
-2. algorithms -- ``registry``, ``plan``, ``schedules`` (one module per collective, plus the
-   shared rings, trees and folds), MSCCL programs turned into schedules and back.
-3. runtime -- the kernels' dispatch, ``local`` (a rank's own copies and reductions),
-   ``transport``, ``work``, ``executor`` (runs a plan), and the simulator's engine
-   (``simulator``: many ranks' plans on a clock beside the runtime).
-4. selection -- ``topology`` (the node layout of a group), ``selection`` (rules, tuning
-   table, model), the model's fit.
-5. api -- the drop-ins (``collectives``), the backend (``backend``) and the DDP hook.
-6. simulation front -- ``simulate`` (whole calls in one process), the sweep, MSCCL's
-   load/check.
-7. entry points -- the package itself, the launcher, the command lines.
-8. tools -- ``ringcoll.bench`` (ringcoll-bench), above everything, imported by nothing below.
+0. the models -- ``ops`` (what each ReduceOp means) and ``cost`` (machines and networks: what
+   a message, a step and a reduction cost): nothing of ringcoll above them.
+1. settings -- ``config`` (every RINGCOLL_* variable, read in one place).
+2. algorithms -- ``schedules``: the vocabulary (steps, buffers, layouts), the registry, one
+   module per collective, the shared rings, trees and folds.
+3. runtime -- ``runtime`` (plan, executor, work, transports, a group's placement) and
+   ``kernels`` (the local reductions and their dispatch).
+4. selection -- ``selection`` (``auto``: rules, tuning table, model).
+5. api -- the drop-ins (``api``), the torch backend and the DDP hook (``backend``).
+6. simulation and interop -- ``sim`` (whole calls in one process, the study) and ``msccl``.
+7. entry points -- the package itself and the launcher (``cluster``).
+8. tools -- ``bench`` (ringcoll-bench), above everything, imported by nothing below.
+
+``EXCEPTIONS`` names, each with its reason, the modules whose layer is not their package's (so
+that the list shows where a folder does not yet show its layer); ``layer_of`` reads them first.
 
 Nothing under ringcoll/ imports the checkout's ``bench``, ``tools`` or ``experiments``, and
 ``ringcoll_autoload`` (torch's entry point, above the package) is never imported back.
@@ -43,23 +42,28 @@ def package_dirs(root: pathlib.Path = ROOT) -> dict:
     mapping = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     return {name: root / folder for name, folder in mapping.items()}
 
-#: module -> layer (see the module docstring); a module not listed here fails the test.
+
+#: each package (or module) directly under ringcoll -> its layer (see the module docstring); its
+#: subpackages and modules share it. One not listed here fails the test.
 LAYERS = {
-    "ringcoll.ops": 0, "ringcoll.cost.machine": 0, "ringcoll.cost.network": 0, "ringcoll.schedules.vocabulary": 0,
-    "ringcoll.kernels._lowering": 0, "ringcoll.kernels._numba": 0,
-    "ringcoll.msccl.ir": 0, "ringcoll.sim": 0, "ringcoll.sim.bounds": 0,
-    "ringcoll.sim.pictures": 0, "ringcoll.sim.check": 0, "ringcoll.sim._batch_clock": 0,
-    "ringcoll.config": 1, "ringcoll.kernels._nvrtc": 1,
-    "ringcoll.schedules.registry": 2, "ringcoll.runtime.plan": 2, "ringcoll.schedules": 2,
-    "ringcoll.sim.batch": 2, "ringcoll.msccl.to_schedule": 2, "ringcoll.msccl.mapping": 2, "ringcoll.msccl.export": 2,
-    "ringcoll.kernels": 3, "ringcoll.kernels._cupy": 3, "ringcoll.runtime.local": 3, "ringcoll.runtime.transport": 3,
-    "ringcoll.runtime": 3, "ringcoll.runtime.work": 3, "ringcoll.runtime.executor": 3, "ringcoll.sim.engine": 3,
-    "ringcoll.runtime.stream_runtime": 3, "ringcoll.runtime.transport.stream_ordered": 3, "ringcoll.runtime.watchdog": 3,
-    "ringcoll.runtime.nodes": 4, "ringcoll.selection": 4, "ringcoll.sim.fit": 4,
-    "ringcoll.api": 5, "ringcoll.backend.hooks": 5, "ringcoll.backend": 5,
-    "ringcoll.sim.simulate": 6, "ringcoll.sim.sweep": 6, "ringcoll.sim.trust": 6, "ringcoll.msccl": 6, "ringcoll.msccl.check": 6, "ringcoll.msccl.program": 6,
-    "ringcoll": 7, "ringcoll.cluster": 7, "ringcoll.sim.cli": 7, "ringcoll.msccl.__main__": 7,
+    "ringcoll.ops": 0, "ringcoll.cost": 0,
+    "ringcoll.config": 1,
+    "ringcoll.schedules": 2,
+    "ringcoll.runtime": 3, "ringcoll.kernels": 3,
+    "ringcoll.selection": 4,
+    "ringcoll.api": 5, "ringcoll.backend": 5,
+    "ringcoll.sim": 6, "ringcoll.msccl": 6,
+    "ringcoll": 7, "ringcoll.cluster": 7,
     "ringcoll.bench": 8,
+}
+
+#: module -> (its layer, why it is not its package's)
+EXCEPTIONS = {
+    "ringcoll.sim.engine": (3, "the simulator's clock runs plans beside the runtime, and the api prices "
+                               "plans with it (api._calls); a package of its own below the api once the "
+                               "clock's rewrite into phases (#39 item 2) has landed"),
+    "ringcoll.sim.batch": (3, "the clock's compiled one-step exchanges, imported by the engine"),
+    "ringcoll.sim._batch_clock": (3, "the compiled clock itself, imported by sim.batch"),
 }
 
 #: what remains to be untangled: (importer, imported) -> why it is there today.
@@ -77,8 +81,10 @@ def module_name(path: pathlib.Path, package: str, folder: pathlib.Path) -> str:
 
 
 def layer_of(module: str) -> int:
-    """A module's layer: its own entry, else its nearest listed package's (``ringcoll.bench.cli``
-    is ``ringcoll.bench``'s)."""
+    """A module's layer: its entry in EXCEPTIONS, else its nearest listed package's
+    (``ringcoll.bench.cli`` is ``ringcoll.bench``'s)."""
+    if module in EXCEPTIONS:
+        return EXCEPTIONS[module][0]
     name = module
     while name not in LAYERS:
         if "." not in name:
@@ -153,9 +159,25 @@ def cycles(graph: dict, skip: set) -> list:
     return found
 
 
-def test_every_module_has_a_layer():
-    for module in import_graph():
-        layer_of(module)
+def test_every_package_has_a_layer():
+    """Every package and module directly under ringcoll is in LAYERS (the package's own entry,
+    not ringcoll's by default), and every exception names a module that exists."""
+    graph = import_graph()
+    direct = {".".join(module.split(".")[:2]) for module in graph}
+    assert not sorted(direct - set(LAYERS)), f"add them to LAYERS: {sorted(direct - set(LAYERS))}"
+    assert not sorted(set(EXCEPTIONS) - set(graph)), sorted(set(EXCEPTIONS) - set(graph))
+
+
+def test_every_exception_is_still_needed():
+    """An exception whose module would keep the layers at its package's layer is taken off."""
+    graph = import_graph()
+    for module in EXCEPTIONS:
+        kept = EXCEPTIONS.pop(module)
+        try:
+            upward = upward_edges(graph) - set(DEBT)
+        finally:
+            EXCEPTIONS[module] = kept
+        assert upward, f"{module} keeps the layers at its package's layer: take it off EXCEPTIONS"
 
 
 def test_imports_go_down_the_layers_only():
