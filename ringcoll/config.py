@@ -335,7 +335,7 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("RINGCOLL_WINDOW", "positive integer", "2", "steps whose transfers may be in flight at once"),
 )
 NAMES = tuple(variable.name for variable in VARIABLES)
-#: read too: torchrun's node rank (a group's node layout when RINGCOLL_LOCAL_SIZE is unset;
+#: read too: torchrun's node rank (a group's placement when RINGCOLL_LOCAL_SIZE is unset;
 #: never LOCAL_WORLD_SIZE, a count of one node's ranks, not of every node's) and torch's debug
 #: level (DETAIL switches check mode on)
 OTHER_NAMES = ("GROUP_RANK", "TORCH_DISTRIBUTED_DEBUG")

@@ -28,7 +28,7 @@ of the same collective, algorithm, world and transport); victims are taken in tu
 ranks that have the point (``--turn`` starts the rotation elsewhere). The injection is a
 monkeypatch in the victim only, installed for the injected call and removed after it; the
 patched functions fire only for that call (never for an internal exchange it runs, such as
-the group's layout).
+the group's placement).
 
 For each injection, on a kept-alive cluster per world and a fresh pair of groups (the
 group's timeout ``--timeout``): every rank either raises within the timeout plus
@@ -164,7 +164,7 @@ def _call(c, alg, rank, world, group, x, total, of, n):
 class Patches:
     """Wrappers around the executor's and transports' functions that see which call they run
     for: ``target`` is true inside the numbered call's own run (an internal exchange it runs
-    with a tag, such as the group's layout, is not the target). Counts each point's events
+    with a tag, such as the group's placement, is not the target). Counts each point's events
     for the target call (the census) or raises at ``point`` number ``k`` (an injection)."""
 
     def __init__(self, point: Optional[str] = None, k: int = 0):

@@ -36,7 +36,7 @@ from ..api.common import BUILDERS, Context, call_context, executor_context, subm
 from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import PeerError, get_timeout
-from ..runtime.nodes import share_layout
+from ..runtime.nodes import share_placement
 from ..runtime.transport.stream_ordered import private_nccl_environment
 from ..cost.machine import Machine
 from ..ops import RedOpType
@@ -304,19 +304,19 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _named(self, executor: P2PExecutor) -> P2PExecutor:
         """``executor`` naming peers by this group's global ranks in its errors (built on an
         inner group that torch does not know, it would count them from 0), and reading this
-        group's one node layout (agreed at its first collective call, whichever executor
+        group's one placement (agreed at its first collective call, whichever executor
         and path, drop-in or backend, makes it)."""
         executor.global_ranks = list(self.global_ranks)
-        share_layout(executor, self)
+        share_placement(executor, self)
         return executor
 
     def _context(self, collective: str, tensor: Optional[torch.Tensor]) -> Context:
         """A ``collective`` call's context on the executor of ``tensor``'s device: the call takes
-        its number here, at its entry, before the builder's checks, and the group's node layout
+        its number here, at its entry, before the builder's checks, and the group's placement
         with it, as a drop-in's does (:func:`ringcoll.api.common.call_context`)."""
         device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
         # every call here is asynchronous (torch waits on the Work for a synchronous one): at a
-        # group's first call the layout is agreed in the call's run, never on the caller's thread
+        # group's first call the placement is agreed in the call's run, never on the caller's thread
         return call_context(self.executor(device), collective, machine=self.options.machine, defer=True)
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
@@ -376,7 +376,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _sparse_allreduce(self, tensors, op):
         device = tensors[0].device if tensors else torch.device("cpu")
         # its three inner all_gathers take their numbers here, at the call's entry
-        # (the group's layout, at its first call, agreed in the call's run: sparse_all_reduce)
+        # (the group's placement, at its first call, agreed in the call's run: sparse_all_reduce)
         contexts = [executor_context(self.executor(device), machine=self.options.machine, defer=True)
                     for _ in range(3)]
         return sparse_all_reduce(tensors, op, contexts, self.options.algorithm("all_gather_into_tensor"))

@@ -67,7 +67,7 @@ from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_ena
                        print_bits, tag_of, unpack_record)
 from .local import resolve_local, run_resolved
 from .plan import Plan
-from ..schedules.vocabulary import Layout, Send, extents
+from ..schedules.vocabulary import IN_PLACE, Layout, Send, extents
 from .transport import BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError, wire
 from .transport.stream_ordered import (EmulatedNccl, InFlight, PostedStep, StreamTransport, group_store,
                                private_gloo, private_nccl, private_timeout)
@@ -310,7 +310,7 @@ class P2PExecutor:
         ``seq``: the call's number in the group (default: the plan's own). Numbers are taken in
         one place, at the call's entry, never here (``ringcoll.api.common.executor_context``);
         a call that reaches the executor without one is refused. ``tag``: an internal
-        exchange's reserved tag instead of a number (the node layout, check mode's
+        exchange's reserved tag instead of a number (the placement, check mode's
         fingerprints): such a run has no number, is not itself checked and is named by its
         plan's ``describe``. ``caller``: on the stream-ordered path, the event of the caller's
         stream the call is enqueued after (None: the calling thread's current stream now).
@@ -344,7 +344,7 @@ class P2PExecutor:
                  blocking: bool) -> Optional[InFlight]:
         """:meth:`execute`'s body (every exception it raises fails the group)."""
         if not isinstance(call, Prepared) and call.late is not None:
-            call = call.late()          # the group's layout agreed here, on the worker, in call order
+            call = call.late()          # the group's placement agreed here, on the worker, in call order
         prepared = call if isinstance(call, Prepared) else self.prepare(call)
         plan, transport = prepared.plan, prepared.transport
         if tag is None:
@@ -633,7 +633,7 @@ class P2PExecutor:
         # on the call's own device and transport: an NCCL-only group has no CPU transport
         table = table.to(plan.device)
         ring = registry.get("all_gather", "ring")
-        layout = Layout(table.numel(), {"in_place": True})
+        layout = Layout(table.numel(), {IN_PLACE: True})
         check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table}, timeout=timeout,
                           describe=f"fingerprint check of call #{seq} {plan.describe}")
         self.execute(check_plan, tag=CHECK_TAG, blocking=True)

@@ -42,9 +42,9 @@ class Plan:
     #: ``after`` hook that copies them in or out, whether the schedule may write the list);
     #: the P2P executor names the tensors themselves instead when it can (executor.Blocks)
     lists: Dict[str, tuple] = field(default_factory=dict)
-    #: what the call's run does first, when its group's node layout is still to be agreed (an
+    #: what the call's run does first, when its group's placement is still to be agreed (an
     #: asynchronous call at its group's first collective call): agree it and return the plan
-    #: to run, this one or one built again on the agreed layout (ringcoll.api.common.Context.late);
+    #: to run, this one or one built again on the agreed placement (ringcoll.api.common.Context.late);
     #: the executor calls it on the worker thread, in call order
     late: Optional[Callable[[], "Plan"]] = None
 

@@ -5,8 +5,8 @@ across nodes, local ncclAllGather; ``nccl_operations.cc``) and leader-based root
 collectives (MPICH's SMP-aware collectives). The rings and the two-level all-reduce here also
 serve the torus algorithms (:mod:`ringcoll.schedules.torus`).
 
-The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.runtime.nodes`: the
-simulator's ``local_size``, else the layout the group's ranks agreed on by exchange, from
+The node of every rank comes in ``layout[NODES]`` (:mod:`ringcoll.runtime.nodes`: the
+simulator's ``local_size``, else the placement the group's ranks agreed on by exchange, from
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` or the hostnames). Nodes may differ in size
 and need not hold consecutive ranks. A node's
 **members** are its ranks in rank order; its **leader** is its first member (for rooted
@@ -20,8 +20,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
-from .vocabulary import (Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, needs_nodes,
-                         reduce, span, step)
+from .vocabulary import (IN_PLACE, NODES, ROOT, Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds,
+                         chunks, needs_nodes, reduce, span, step)
 from .trees import binomial
 
 
@@ -34,7 +34,7 @@ def members_of(nodes: Nodes) -> List[List[int]]:
 
 
 def _nodes(layout: Layout, world: int) -> Nodes:
-    nodes = tuple(layout.get("nodes") or (0,) * world)
+    nodes = tuple(layout.get(NODES) or (0,) * world)
     if len(nodes) != world:
         raise ValueError(f"layout['nodes'] must give the node of each of the {world} ranks, got {len(nodes)}")
     return nodes
@@ -116,7 +116,7 @@ def node_period(world: int, layout: Layout) -> Optional[int]:
     """``symmetry`` of the two-level schedules: nodes of L consecutive ranks, all alike, and
     equal chunks (numel a multiple of the world) make rank r's schedule rank r % L's moved by
     a whole number of nodes, a rotation of period L."""
-    return _rows_period(layout.get("nodes"), world, layout.numel, False)
+    return _rows_period(layout.get(NODES), world, layout.numel, False)
 
 
 def _all_reduce_period(world: int, layout: Layout) -> Optional[object]:
@@ -124,7 +124,7 @@ def _all_reduce_period(world: int, layout: Layout) -> Optional[object]:
     every rank the ring all-reduce, the same on every rank up to a rotation (period 1). (The
     hierarchical reduce-scatter and all-gather order a node's ring so that each rank ends with
     its own block: not a rotation inside one node.)"""
-    return _rows_period(layout.get("nodes"), world, layout.numel, True)
+    return _rows_period(layout.get(NODES), world, layout.numel, True)
 
 
 def _rows_period(nodes, world: int, numel: int, whole_ring: bool) -> Optional[object]:
@@ -231,7 +231,7 @@ def _rooted(rank: int, world: int, layout: Layout) -> Tuple[List[int], List[int]
     tree order (its leader first)."""
     nodes = _nodes(layout, world)
     members = members_of(nodes)
-    root = layout["root"]
+    root = layout[ROOT]
     order = [nodes[root]] + [i for i in range(len(members)) if i != nodes[root]]
     leaders = [root if i == nodes[root] else members[i][0] for i in order]
     mine = members[nodes[rank]]
@@ -313,7 +313,7 @@ def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     (n: the gathered total).
     """
     leaders, mine, output, node_blocks = _gathering(rank, world, layout, "output")
-    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, output[rank].numel)
     place = [] if own == output[rank] else [Copy(output[rank], own)]
     leader = mine[0]
     if rank == leader:

@@ -19,7 +19,7 @@ from ringcoll.api import common
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import GroupFailedError, PeerError
 from ringcoll.runtime.identity import call_tag, fingerprint
-from ringcoll.runtime.nodes import LAYOUT_TAG
+from ringcoll.runtime.nodes import PLACEMENT_TAG
 
 ROUNDS = 3
 KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
@@ -29,7 +29,7 @@ KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
 
 class _Counting:
     """Counts P2PExecutor.prepare of the calls' own plans in this rank while active (not the
-    group's node layout exchange, which a fresh process makes once, at its group's first
+    group's placement exchange, which a fresh process makes once, at its group's first
     collective call)."""
 
     def __enter__(self):
@@ -272,8 +272,8 @@ def tags_and_failure_of_a_reused_call():
     except GroupFailedError as error:
         raised = str(error)
     dist.destroy_process_group(group)
-    # (not the group's node layout exchange, on its reserved tag at the group's first call)
-    return sorted(set(tags) - {LAYOUT_TAG}) == expected, raised
+    # (not the group's placement exchange, on its reserved tag at the group's first call)
+    return sorted(set(tags) - {PLACEMENT_TAG}) == expected, raised
 
 
 def test_a_reused_call_has_its_own_tag_and_a_failed_group_refuses_it(clusters):

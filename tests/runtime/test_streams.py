@@ -112,7 +112,7 @@ def _catalogue(as_device: bool):
     sub_ranks = list(range(1, world))
     sub = dist.new_group(sub_ranks)
     groups = [(None, rank, world, list(range(world))), (sub, rank - 1, world - 1, sub_ranks)]
-    # the node-aware algorithms' layout exchange is a host wait by contract (the host reads it),
+    # the node-aware algorithms' placement exchange is a host wait by contract (the host reads it),
     # once per group: done before counting
     for group, _, _, members in groups:
         if rank in members:

@@ -205,7 +205,7 @@ def test_nccl_semantics_on_the_batched_transport(batched_cluster):
     for rank, out in enumerate(results):
         equal, first, batches = out["zero_splits"]
         assert equal and first == ("connect",), out
-        # the group's node layout is agreed through its store (no batch); the last rank's
+        # the group's placement is agreed through its store (no batch); the last rank's
         # all-zero all_to_all posts none, the others' post theirs
         assert (batches == 0) == (rank == 2), out
         assert out["barrier"] >= (0.0 if rank == 1 else 0.9), out
@@ -503,7 +503,7 @@ def test_a_call_reaches_the_executor_once_with_the_number_its_entry_took(monkeyp
     runs); a call runs on its number's tag and takes none of its own; an internal exchange
     runs on its reserved tag and takes no number either."""
     from ringcoll.runtime.identity import fingerprint, print_bits, tag_of
-    from ringcoll.runtime.nodes import LAYOUT_TAG
+    from ringcoll.runtime.nodes import PLACEMENT_TAG
     from ringcoll.runtime.plan import Plan
     from ringcoll.schedules import registry
     from ringcoll.schedules.vocabulary import Layout
@@ -529,6 +529,6 @@ def test_a_call_reaches_the_executor_once_with_the_number_its_entry_took(monkeyp
     internal = Plan("layout", registry.get("all_gather", "ring"), 0, 2, Layout(8, {"in_place": True}),
                     {"output": table}, describe="an internal exchange")
     raw.tags.clear()
-    executor.execute(internal, tag=LAYOUT_TAG, blocking=True)
-    assert raw.tags and set(raw.tags) == {LAYOUT_TAG} and table.tolist() == [1, 2, 3, 4] * 2
+    executor.execute(internal, tag=PLACEMENT_TAG, blocking=True)
+    assert raw.tags and set(raw.tags) == {PLACEMENT_TAG} and table.tolist() == [1, 2, 3, 4] * 2
     assert executor_context(executor).seq == ctx.seq + 2

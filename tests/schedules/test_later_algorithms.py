@@ -1,7 +1,7 @@
 """The algorithms beyond rings and trees (direct, Swing, Bine, PAT, 2-D torus, hierarchical): exact
 results in the simulator at every world size, the closed forms the general clock test
 (test_study.py, every registered algorithm) cannot take alone (PAT's blocks, hierarchical
-layouts), node layouts; the built-in comparisons on gloo run in the collective's own test file,
+layouts), placements; the built-in comparisons on gloo run in the collective's own test file,
 which takes every registered algorithm."""
 from __future__ import annotations
 
@@ -508,7 +508,7 @@ def test_bad_local_size_is_refused(plain_env):
 
 
 def test_model_local_size_of_node_layouts(plain_env):
-    """The cost models' L of a node layout: the ranks per node, the last rank's node allowed
+    """The cost models' L of a placement: the ranks per node, the last rank's node allowed
     fewer (nodes of L consecutive ranks); simulate's cost takes it, not the environment's."""
     from ringcoll.runtime.nodes import even_nodes, model_local_size
 
