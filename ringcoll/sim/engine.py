@@ -55,7 +55,7 @@ from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.vocabulary import Copies, Recv, Reduce, Send, extents
 
-__all__ = ["Machine", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
+__all__ = ["NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
 
 
 class ScheduleError(RuntimeError):

@@ -18,7 +18,8 @@ def simulate_trial(trial: Trial) -> dict:
     against the exact local reference, with the same canary and input checks."""
     from ringcoll.api import BUILDERS
     from ringcoll.api.common import Context
-    from ringcoll.sim.engine import Machine, run_plans
+    from ringcoll.cost.machine import Machine
+    from ringcoll.sim.engine import run_plans
 
     trial = Trial(**{**asdict(trial), "world": trial.group_size, "members": None, "async_op": False})
     calls, plans = [], []
