@@ -1,6 +1,6 @@
 """Does splitting the double trees' global steps by colour hurt on gloo?
 
-    python -m experiments.colour_split [--worlds 3 4] [--rounds 1.0] [--runs 1] [--out bench/results]
+    python -m experiments.colour_split [--worlds 3 4] [--rounds 1.0] [--runs 1] [--out bench/results/experiments]
 
 The double trees (``ringcoll.schedules.trees.TreePipeline``: all_reduce, broadcast and reduce
 ``double_binary_tree``) split each global step into one step per colour of a proper edge
@@ -50,7 +50,7 @@ def _uptime() -> str:
 def _plan(collective: str, tensor: torch.Tensor, executor, one_port: bool):
     """The prepared plan of ``collective`` on ``tensor`` (root 0), with ``one_port``."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import executor_context
+    from ringcoll.api.common import executor_context
 
     ctx = executor_context(executor)
     if collective == "all_reduce":
@@ -70,7 +70,7 @@ def _plan(collective: str, tensor: torch.Tensor, executor, one_port: bool):
 def _measure(rounds_scale: float) -> list:
     """On every rank: [(collective, bytes, {variant: [seconds per round]}, {variant: steps})]."""
     import torch.distributed as dist
-    from ringcoll.api._common import executor_context, group_executor
+    from ringcoll.api.common import executor_context, group_executor
 
     executor = group_executor(None)
     out = []
@@ -102,7 +102,7 @@ def same_schedule(world: int, collective: str, nbytes: int) -> bool:
     """Whether every rank's schedule is the same both ways (those rows are the noise's
     control: any ratio there is the machine's)."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import Context
+    from ringcoll.api.common import Context
 
     kwargs = {"all_reduce": {}, "broadcast": {"src": 0}, "reduce": {"dst": 0}}[collective]
     tensor = torch.ones(nbytes // 4)
@@ -190,7 +190,7 @@ def main(argv=None) -> None:
     parser.add_argument("--merge", nargs="*", default=[], help="earlier colour_split.json files to report "
                         "with this one (their runs numbered first)")
     parser.add_argument("--report-only", action="store_true", help="measure nothing: report the --merge files")
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="bench/results/experiments")
     args = parser.parse_args(argv)
     result = {"host": platform.node(), "torch": torch.__version__, "cpus": os.cpu_count(), "worlds": []}
     for path in args.merge:

@@ -1,7 +1,7 @@
 """The CUDA table's segment sizes from the α-β-γ model: for each pipelined algorithm, the
 segment that minimises the simulated time on ``ringcoll.selection.CUDA_MACHINE``.
 
-    python -m experiments.cuda_segments [--out bench/results/cuda_segments.txt]
+    python -m experiments.cuda_segments [--out bench/results/experiments/cuda_segments.txt]
 
 For ring all_reduce (its own row of CUDA_SEGMENTS) and the pipelined chain/trees that take the
 default segment (broadcast pipelined_chain and double_binary_tree, all_reduce
@@ -29,7 +29,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path,
                         default=pathlib.Path(__file__).resolve().parents[1] / "bench" / "results"
-                        / "cuda_segments.txt")
+                        / "experiments" / "cuda_segments.txt")
     args = parser.parse_args(argv)
     import torch  # noqa: F401
     import ringcoll

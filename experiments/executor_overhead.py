@@ -1,6 +1,6 @@
 """Where the time goes: the executor's own cost per step, and a profile of one big all_reduce.
 
-    python -m experiments.executor_overhead [--out bench/results]
+    python -m experiments.executor_overhead [--out bench/results/experiments]
 
 1. Executor overhead: rank 0's schedule of each all_reduce algorithm, run by the P2P
    executor over a transport that moves nothing (every send and receive completes at once),
@@ -34,7 +34,7 @@ import torch
 
 import ringcoll
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import executor_context
+from ringcoll.api.common import executor_context
 from ringcoll.runtime.executor import P2PExecutor
 
 
@@ -173,12 +173,12 @@ def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
     in us. A rank leaves the barrier with cold caches: each us of Python it then runs costs
     several, and with 4 ranks on 2 cores the others wait for it."""
     import torch.distributed as dist
-    from ringcoll.api import _common
+    from ringcoll.api import common
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tensor = torch.arange(numel, dtype=torch.float32)
     group = dist.group.WORLD
-    kept = _common.PERSISTENT_PLANS
+    kept = common.PERSISTENT_PLANS
 
     def bare():
         works = [group.send([tensor], peer, 7) for peer in range(1, world)] if rank == 0 \
@@ -187,11 +187,11 @@ def _small_calls(rounds: int = 300, numel: int = 256) -> dict:
             work.wait()
 
     def fresh():
-        _common.PERSISTENT_PLANS = 0
+        common.PERSISTENT_PLANS = 0
         try:
             ringcoll.broadcast(tensor, src=0, algorithm="linear")
         finally:
-            _common.PERSISTENT_PLANS = kept
+            common.PERSISTENT_PLANS = kept
 
     ways = {"bare gloo p2p": bare, "built-in": lambda: dist.broadcast(tensor, 0),
             "ringcoll, new plan": fresh,
@@ -207,12 +207,12 @@ def _reused_calls(world: int = 4, numel: int = 1024, repeats: int = 2000, cold_r
     complete at once): µs per call warm (a tight loop) and cold (the median of calls after a
     32 MiB write has flushed the caches, as a rank leaving a wait finds them here)."""
     import torch.distributed as dist
-    from ringcoll.api import _common
+    from ringcoll.api import common
 
     group = dist.group.WORLD
-    kept = _common._executors.get(group)
-    _common._executors[group] = P2PExecutor(NullTransport(), rank=0, world=world, backend="gloo")
-    _common._last = (lambda: None, None)
+    kept = common._executors.get(group)
+    common._executors[group] = P2PExecutor(NullTransport(), rank=0, world=world, backend="gloo")
+    common._last = (lambda: None, None)
     data = torch.arange(numel * world, dtype=torch.float32)
     into = torch.empty_like(data)
     parts = [torch.arange(numel, dtype=torch.float32) + r for r in range(world)]
@@ -234,10 +234,10 @@ def _reused_calls(world: int = 4, numel: int = 1024, repeats: int = 2000, cold_r
                 cold.append(time.perf_counter() - start)
             out[name] = {"warm_us": warm, "cold_us": statistics.median(cold) * 1e6}
     finally:
-        _common._executors.pop(group, None)
+        common._executors.pop(group, None)
         if kept is not None:
-            _common._executors[group] = kept
-        _common._last = (lambda: None, None)
+            common._executors[group] = kept
+        common._last = (lambda: None, None)
     return out
 
 
@@ -334,7 +334,7 @@ def _thread_cpu(rounds: int = 500, numel: int = 1024) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="bench/results/experiments")
     parser.add_argument("--np", type=int, default=4)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

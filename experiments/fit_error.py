@@ -44,10 +44,10 @@ def machine_of(result) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="*", help="ringcoll-bench JSON (default: bench/results/*_np4_gloo.json)")
+    p.add_argument("runs", nargs="*", help="ringcoll-bench JSON (default: bench/results/runs/*_np4_gloo.json)")
     p.add_argument("--out", default=os.path.join("bench", "results", "study", "fit_error_np4.json"))
     args = p.parse_args(argv)
-    runs = args.runs or sorted(glob.glob(os.path.join("bench", "results", "*_np4_gloo.json")))
+    runs = args.runs or sorted(glob.glob(os.path.join("bench", "results", "runs", "*_np4_gloo.json")))
     samples = samples_from_bench(runs)
     joint = fit_samples(samples)
     doc = {"runs": runs, "joint": {"machine": machine_of(joint), "bands": joint.bands,

@@ -7,7 +7,7 @@ reported as the simulator gives them: critical-path steps, the most messages and
 rank sends, the most bytes one rank reduces, the time, and the ratios to the lower bounds of
 Chan et al. 2007 (:mod:`ringcoll.sim.bounds`, as STUDY-NOTES §3 suggests).
 
-    python experiments/frontier_stats.py            # writes bench/results/frontier_stats.{json,md}
+    python experiments/frontier_stats.py            # writes bench/results/experiments/frontier_stats.{json,md}
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _fmt(value) -> str:
 
 
 def main(argv=None) -> int:
-    out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results")
+    out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results", "experiments")
     os.makedirs(out, exist_ok=True)
     rows, skipped = [], []
     started = time.perf_counter()

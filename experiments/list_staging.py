@@ -1,6 +1,6 @@
 """What a list argument costs per call: a view, the caller's own tensors, or a staging copy.
 
-    python -m experiments.list_staging [--world 4] [--out bench/results]
+    python -m experiments.list_staging [--world 4] [--out bench/results/experiments]
 
 For every list-taking collective (all_gather, reduce_scatter, gather, scatter, all_to_all),
 every algorithm, and three kinds of list: ``chunks`` (the chunks of one contiguous tensor:
@@ -86,7 +86,7 @@ def _measure() -> list:
     import torch.distributed as dist
 
     import ringcoll
-    from ringcoll.api._common import group_executor, persistent_plans
+    from ringcoll.api.common import group_executor, persistent_plans
     from ringcoll.runtime.blocks import Blocks
 
     executor = group_executor(None)
@@ -148,7 +148,7 @@ def main(argv=None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="bench/results/experiments")
     args = parser.parse_args(argv)
     with ringcoll.launch(args.world) as cluster:
         rows = cluster.run(_measure)[0]

@@ -1,6 +1,6 @@
 """Why a small message's median flips at 4 ranks here: the slow rounds, by world size.
 
-    python -m experiments.slow_rounds [--worlds 2,3,4] [--rounds 300] [--out bench/results]
+    python -m experiments.slow_rounds [--worlds 2,3,4] [--rounds 300] [--out bench/results/experiments]
 
 Each rank of a gloo group on this machine runs a calling thread and gloo's message thread
 (and, for a built-in collective, gloo's workers), so once the ranks outnumber the 2 cores some
@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worlds", default="2,3,4", help="comma-separated world sizes")
     parser.add_argument("--rounds", type=int, default=300, help="timed rounds per way")
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="bench/results/experiments")
     args = parser.parse_args(argv)
     try:
         worlds = [int(w) for w in args.worlds.split(",") if w.strip()]

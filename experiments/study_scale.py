@@ -1,7 +1,7 @@
 """Cost-only simulations at scale: every algorithm at p = 1024, the O(lg p)-step ones at
 p = 4096, the ring all_reduce at p = 4096 (targets: 10 s, 10 s, 2 min and 2 GiB).
 
-    python experiments/study_scale.py [--out bench/results/study_scale.json] [--skip-long]
+    python experiments/study_scale.py [--out bench/results/study/study_scale.json] [--skip-long]
 
 Each case runs ``ringcoll.simulate(..., data=False)`` in a child process of its own (so its
 peak memory is its own) and records wall time, peak RSS, the simulated time, the critical
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         print(json.dumps(child(argv[1], argv[2], int(argv[3]), argv[4:5] != ["full"])))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join("bench", "results", "study_scale.json"))
+    p.add_argument("--out", default=os.path.join("bench", "results", "study", "study_scale.json"))
     p.add_argument("--skip-long", action="store_true",
                    help="leave out the ring at p = 1024 with every rank run (no symmetry)")
     args = p.parse_args(argv)

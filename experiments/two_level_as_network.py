@@ -31,7 +31,7 @@ CHILD = r"""
 import json, sys, time, dataclasses, torch
 import ringcoll
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context
+from ringcoll.api.common import Context
 from ringcoll.sim.engine import run_plans
 from ringcoll.sim.simulate import numel_call
 

@@ -8,23 +8,19 @@ Algorithms are schedules (:mod:`ringcoll.schedules.vocabulary`) registered by co
 them on every rank in one process, and :func:`launch` starts a local cluster to try them.
 
 The packages, by layer, lowest first (a module imports only its own layer and those below;
-tests/test_layers.py checks it on every module and lists what is still to untangle):
-``ops`` and ``schedules.vocabulary`` (the words a schedule is written in) < ``config`` (every
-setting, read once) < ``schedules`` (the registry and one module per collective) < ``runtime``
-(plan, executor, work, transport, the group's node layout) and ``kernels`` < ``selection``
+tests/test_layers.py checks it on every module and lists the exceptions): ``ops`` and ``cost``
+(machines and networks: what a message costs) < ``config`` (every setting, read once) <
+``schedules`` (the vocabulary, the registry and one module per collective) < ``runtime``
+(plan, executor, work, transport, the group's placement) and ``kernels`` < ``selection``
 (rules, tuning table, model) < ``api`` (the drop-ins) and ``backend`` (the torch backend, the
-DDP hook) < ``sim`` (the simulator and the study) and ``msccl`` < this package, the launcher and
-the command lines < ``bench`` (ringcoll-bench). Nothing here imports the checkout's tools/ or
-experiments/; the pre-split module paths (``ringcoll.executor``, ``ringcoll.schedule``, ...)
-still import, with a DeprecationWarning (:mod:`ringcoll._moved`).
+DDP hook) < ``sim`` (the simulator and the study; its clock sits beside the runtime) and
+``msccl`` < this package and the launcher < ``bench`` (ringcoll-bench, installed from the
+checkout's top-level bench/, as ``kernels`` from kernels/). Nothing here imports the
+checkout's tools/ or experiments/.
 """
-from . import _moved
-
-_moved.install()
-
 from .schedules.registry import Cost, algorithms
 from .sim.trust import register
-from .sim.machine import Machine
+from .cost.machine import Machine
 from .cluster import launch
 from . import api
 from .api import *  # noqa: F401,F403 - the drop-ins, one module each

@@ -17,7 +17,7 @@ its own moment. Parsing costs tens of microseconds (the machine file above all),
 parsed Settings are kept by the raw values: a call reads each variable's raw bytes from
 ``os.environ``'s own dict and the modification times of the files it names, and finds the
 Settings parsed for exactly those (about a microsecond). Equal raw values give the same Settings object, so a persistent
-plan can hold it in its key (:func:`ringcoll.api._common.run_call`): a plan is reused
+plan can hold it in its key (:func:`ringcoll.api.common.run_call`): a plan is reused
 only under the settings it was built with.
 
 The names in RINGCOLL_ALGO and in the RINGCOLL_TUNING table are checked against the registry
@@ -246,7 +246,7 @@ def parse_group_rank(name: str, text: str) -> str:
 def parse_machine(name: str, text: str) -> Optional[str]:
     """The path of a ``ringcoll.Machine`` JSON (``Machine.save`` writes one), read now: a
     missing or malformed file is refused here rather than at the first call ``auto`` weighs."""
-    from .sim.machine import Machine
+    from .cost.machine import Machine
 
     path = text.strip()
     if not path:
@@ -335,7 +335,7 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("RINGCOLL_WINDOW", "positive integer", "2", "steps whose transfers may be in flight at once"),
 )
 NAMES = tuple(variable.name for variable in VARIABLES)
-#: read too: torchrun's node rank (a group's node layout when RINGCOLL_LOCAL_SIZE is unset;
+#: read too: torchrun's node rank (a group's placement when RINGCOLL_LOCAL_SIZE is unset;
 #: never LOCAL_WORLD_SIZE, a count of one node's ranks, not of every node's) and torch's debug
 #: level (DETAIL switches check mode on)
 OTHER_NAMES = ("GROUP_RANK", "TORCH_DISTRIBUTED_DEBUG")

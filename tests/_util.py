@@ -97,7 +97,7 @@ def run_world(collective: str, algorithm: str, world: int, make_call: Callable[[
     """Every rank's plan on the tensors ``make_call(rank) -> (args, kwargs)`` returns, used as
     they are (aliasing kept, nothing copied); returns each rank's arguments and result."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import Context
+    from ringcoll.api.common import Context
     from ringcoll.sim.engine import run_plans
 
     calls = [make_call(rank) for rank in range(world)]

@@ -1,7 +1,7 @@
 """Fault injection at every point of a call: an exception raised inside one rank's call.
 
     python -m tools.fault_points --worlds 3 --transports host --out /tmp/w3_host.json     # one part
-    python -m tools.fault_points --merge /tmp/w*_*.json --replays /tmp/replays.json --out bench/results/faults_points.json
+    python -m tools.fault_points --merge /tmp/w*_*.json --replays /tmp/replays.json --out bench/results/faults/faults_points.json
     python -m tools.fault_points --sample 16 --seed 1 --transports host,batched          # CI runs this one
     python -m tools.fault_points --replay 'all_reduce/ring@4/host:local:1:r2'            # one injection alone
 
@@ -28,7 +28,7 @@ of the same collective, algorithm, world and transport); victims are taken in tu
 ranks that have the point (``--turn`` starts the rotation elsewhere). The injection is a
 monkeypatch in the victim only, installed for the injected call and removed after it; the
 patched functions fire only for that call (never for an internal exchange it runs, such as
-the group's layout).
+the group's placement).
 
 For each injection, on a kept-alive cluster per world and a fresh pair of groups (the
 group's timeout ``--timeout``): every rank either raises within the timeout plus
@@ -164,7 +164,7 @@ def _call(c, alg, rank, world, group, x, total, of, n):
 class Patches:
     """Wrappers around the executor's and transports' functions that see which call they run
     for: ``target`` is true inside the numbered call's own run (an internal exchange it runs
-    with a tag, such as the group's layout, is not the target). Counts each point's events
+    with a tag, such as the group's placement, is not the target). Counts each point's events
     for the target call (the census) or raises at ``point`` number ``k`` (an injection)."""
 
     def __init__(self, point: Optional[str] = None, k: int = 0):
@@ -194,9 +194,9 @@ class Patches:
 
     def install(self) -> "Patches":
         from ringcoll.runtime import executor as ex
-        from ringcoll.runtime import streams
+        from ringcoll.runtime import stream_runtime
         from ringcoll.runtime.transport import BatchedTransport, HostTransport
-        from ringcoll.runtime.transport import stream as stream_transport
+        from ringcoll.runtime.transport import stream_ordered as stream_transport
 
         patches = self
 
@@ -287,7 +287,7 @@ class Patches:
         for cls in (HostTransport, BatchedTransport, stream_transport.StreamTransport):
             self._patch(cls, "ready", ready)
         self._patch(stream_transport.StreamTransport, "local", local)
-        self._patch(streams.EmulatedRuntime, "query", query)
+        self._patch(stream_runtime.EmulatedRuntime, "query", query)
         self._patch(stream_transport.EmulatedNccl, "failed", failed)
         return self
 

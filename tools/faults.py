@@ -2,7 +2,7 @@
 step of a random collective and algorithm; every other rank must raise an error naming a
 peer within the timeout plus a small margin, and none may hand back wrong data.
 
-    python -m tools.faults --injections 60 --seed 1 --timeout 3 --out bench/results/faults.json
+    python -m tools.faults --injections 60 --seed 1 --timeout 3 --out bench/results/faults/faults.json
 
 Each injection runs in a fresh world of 2-4 gloo processes (a world that lost a rank cannot be
 reused): every rank warms up with one clean run of the same call, then runs it again while

@@ -61,7 +61,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def import_ringcoll_kernels():
-    """ringcoll.kernels, installed or loaded from this checkout's ringcoll/kernels/ under that name."""
+    """ringcoll.kernels, installed or loaded from this checkout's kernels/ under that name."""
     try:
         return importlib.import_module("ringcoll.kernels")
     except ImportError as exc:  # no ringcoll, or a ringcoll whose `from . import kernels` failed
@@ -70,8 +70,8 @@ def import_ringcoll_kernels():
     for name in [m for m in sys.modules if m == "ringcoll" or m.startswith("ringcoll.")]:
         del sys.modules[name]  # what a failed import of ringcoll left half-initialised
     spec = importlib.util.spec_from_file_location(
-        "ringcoll.kernels", REPO / "ringcoll" / "kernels" / "__init__.py",
-        submodule_search_locations=[str(REPO / "ringcoll" / "kernels")])
+        "ringcoll.kernels", REPO / "kernels" / "__init__.py",
+        submodule_search_locations=[str(REPO / "kernels")])
     module = importlib.util.module_from_spec(spec)
     sys.modules["ringcoll.kernels"] = module
     spec.loader.exec_module(module)
@@ -89,8 +89,8 @@ if str(REPO) not in sys.path:
 kernels = import_ringcoll_kernels()
 
 import torch  # noqa: E402
-from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,  # noqa: E402
-                                      random_float_case, subnormal_case)
+from tests.kernels.kernel_data import (FLOATS, PAIRS, exact_case, first_difference,  # noqa: E402
+                                       random_float_case, subnormal_case)
 from tools import gpu_runtime  # noqa: E402
 
 MiB = 1 << 20

@@ -3,7 +3,7 @@
 import importlib
 import pkgutil
 
-from ._common import BUILDERS
+from .common import BUILDERS
 
 __all__ = []
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):

@@ -9,9 +9,9 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..sim.engine import run_plans
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 from ..selection import set_pricer
-from ._common import BUILDERS, Context
+from .common import BUILDERS, Context
 
 #: the registry's collective of each builder (the tensor-list forms share their algorithms)
 COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",

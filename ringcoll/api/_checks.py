@@ -9,7 +9,7 @@ import torch
 
 from ..ops import SUPPORTED_DTYPES, op_type
 
-from ._common import Context
+from .common import Context
 
 
 def check_tensor(param: str, tensor, *, like: Optional[torch.Tensor] = None) -> None:

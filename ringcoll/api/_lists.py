@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from ._common import Context
+from .common import Context
 from ._checks import check_device, real_tensor
 from ._plans import pick_per_block
 
@@ -49,7 +49,7 @@ def checked_per_rank(collective: str, ctx: Context, algorithm, param: str, tenso
 def check_tensor_list(param: str, tensors) -> list:
     """TypeError unless ``tensors`` is a list of tensors of supported dtypes (torch refuses
     tuples too); the list of what the collective works on (complex tensors as their real
-    view, :func:`~ringcoll.api._common.as_real`)."""
+    view, :func:`~ringcoll.api.common.as_real`)."""
     if not isinstance(tensors, list):
         raise TypeError(f"{param} must be a list of torch.Tensor, got {type(tensors).__name__}")
     return [real_tensor(f"{param}[{index}]", tensor) for index, tensor in enumerate(tensors)]

@@ -9,12 +9,12 @@ import torch
 
 from ..schedules import registry
 from ..runtime.plan import Plan
-from ..schedules.vocabulary import GRID, Layout
+from ..schedules.vocabulary import GRID, NODES, ROOT, SEGMENT, Layout
 from ..selection import choose, group_nodes, segment_elements
 from ..selection.model import machine as model_machine
-from ..runtime.nodes import context_layout, describe_layout
+from ..runtime.nodes import context_placement, describe_placement
 
-from ._common import Context
+from .common import Context
 from ._checks import check_device, flat
 
 log = logging.getLogger("ringcoll")
@@ -42,7 +42,7 @@ def pick(collective: str, algorithm, nbytes: int, ctx: Context,
         if algorithm != "auto":
             choose(collective, algorithm, nbytes, 1, current=ctx.settings)
         return None, ""
-    # a group's call reads the layout its entry resolved; a barrier's has none (its model then
+    # a group's call reads the placement its entry resolved; a barrier's has none (its model then
     # weighs the machine's own nodes: it has no node-aware algorithm)
     nodes = None if ctx.executor is not None and ctx.nodes is None else (lambda: group_nodes(ctx))
     name, why = choose(collective, algorithm, nbytes, ctx.world, machine=ctx.machine,
@@ -67,16 +67,16 @@ def new_plan(collective: str, algorithm: registry.Algorithm, why: str, ctx: Cont
              layout: Layout, buffers: Dict[str, torch.Tensor], *, op: Optional[str] = None,
              result=None, describe_as: str = "") -> Plan:
     algorithm.check_world(ctx.world)            # a fixed-world algorithm (a loaded MSCCL program)
-    if "segment" not in layout.params:       # the pipelined algorithms' segment, from its one table
+    if SEGMENT not in layout.params:       # the pipelined algorithms' segment, from its one table
         first = next(iter(buffers.values()))
-        layout = Layout(layout.numel, {**layout.params, "segment": segment_elements(
+        layout = Layout(layout.numel, {**layout.params, SEGMENT: segment_elements(
             collective, algorithm.name, first.element_size(), table_device(ctx, first))})
-    if getattr(algorithm.schedule, "needs_nodes", False) and "nodes" not in layout.params:
-        # the layout the call's entry put in its context (on a group: agreed at the group's
+    if getattr(algorithm.schedule, "needs_nodes", False) and NODES not in layout.params:
+        # the placement the call's entry put in its context (on a group: agreed at the group's
         # first collective call), named in the log; read, never asked for
-        nodes, source = context_layout(ctx)
-        layout = Layout(layout.numel, {**layout.params, "nodes": nodes})
-        why = f"{why}; {describe_layout(nodes)} from {source}"
+        nodes, source = context_placement(ctx)
+        layout = Layout(layout.numel, {**layout.params, NODES: nodes})
+        why = f"{why}; {describe_placement(nodes)} from {source}"
     if getattr(algorithm.schedule, "needs_grid", False) and GRID not in layout.params:
         # the torus of the group's machine (Options(machine=), else RINGCOLL_MACHINE's), or
         # of the machine the simulator runs on
@@ -103,7 +103,7 @@ def rooted_plan(collective: str, ctx: Context, tensor, real: torch.Tensor, root:
     check_device("tensor", tensor, ctx)
     data, write_back = flat(real)
     note = f"root {root}" if spec is None else f"{spec.name} root {root}"
-    plan = new_plan(collective, chosen, why, ctx, Layout(data.numel(), {"root": root}), {"data": data},
+    plan = new_plan(collective, chosen, why, ctx, Layout(data.numel(), {ROOT: root}), {"data": data},
                     op=None if spec is None else spec.local, result=[tensor],
                     describe_as=describe(collective, chosen.name, tensor, note))
     if write_back is not None:

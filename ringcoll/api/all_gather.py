@@ -7,9 +7,9 @@ __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_single"]
 import torch
 from typing_extensions import deprecated
 
-from ..schedules.vocabulary import Layout
+from ..schedules.vocabulary import IN_PLACE, Layout
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import flat, real_tensor
 from ._plans import describe, new_plan
 from ._lists import (checked_per_rank, checked_world_times, check_tensor_list, is_block, separate_input,
@@ -20,7 +20,7 @@ from ._lists import (checked_per_rank, checked_world_times, check_tensor_list, i
 def _gather_plan(ctx: Context, chosen, why, output_flat: torch.Tensor, input_flat: torch.Tensor,
                  tensor: torch.Tensor, result, name: str):
     in_place = is_block(input_flat, output_flat, ctx.rank)
-    layout = Layout(output_flat.numel(), {"in_place": in_place})
+    layout = Layout(output_flat.numel(), {IN_PLACE: in_place})
     plan = new_plan("all_gather", chosen, why, ctx, layout, {"output": output_flat, "input": input_flat},
                     result=result, describe_as=describe(name, chosen.name, tensor,
                                                         "in-place" if in_place else ""))

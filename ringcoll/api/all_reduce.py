@@ -7,7 +7,7 @@ from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import describe, new_plan, pick
 

@@ -17,11 +17,11 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from ..schedules.vocabulary import Buf, Layout
+from ..schedules.vocabulary import RECV_BLOCKS, SEND_BLOCKS, Buf, Layout
 from ..schedules import registry
 from ..selection import choose
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import check_device, flat, real_tensor
 from ._plans import new_plan, pick, table_device
 
@@ -149,7 +149,7 @@ def _plan(collective: str, ctx: Context, algorithm: str, inputs: dict, outputs: 
     device = table_device(ctx, next(iter({**inputs, **outputs}.values()), None))
     chosen, why = _choose(ctx, algorithm, send_counts, recv_counts,
                           torch.empty((), dtype=dtype).element_size(), declared_equal, device)
-    layout = Layout(sum(send_counts), {"send_blocks": send_blocks, "recv_blocks": recv_blocks})
+    layout = Layout(sum(send_counts), {SEND_BLOCKS: send_blocks, RECV_BLOCKS: recv_blocks})
     label = (f"{collective}/{chosen.name} {sum(send_counts)}x{str(dtype).replace('torch.', '')} "
              f"sent, {sum(recv_counts)} received")
     plan = new_plan("all_to_all", chosen, why, ctx, layout, {**inputs, **outputs}, result=result,

@@ -11,7 +11,7 @@ import torch
 from ..schedules.vocabulary import Layout
 from ..schedules.barrier import token_numel
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._plans import new_plan, pick
 
 

@@ -5,7 +5,7 @@ __all__ = ["broadcast"]
 
 
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import group_root, real_tensor
 from ._plans import rooted_plan
 

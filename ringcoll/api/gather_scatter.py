@@ -8,9 +8,9 @@ from __future__ import annotations
 
 __all__ = ["gather", "scatter"]
 
-from ..schedules.vocabulary import Layout
+from ..schedules.vocabulary import ROOT, Layout
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import check_device, flat, group_root, real_tensor
 from ._plans import describe, new_plan, pick_per_block
 from ._lists import (check_all_same, check_list_fits, check_tensor_list, is_block, separate_input,
@@ -71,7 +71,7 @@ def _rooted_list_plan(collective: str, ctx: Context, tensor, param: str, tensors
     if ctx.rank == root:
         buffers[theirs], staged = stage_list(real_list, real, ctx)
     result = (given if ctx.rank == root else []) if gathering else [tensor]
-    plan = new_plan(collective, chosen, why, ctx, Layout(ctx.world * own.numel(), {"root": root}), buffers,
+    plan = new_plan(collective, chosen, why, ctx, Layout(ctx.world * own.numel(), {ROOT: root}), buffers,
                     result=result, describe_as=describe(collective, chosen.name, tensor, f"root {root}"))
     if gathering and ctx.rank == root:
         separate_input(own, buffers["output"], is_block(own, buffers["output"], root), plan)

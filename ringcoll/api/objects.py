@@ -31,7 +31,7 @@ from torch.distributed import recv_object_list, send_object_list
 from .all_gather import all_gather_single
 from .broadcast import broadcast
 from .gather_scatter import gather, scatter
-from ._common import Context, group_context
+from .common import Context, group_context
 from ._checks import group_root
 
 

@@ -23,7 +23,7 @@ from torch.distributed import P2POp, batch_isend_irecv, irecv, isend, recv, send
 
 from ..runtime.work import Work
 from ._docs import c10d_doc
-from ._common import check_async
+from .common import check_async
 
 
 class _SendRecvWork(Work):

@@ -6,7 +6,7 @@ __all__ = ["reduce"]
 from .. import kernels
 from ..ops import ReduceOp, resolve
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import group_root, real_tensor
 from ._plans import rooted_plan
 

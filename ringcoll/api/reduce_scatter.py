@@ -17,7 +17,7 @@ from .. import kernels
 from ..ops import ReduceOp, resolve
 from ..schedules.vocabulary import Layout
 from ._docs import c10d_doc
-from ._common import builder, Context, run_call
+from .common import builder, Context, run_call
 from ._checks import flat, real_tensor
 from ._plans import describe, new_plan
 from ._lists import (checked_per_rank, checked_world_times, check_tensor_list, copy_in, overlaps, stage_list,

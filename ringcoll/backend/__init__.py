@@ -7,7 +7,7 @@
 group per device type: gloo for CPU tensors; NCCL for CUDA tensors (or, when NCCL is absent
 or ``RINGCOLL_CUDA_TRANSPORT=gloo``, the gloo group with CUDA tensors staged through host
 memory). Every collective torch calls on it is handed to the drop-in's builder
-(``ringcoll.api.BUILDERS``) with a :class:`~ringcoll.api._common.Context` over
+(``ringcoll.api.BUILDERS``) with a :class:`~ringcoll.api.common.Context` over
 the inner group's :class:`~ringcoll.runtime.executor.P2PExecutor`, so argument checks, the choice of
 algorithm and the ``RINGCOLL_DEBUG`` log are exactly the drop-ins'; the inner group only
 moves point-to-point messages (its own collectives never run). User send/recv go straight to
@@ -32,13 +32,13 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import settings
 from ..selection import checked_settings
-from ..api._common import BUILDERS, Context, call_context, executor_context, submit_streamed
+from ..api.common import BUILDERS, Context, call_context, executor_context, submit_streamed
 from ..api._checks import as_real
 from ..runtime.executor import P2PExecutor
 from ..runtime.failures import PeerError, get_timeout
-from ..runtime.nodes import share_layout
-from ..runtime.transport.stream import private_nccl_environment
-from ..sim.machine import Machine
+from ..runtime.nodes import share_placement
+from ..runtime.transport.stream_ordered import private_nccl_environment
+from ..cost.machine import Machine
 from ..ops import RedOpType
 from ..api.p2p import _SendRecvWork
 from ..runtime.work import Work, submit, timeout_seconds
@@ -304,19 +304,19 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _named(self, executor: P2PExecutor) -> P2PExecutor:
         """``executor`` naming peers by this group's global ranks in its errors (built on an
         inner group that torch does not know, it would count them from 0), and reading this
-        group's one node layout (agreed at its first collective call, whichever executor
+        group's one placement (agreed at its first collective call, whichever executor
         and path, drop-in or backend, makes it)."""
         executor.global_ranks = list(self.global_ranks)
-        share_layout(executor, self)
+        share_placement(executor, self)
         return executor
 
     def _context(self, collective: str, tensor: Optional[torch.Tensor]) -> Context:
         """A ``collective`` call's context on the executor of ``tensor``'s device: the call takes
-        its number here, at its entry, before the builder's checks, and the group's node layout
-        with it, as a drop-in's does (:func:`ringcoll.api._common.call_context`)."""
+        its number here, at its entry, before the builder's checks, and the group's placement
+        with it, as a drop-in's does (:func:`ringcoll.api.common.call_context`)."""
         device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
         # every call here is asynchronous (torch waits on the Work for a synchronous one): at a
-        # group's first call the layout is agreed in the call's run, never on the caller's thread
+        # group's first call the placement is agreed in the call's run, never on the caller's thread
         return call_context(self.executor(device), collective, machine=self.options.machine, defer=True)
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
@@ -376,7 +376,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def _sparse_allreduce(self, tensors, op):
         device = tensors[0].device if tensors else torch.device("cpu")
         # its three inner all_gathers take their numbers here, at the call's entry
-        # (the group's layout, at its first call, agreed in the call's run: sparse_all_reduce)
+        # (the group's placement, at its first call, agreed in the call's run: sparse_all_reduce)
         contexts = [executor_context(self.executor(device), machine=self.options.machine, defer=True)
                     for _ in range(3)]
         return sparse_all_reduce(tensors, op, contexts, self.options.algorithm("all_gather_into_tensor"))

@@ -6,7 +6,7 @@ import torch
 
 from typing import List
 
-from ..api._common import BUILDERS, Context
+from ..api.common import BUILDERS, Context
 from ..api._checks import as_real
 from ..ops import RedOpType
 from ..runtime.work import Work, submit
@@ -30,7 +30,7 @@ def sparse_all_reduce(tensors, op, contexts: List[Context], algorithm: str) -> W
         """Every rank's ``local`` (equal shapes), stacked in rank order (read on the host next)."""
         wire = as_real(local).contiguous()
         out = torch.empty((world,) + wire.shape, dtype=wire.dtype, device=wire.device)
-        ctx.agree("all_gather_into_tensor")       # a group's first call: its layout, agreed here
+        ctx.agree("all_gather_into_tensor")       # a group's first call: its placement, agreed here
         ctx.executor.execute(BUILDERS["all_gather_into_tensor"](ctx, out, wire, algorithm=algorithm), blocking=True)
         return torch.view_as_complex(out) if local.is_complex() else out
 

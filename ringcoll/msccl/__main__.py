@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 from .check import DEFAULT_BYTES, format_report, report
 from .ir import MscclError
 

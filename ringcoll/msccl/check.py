@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..schedules import registry
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 from .ir import load_program
 from .program import BUILDER, REPLICATED, check_sizes, cost_of, first_wrong, float_call, result_of, schedule_of
 

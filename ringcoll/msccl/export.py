@@ -17,7 +17,8 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from ..schedules import registry
-from ..schedules.vocabulary import Buf, Copy, Layout, Recv, Reduce, Send, chunks, extents
+from ..schedules.vocabulary import (IN_PLACE, RECV_BLOCKS, SEGMENT, SEND_BLOCKS, Buf, Copy, Layout, Recv, Reduce, Send,
+                                    chunks, extents)
 from ..schedules.fold import largest_pof2
 from .ir import MAX_COUNT, MAX_STEPS_PER_TB, MAX_TBS_PER_CHANNEL
 
@@ -29,11 +30,11 @@ BUFFER_OF = {"data": "i", "input": "i", "output": "o"}
 
 def _layout(collective: str, world: int, numel: int) -> Layout:
     if collective == "all_to_all":
-        return Layout(numel, {"send_blocks": tuple(chunks("input", numel, world)),
-                              "recv_blocks": tuple(chunks("output", numel, world)), "segment": numel})
+        return Layout(numel, {SEND_BLOCKS: tuple(chunks("input", numel, world)),
+                              RECV_BLOCKS: tuple(chunks("output", numel, world)), SEGMENT: numel})
     if collective == "all_gather":
-        return Layout(numel, {"in_place": False, "segment": numel})
-    return Layout(numel, {"segment": numel})
+        return Layout(numel, {IN_PLACE: False, SEGMENT: numel})
+    return Layout(numel, {SEGMENT: numel})
 
 
 def _steps(algorithm: registry.Algorithm, world: int, numel: int):
@@ -55,7 +56,7 @@ def unit_steps(algorithm: registry.Algorithm, world: int):
     """(unit, each rank's steps at the unit): the smallest tried size at which the schedule
     is linear in the size; ValueError if none is."""
     if getattr(algorithm.schedule, "needs_nodes", False):
-        raise ValueError(f"{algorithm.collective}/{algorithm.name} needs the node layout; MSCCL-IR export "
+        raise ValueError(f"{algorithm.collective}/{algorithm.name} needs the placement; MSCCL-IR export "
                          f"takes flat algorithms")
     base = world * largest_pof2(world) // math.gcd(world, largest_pof2(world))
     for unit in (base, 2 * base, 4 * base, 8 * base):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterator, List, Sequence, Tuple
 
-from ..schedules.vocabulary import Buf, Copy, Layout, Recv, Reduce, Send, Step, chunks, step
+from ..schedules.vocabulary import (IN_PLACE, RECV_BLOCKS, SEND_BLOCKS, Buf, Copy, Layout, Recv, Reduce, Send, Step,
+                                    chunks, step)
 from .ir import OPCODES, Program
 from .to_schedule import Compiled, LocalCopy, LocalReduce, Region, aliases
 
@@ -41,11 +42,11 @@ def _blocks(program: Program, rank: int, world: int, layout: Layout):
         return data, data, True
     if coll == "all_gather":
         out = list(chunks("output", numel, world))
-        return [Buf("input", 0, out[rank].numel)], out, bool(layout.get("in_place", False))
+        return [Buf("input", 0, out[rank].numel)], out, bool(layout.get(IN_PLACE, False))
     if coll == "reduce_scatter":
         inp = list(chunks("input", numel, world))
         return inp, [Buf("output", 0, inp[rank].numel)], False
-    send, recv = list(layout["send_blocks"]), list(layout["recv_blocks"])
+    send, recv = list(layout[SEND_BLOCKS]), list(layout[RECV_BLOCKS])
     sizes = {b.numel for b in send} | {b.numel for b in recv}
     if len(sizes) > 1:
         raise ValueError(f"an MSCCL all_to_all moves equal blocks; this call's split sizes differ: "

@@ -4,4 +4,4 @@
 (runs a plan step by step), :mod:`~ringcoll.runtime.work` (the Work handle of an async call),
 :mod:`~ringcoll.runtime.local` (a rank's own copies and reductions),
 :mod:`~ringcoll.runtime.transport` (sends and receives) and :mod:`~ringcoll.runtime.nodes` (the
-group's node layout, agreed once per group by exchange)."""
+group's placement, agreed once per group by exchange)."""

@@ -3,7 +3,7 @@
 Each step's sends and receives are posted together and waited on together (a blocking send
 before a receive deadlocks under gloo at every size), then the step's local operations run.
 The transfers go through a transport (:mod:`ringcoll.runtime.transport`), chosen by the device of
-the call's tensors: the stream-ordered transport (:mod:`ringcoll.runtime.transport.stream`) for CUDA
+the call's tensors: the stream-ordered transport (:mod:`ringcoll.runtime.transport.stream_ordered`) for CUDA
 tensors on a group with an NCCL backend (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, or no backend
 given), where the same loop enqueues the whole call on ringcoll's stream and returns without a
 host wait (a watchdog thread, not this loop, times its steps); gloo's host transport otherwise
@@ -66,11 +66,11 @@ from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_ena
                        print_bits, tag_of, unpack_record)
 from .local import resolve_local, run_resolved
 from .plan import Plan
-from ..schedules.vocabulary import Layout, Send, extents
+from ..schedules.vocabulary import IN_PLACE, Layout, Send, extents
 from .transport import TransferError, wire
-from .transport.factory import make_transport, stream_ordered, stream_runtime
+from .transport.factory import make_transport, runtime_for, stream_ordered
 from .transport.interface import Transport
-from .transport.stream import InFlight, PostedStep, group_store
+from .transport.stream_ordered import InFlight, PostedStep, group_store
 
 #: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides
 DEFAULT_WINDOW = 2
@@ -140,7 +140,7 @@ class P2PExecutor:
     # -- calls -------------------------------------------------------------------------
     def begin_call(self) -> int:
         """The next call's sequence number in this group (raises if the group has failed).
-        Called in one place only, the call's entry (``ringcoll.api._common.executor_context``,
+        Called in one place only, the call's entry (``ringcoll.api.common.executor_context``,
         which the drop-ins and the backend both use), on the caller's thread, before any check
         that depends on this rank's role: a check failing on one rank only then leaves the
         numbering aligned. A composite call (an object collective, the backend's sparse
@@ -189,7 +189,7 @@ class P2PExecutor:
         return stream_ordered(device, self.device_backends, self.transport_mode)
 
     #: the streams and events of the stream-ordered path on a device
-    stream_runtime = staticmethod(stream_runtime)
+    stream_runtime = staticmethod(runtime_for)
 
     def close(self, how: str = "shutdown") -> None:
         """Close the private communicators of this executor's stream-ordered transports
@@ -283,9 +283,9 @@ class P2PExecutor:
         ``window`` steps' transfers in flight.
 
         ``seq``: the call's number in the group (default: the plan's own). Numbers are taken in
-        one place, at the call's entry, never here (``ringcoll.api._common.executor_context``);
+        one place, at the call's entry, never here (``ringcoll.api.common.executor_context``);
         a call that reaches the executor without one is refused. ``tag``: an internal
-        exchange's reserved tag instead of a number (the node layout, check mode's
+        exchange's reserved tag instead of a number (the placement, check mode's
         fingerprints): such a run has no number, is not itself checked and is named by its
         plan's ``describe``. ``caller``: on the stream-ordered path, the event of the caller's
         stream the call is enqueued after (None: the calling thread's current stream now).
@@ -295,7 +295,7 @@ class P2PExecutor:
         Step j is posted early, while earlier steps are still moving or reducing, when none of
         its transfers touches what those steps still read or write; a step's local operations
         run as soon as its own transfers are done, so the reduction of one segment overlaps the
-        transfer of the next. On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream`)
+        transfer of the next. On the stream-ordered path (:mod:`ringcoll.runtime.transport.stream_ordered`)
         the same loop enqueues the call on ringcoll's stream and returns it in flight (its end
         event) without waiting; the caller orders its own stream after it (ringcoll.runtime.work)."""
         self.raise_if_failed()
@@ -304,7 +304,7 @@ class P2PExecutor:
             seq = plan.seq if seq is None else seq
             if seq is None:
                 raise ValueError(f"ringcoll {plan.describe}: a call reaches the executor with its number, "
-                                 f"taken at its entry (ringcoll.api._common.executor_context); got none")
+                                 f"taken at its entry (ringcoll.api.common.executor_context); got none")
         try:
             return self._execute(call, seq, tag, caller, blocking)
         except BaseException as error:
@@ -319,7 +319,7 @@ class P2PExecutor:
                  blocking: bool) -> Optional[InFlight]:
         """:meth:`execute`'s body (every exception it raises fails the group)."""
         if not isinstance(call, Prepared) and call.late is not None:
-            call = call.late()          # the group's layout agreed here, on the worker, in call order
+            call = call.late()          # the group's placement agreed here, on the worker, in call order
         prepared = call if isinstance(call, Prepared) else self.prepare(call)
         plan, transport = prepared.plan, prepared.transport
         if tag is None:
@@ -609,7 +609,7 @@ class P2PExecutor:
         # on the call's own device and transport: an NCCL-only group has no CPU transport
         table = table.to(plan.device)
         ring = registry.get("all_gather", "ring")
-        layout = Layout(table.numel(), {"in_place": True})
+        layout = Layout(table.numel(), {IN_PLACE: True})
         check_plan = Plan("check", ring, self.rank, self.world, layout, {"output": table}, timeout=timeout,
                           describe=f"fingerprint check of call #{seq} {plan.describe}")
         self.execute(check_plan, tag=CHECK_TAG, blocking=True)
@@ -645,7 +645,7 @@ class Prepared:
     buffers. Which later step may be posted while an earlier one is in flight is worked out
     once (:meth:`reach`). Valid for any later call
     whose tensors name the same memory with the same shapes, strides and dtypes: the drop-in
-    checks that before it reuses one (ringcoll.api._common.run_call)."""
+    checks that before it reuses one (ringcoll.api.common.run_call)."""
 
     __slots__ = ("plan", "steps", "buffers", "posts", "local", "transport", "print_bits", "group_timeout",
                  "before", "after", "device", "_addresses", "_reach")

@@ -8,6 +8,7 @@ import zlib
 from typing import Tuple
 
 from ..config import settings
+from ..schedules.vocabulary import ROOT
 from .plan import Plan
 
 #: ringcoll's tags lie in [TAG_BASE, 2 * TAG_BASE): gloo takes int32 tags >= 0, user code and
@@ -32,7 +33,7 @@ def fingerprint(plan: Plan) -> Tuple:
     varying = plan.collective in RANK_VARYING
     return (plan.collective, None if varying else plan.algorithm.name,
             None if varying else plan.layout.numel, str(plan.dtype).replace("torch.", ""),
-            plan.op, plan.layout.get("root"))
+            plan.op, plan.layout.get(ROOT))
 
 
 def _code(value) -> int:

@@ -1,17 +1,21 @@
 """Which node each rank of a group runs on, for the node-aware (hierarchical) algorithms.
 
-The layout reaches a schedule as the Layout parameter ``"nodes"``: a tuple giving the node
-index of every group rank (nodes numbered in order of their lowest rank; a node's ranks need
-not be consecutive and nodes may differ in size). The builders (``ringcoll.api._plans.new_plan``)
-add it, for schedules marked with :func:`needs_nodes` only, and ``auto``'s model reads it; both
-read it from the call's context (:func:`context_layout`), never ask for it: building a plan
+Words: a group's **placement** is the node of each of its ranks (the word
+:class:`ringcoll.Machine` uses for the same thing); a schedule's **layout**
+(:class:`~ringcoll.schedules.vocabulary.Layout`) is something else, its parameters. The
+placement reaches a schedule as its layout's ``NODES`` parameter (``"nodes"``): a tuple giving
+the node index of every group rank (nodes numbered in order of their lowest rank; a node's ranks
+need not be consecutive and nodes may differ in size). The builders
+(``ringcoll.api._plans.new_plan``) add it, for schedules marked with
+:func:`~ringcoll.schedules.vocabulary.needs_nodes` only, and ``auto``'s model reads it; both
+read it from the call's context (:func:`context_placement`), never ask for it: building a plan
 runs nothing.
 
-**A group's layout is agreed by all its ranks, never inferred by one, once, when the group is
+**A group's placement is agreed by all its ranks, never inferred by one, once, when the group is
 first used for a collective call.** Every collective call, drop-in (object collectives
 included) or backend (``dist.*`` on a ``"ringcoll"`` group, its sparse all_reduce included),
 resolves it at its entry, right after taking its number
-(``ringcoll.api._common.executor_context``), and carries it in its context; point-to-point
+(``ringcoll.api.common.executor_context``), and carries it in its context; point-to-point
 send/recv never do (not every rank makes them, so they cannot exchange), nor do barriers and
 monitored_barrier (tokens only, no node-aware algorithm, and a ``timeout=`` that must bound
 the whole call even as a group's first). At the group's first such call (every rank makes
@@ -21,7 +25,7 @@ contributes its own facts in one fixed-size record: its global rank, its
 records once through its store (each rank sets its record under the exchange's key and reads
 the others': no device, no communicator, no message on any transport; a raw group built
 without a store uses ringcoll's own ring on a tag of its own instead), and every rank derives
-the layout from the same gathered list, by the first of:
+the placement from the same gathered list, by the first of:
 
 1. ``RINGCOLL_LOCAL_SIZE=L`` (set on every rank, to the same value): nodes of L consecutive
    global ranks (the last one may be smaller), which emulates nodes on one machine. Set on
@@ -33,16 +37,16 @@ the layout from the same gathered list, by the first of:
 
 torchrun's ``LOCAL_WORLD_SIZE`` is never used: it counts the ranks of one node only, and
 nodes may differ (``--nproc-per-node 3`` on one host, ``1`` on another) -- grouping every
-rank by its own count gave each rank a different layout. The layout is kept per group with
-its source (:func:`group_layout`), for every executor of the group (:func:`share_layout`: the
-drop-in's and the ``"ringcoll"`` backend's, so both paths see one layout from one exchange),
+rank by its own count gave each rank a different placement. The placement is kept per group with
+its source (:func:`group_placement`), for every executor of the group (:func:`share_placement`: the
+drop-in's and the ``"ringcoll"`` backend's, so both paths see one placement from one exchange),
 keyed by this rank's record: a setting changed on every rank between calls takes effect,
 with a new exchange, at the next collective call. The cost: one store write and ``world - 1``
 store reads of 719-byte records per rank, once per group. An asynchronous call never waits for
 it on the caller's thread: at a group's first call it runs in the call's own run
-(``ringcoll.api._common.Context.late``; docs/design.md, Decisions).
+(``ringcoll.api.common.Context.late``; docs/design.md, Decisions).
 
-Outside a process group (the simulator), the layout is ``simulate(..., local_size=L)``'s
+Outside a process group (the simulator), the placement is ``simulate(..., local_size=L)``'s
 (the context's ``nodes``), else ``RINGCOLL_LOCAL_SIZE``'s, else one node.
 """
 from __future__ import annotations
@@ -58,14 +62,14 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import config
 from ..config import settings
-from ..schedules.vocabulary import Nodes, needs_nodes  # noqa: F401 - a layout is a Nodes
+from ..schedules.vocabulary import IN_PLACE, Nodes
 from .identity import tag_of
 
 log = logging.getLogger("ringcoll")
 
-#: the layout exchange's reserved tag: the fingerprint bits 0 are never a call's, the sequence
+#: the placement exchange's reserved tag: the fingerprint bits 0 are never a call's, the sequence
 #: bits 1 never check mode's tag (identity.CHECK_TAG)
-LAYOUT_TAG = tag_of(1, 0)
+PLACEMENT_TAG = tag_of(1, 0)
 
 
 def grouped(keys: Sequence) -> Nodes:
@@ -100,7 +104,7 @@ def model_local_size(nodes: Optional[Nodes]) -> Optional[int]:
     return size if not sizes and last <= size else None
 
 
-def describe_layout(nodes: Nodes) -> str:
+def describe_placement(nodes: Nodes) -> str:
     """``nodes`` for a log line: how many nodes of how many ranks, and the tuple itself
     while it is short."""
     sizes = [count for _, count in sorted(collections.Counter(nodes).items())]
@@ -109,7 +113,7 @@ def describe_layout(nodes: Nodes) -> str:
     return f"{shape} {tuple(nodes)}" if len(nodes) <= 16 else shape
 
 
-# -- this rank's settings: the one place the layout reads the environment --------------------
+# -- this rank's settings: the one place the placement reads the environment --------------------
 #: the settings every rank of a group must share, because each changes which messages go where:
 #: RINGCOLL_SEGMENT the pipelined schedules' steps (how many messages, of what size);
 #: RINGCOLL_TRANSPORT the transport (``streamed`` runs on a private communicator, ``batched``
@@ -120,7 +124,7 @@ def describe_layout(nodes: Nodes) -> str:
 #: change no message: RINGCOLL_WINDOW (how many steps are in flight: each peer's sends and
 #: receives are still posted in step order), RINGCOLL_PERSISTENT_PLANS (a kept plan is the plan a
 #: new build gives), RINGCOLL_KERNELS (the local reduction), the timeouts and the log.
-#: (RINGCOLL_LOCAL_SIZE and GROUP_RANK have rules of their own: :func:`agreed_layout`.)
+#: (RINGCOLL_LOCAL_SIZE and GROUP_RANK have rules of their own: :func:`agreed_placement`.)
 SHARED_SETTINGS = ("RINGCOLL_SEGMENT", "RINGCOLL_TRANSPORT", "RINGCOLL_CHECK", "RINGCOLL_ALGO",
                    "RINGCOLL_TUNING", "RINGCOLL_MACHINE", "RINGCOLL_CUDA_TRANSPORT")
 #: bytes of a shared setting's key and of the value its errors show (on the wire)
@@ -201,13 +205,13 @@ def parse_local_size(value: str) -> int:
 def local_size_from_env() -> Optional[int]:
     """Ranks per node from this process's RINGCOLL_LOCAL_SIZE, else None (never torchrun's
     LOCAL_WORLD_SIZE: a per-node count, not every node's). The simulator and the node-aware
-    cost models read it; a process group's layout is agreed by exchange (:func:`group_layout`)."""
+    cost models read it; a process group's placement is agreed by exchange (:func:`group_placement`)."""
     return settings().local_size
 
 
-# -- the agreed layout of a process group ------------------------------------------------------
+# -- the agreed placement of a process group ------------------------------------------------------
 class Facts(NamedTuple):
-    """What one rank contributes to its group's layout, and the settings its ranks must share."""
+    """What one rank contributes to its group's placement, and the settings its ranks must share."""
 
     global_rank: int
     local_size: str         # RINGCOLL_LOCAL_SIZE, "" when unset
@@ -264,10 +268,10 @@ def disagreeing_settings(facts: Sequence[Facts]) -> List[str]:
     return found
 
 
-def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
+def agreed_placement(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
     """(nodes, source) from every group rank's facts, in group rank order (module docstring for
     the order of the sources). A pure function of the gathered list, so every rank derives the
-    same layout, or raises the same ValueError: first where a setting of
+    same placement, or raises the same ValueError: first where a setting of
     :data:`SHARED_SETTINGS` differs between ranks (every such setting, with each rank's value),
     which would otherwise crash or hang the group's calls."""
     differ = disagreeing_settings(facts)
@@ -278,7 +282,7 @@ def agreed_layout(facts: Sequence[Facts]) -> Tuple[Nodes, str]:
     local_sizes = [f.local_size for f in facts]
     if len(set(local_sizes)) > 1:
         raise ValueError(f"RINGCOLL_LOCAL_SIZE must be the same on every rank of the group (the ranks "
-                         f"agree on one node layout), got {_per_rank(local_sizes)} (group ranks)")
+                         f"agree on one placement), got {_per_rank(local_sizes)} (group ranks)")
     if local_sizes and local_sizes[0]:
         size = parse_local_size(local_sizes[0])
         return even_nodes(len(facts), size, [f.global_rank for f in facts]), f"RINGCOLL_LOCAL_SIZE={size}"
@@ -305,7 +309,7 @@ def own_facts(executor) -> Facts:
 
 
 class Agreed(NamedTuple):
-    """A group's agreed layout as one rank knows it: the settings and packed facts this rank
+    """A group's agreed placement as one rank knows it: the settings and packed facts this rank
     contributed, the nodes and their source."""
 
     settings: object
@@ -314,17 +318,17 @@ class Agreed(NamedTuple):
     source: str
 
 
-#: each group's agreed layout, by its owner (:func:`share_layout`: the group, for a drop-in's
+#: each group's agreed placement, by its owner (:func:`share_placement`: the group, for a drop-in's
 #: executor and every executor of a "ringcoll"-backend group; else the executor itself); kept
 #: beside the executors, not on them, and gone with the owner
 _AGREED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-#: executor -> weak reference to the owner its layout is kept under
+#: executor -> weak reference to the owner its placement is kept under
 _OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def share_layout(executor, owner) -> None:
-    """Keep ``executor``'s layout under ``owner`` (a process group): the executors of one group
-    (the drop-in's, the backend's per device) then agree once and read one layout."""
+def share_placement(executor, owner) -> None:
+    """Keep ``executor``'s placement under ``owner`` (a process group): the executors of one group
+    (the drop-in's, the backend's per device) then agree once and read one placement."""
     _OWNERS[executor] = weakref.ref(owner)
 
 
@@ -335,16 +339,16 @@ def _owner(executor):
 
 
 def agreed(executor) -> Optional[Tuple[Nodes, str]]:
-    """The layout ``executor``'s group agreed, with its source, or None before its exchange."""
+    """The placement ``executor``'s group agreed, with its source, or None before its exchange."""
     known = _AGREED.get(_owner(executor))
     return None if known is None else (known.nodes, known.source)
 
 
-def known_layout(executor) -> Optional[Tuple[Nodes, str]]:
-    """``executor``'s group's layout and its source when no exchange is needed to know it (agreed
-    earlier, and this rank's facts unchanged since), else None: what :func:`group_layout` returns
+def known_placement(executor) -> Optional[Tuple[Nodes, str]]:
+    """``executor``'s group's placement and its source when no exchange is needed to know it (agreed
+    earlier, and this rank's facts unchanged since), else None: what :func:`group_placement` returns
     without waiting on a peer. An ``async_op=True`` call whose group has none yet agrees it inside
-    its own run (``ringcoll.api._common.executor_context``), never on the caller's thread."""
+    its own run (``ringcoll.api.common.executor_context``), never on the caller's thread."""
     owner, current = _owner(executor), settings()
     known = _AGREED.get(owner)
     if known is None:
@@ -357,60 +361,60 @@ def known_layout(executor) -> Optional[Tuple[Nodes, str]]:
     return None
 
 
-def group_layout(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
+def group_placement(executor, device=None, call: str = "") -> Tuple[Nodes, str]:
     """The node of every rank of ``executor``'s group and where that came from (``"hostnames"``,
     ``"torchrun's GROUP_RANK"``, ``"RINGCOLL_LOCAL_SIZE=2"``): agreed by exchange at the group's
     first collective call, then kept for the group (:func:`agreed`) while this rank's facts
     stay the same (the same settings: about a microsecond to tell). Called at every collective
-    call's entry (``ringcoll.api._common.executor_context``), never while a plan is built:
+    call's entry (``ringcoll.api.common.executor_context``), never while a plan is built:
     every rank of the group makes the same collective calls in the same order, so the ranks
     exchange at the same call; a call made by some ranks only (send/recv) never asks. A
-    group of one rank derives its layout without an exchange. ``device``: where the exchange
+    group of one rank derives its placement without an exchange. ``device``: where the exchange
     runs (default: CPU where the group serves it, else the current CUDA device). ``call``: the
     call it runs for (``"call #1 all_reduce"``), named by its errors: a peer that never comes
     fails the exchange, within the step timeout, naming it and that call."""
-    known = known_layout(executor)
+    known = known_placement(executor)
     if known is not None:
         return known
     if executor.world == 1:
         return _agree(executor, device, call)
     # behind the calls queued before this one: an asynchronous call among them may be agreeing
-    # the layout in its run right now, and then this call reads what it agreed
-    return _in_call_order(lambda: known_layout(executor) or _agree(executor, device, call))
+    # the placement in its run right now, and then this call reads what it agreed
+    return _in_call_order(lambda: known_placement(executor) or _agree(executor, device, call))
 
 
 def _agree(executor, device, call: str) -> Tuple[Nodes, str]:
-    """The exchange itself (:func:`group_layout`): this rank's record, every rank's, the layout."""
+    """The exchange itself (:func:`group_placement`): this rank's record, every rank's, the placement."""
     owner, current = _owner(executor), settings()
     record = pack_facts(own_facts(executor))
     gathered = [record] if executor.world == 1 else _all_gather_records(executor, record, device, call)
-    nodes, source = agreed_layout([unpack_facts(r) for r in gathered])
+    nodes, source = agreed_placement([unpack_facts(r) for r in gathered])
     before = _AGREED.get(owner)
     _AGREED[owner] = Agreed(current, record, nodes, source)
-    # a new layout is news (INFO); the same one agreed again after a setting changed is not
+    # a new placement is news (INFO); the same one agreed again after a setting changed is not
     news = before is None or (before.nodes, before.source) != (nodes, source)
     log.log(logging.INFO if news else logging.DEBUG, "group of %d ranks (rank %d): %s from %s",
-            executor.world, executor.rank, describe_layout(nodes), source)
+            executor.world, executor.rank, describe_placement(nodes), source)
     return nodes, source
 
 
-def context_layout(ctx) -> Tuple[Nodes, str]:
-    """(nodes, source) for a call's context, read, never exchanged: the layout its entry put
-    there (``ctx.nodes``: its group's agreed layout, or simulate's ``local_size``), else (no
+def context_placement(ctx) -> Tuple[Nodes, str]:
+    """(nodes, source) for a call's context, read, never exchanged: the placement its entry put
+    there (``ctx.nodes``: its group's agreed placement, or simulate's ``local_size``), else (no
     group: the simulator) RINGCOLL_LOCAL_SIZE's nodes, else one node. A context on a group
-    without its layout is a call that skipped its entry: refused, so that building a plan can
+    without its placement is a call that skipped its entry: refused, so that building a plan can
     never run an exchange."""
     if getattr(ctx, "nodes", None) is not None:
         return tuple(ctx.nodes), getattr(ctx, "nodes_from", None) or "simulate's local_size"
-    if getattr(ctx, "layout_pending", False):
+    if getattr(ctx, "placement_pending", False):
         # an async call at its group's first collective call, built on the caller's thread
-        # before the layout is agreed (inside its run): one node stands in, and the call's run
-        # builds its plan again on the agreed layout (ringcoll.api._common.Context.late)
+        # before the placement is agreed (inside its run): one node stands in, and the call's run
+        # builds its plan again on the agreed placement (ringcoll.api.common.Context.late)
         ctx.provisional = True
-        return (0,) * ctx.world, "a stand-in until the group agrees its layout"
+        return (0,) * ctx.world, "a stand-in until the group agrees its placement"
     if ctx.executor is not None:
-        raise RuntimeError("ringcoll: a call on a process group builds its plan with the layout its entry "
-                           "resolved (ringcoll.api._common.executor_context); this context has none")
+        raise RuntimeError("ringcoll: a call on a process group builds its plan with the placement its entry "
+                           "resolved (ringcoll.api.common.executor_context); this context has none")
     size = local_size_from_env()
     if size is not None:
         return even_nodes(ctx.world, size), f"RINGCOLL_LOCAL_SIZE={size}"
@@ -426,7 +430,7 @@ def _in_call_order(exchange: Callable[[], object]):
     if getattr(work._queue, "_thread", None) is threading.current_thread():
         return exchange()
     gathered: list = []
-    work.submit(lambda: gathered.append(exchange()), False, describe="node layout exchange")
+    work.submit(lambda: gathered.append(exchange()), False, describe="placement exchange")
     return gathered[0]
 
 
@@ -442,7 +446,7 @@ def _all_gather_records(executor, record: bytes, device=None, call: str = "") ->
     return _ring_records(executor, record, device, call)
 
 
-#: each group's exchanges so far, by its owner (:func:`share_layout`), for the store's keys:
+#: each group's exchanges so far, by its owner (:func:`share_placement`), for the store's keys:
 #: every rank exchanges at the same calls, so the counts agree
 _EXCHANGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -459,7 +463,7 @@ def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
     owner = _owner(executor)
     count = _EXCHANGES.get(owner, 0) + 1
     _EXCHANGES[owner] = count
-    keys = [f"ringcoll/layout/{count}/{rank}" for rank in range(executor.world)]
+    keys = [f"ringcoll/placement/{count}/{rank}" for rank in range(executor.world)]
     executor.raise_if_failed()
     seconds = get_timeout() or group_timeout(executor.group)
     store.set(keys[executor.rank], record)
@@ -471,7 +475,7 @@ def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
     while not store.check(others):
         if time.monotonic() >= deadline:
             missing = [rank for rank, key in enumerate(keys) if rank != executor.rank and not store.check([key])]
-            name = f"node layout exchange of {call}" if call else "node layout exchange"
+            name = f"placement exchange of {call}" if call else "placement exchange"
             failure = PeerError(
                 f"ringcoll {name}: rank {executor.rank}: rank{'s' if len(missing) != 1 else ''} "
                 f"{', '.join(map(str, missing)) or '(none missing now)'} did not reach the group's first "
@@ -487,7 +491,7 @@ def _store_records(executor, store, record: bytes, call: str) -> List[bytes]:
 
 def _ring_records(executor, record: bytes, device=None, call: str = "") -> List[bytes]:
     """Every group rank's ``record`` by a ring all-gather on the executor's transport, on the
-    layout's own tag (as check mode's fingerprint exchange, ``P2PExecutor._check``). A failed
+    placement's own tag (as check mode's fingerprint exchange, ``P2PExecutor._check``). A failed
     transfer leaves the group failed, as any call's."""
     import torch
 
@@ -503,10 +507,10 @@ def _ring_records(executor, record: bytes, device=None, call: str = "") -> List[
     table = torch.zeros(executor.world * size, dtype=torch.uint8)
     table[executor.rank * size:(executor.rank + 1) * size] = torch.frombuffer(bytearray(record), dtype=torch.uint8)
     table = table.to(device)
-    plan = Plan("layout", registry.get("all_gather", "ring"), executor.rank, executor.world,
-                Layout(table.numel(), {"in_place": True}), {"output": table},
-                describe=f"node layout exchange of {call}" if call else "node layout exchange")
+    plan = Plan("placement", registry.get("all_gather", "ring"), executor.rank, executor.world,
+                Layout(table.numel(), {IN_PLACE: True}), {"output": table},
+                describe=f"placement exchange of {call}" if call else "placement exchange")
     with torch.no_grad():
-        executor.execute(plan, tag=LAYOUT_TAG, blocking=True)
+        executor.execute(plan, tag=PLACEMENT_TAG, blocking=True)
     data = table.cpu().numpy().tobytes()
     return [data[r * size:(r + 1) * size] for r in range(executor.world)]

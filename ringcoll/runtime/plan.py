@@ -36,15 +36,15 @@ class Plan:
     #: buffers the plan made itself that hold none of the caller's data from when it was
     #: built (its ``before`` steps fill them on every run, or a token whose bytes never
     #: matter); with the buffers that are the caller's memory (or the executor's), they make
-    #: a plan safe to run again (collectives._common.run_call)
+    #: a plan safe to run again (ringcoll.api.common.run_call)
     own: set = field(default_factory=set)
     #: buffers that stage a list argument: name -> (the list's tensors, the ``before`` or
     #: ``after`` hook that copies them in or out, whether the schedule may write the list);
     #: the P2P executor names the tensors themselves instead when it can (executor.Blocks)
     lists: Dict[str, tuple] = field(default_factory=dict)
-    #: what the call's run does first, when its group's node layout is still to be agreed (an
+    #: what the call's run does first, when its group's placement is still to be agreed (an
     #: asynchronous call at its group's first collective call): agree it and return the plan
-    #: to run, this one or one built again on the agreed layout (ringcoll.api._common.Context.late);
+    #: to run, this one or one built again on the agreed placement (ringcoll.api.common.Context.late);
     #: the executor calls it on the worker thread, in call order
     late: Optional[Callable[[], "Plan"]] = None
 

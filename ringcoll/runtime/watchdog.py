@@ -1,6 +1,6 @@
 """The watchdog of stream-ordered calls: one thread per process instead of per-step host polls.
 
-A call on the stream-ordered path (:mod:`ringcoll.runtime.transport.stream`) returns to its caller once
+A call on the stream-ordered path (:mod:`ringcoll.runtime.transport.stream_ordered`) returns to its caller once
 enqueued; nothing on the host waits for its steps. This thread reads, without blocking, the end
 event of each step of every call in flight, and gives each step the call's per-step timeout,
 counted from when it saw the step before it end (the first step's clock starts when the call

@@ -12,7 +12,7 @@ waiting thread's current stream after an event recorded at the end of the call, 
 ``wait()`` does.
 
 Calls on the stream-ordered path (CUDA tensors over NCCL, or the CPU emulator of it:
-:mod:`ringcoll.runtime.transport.stream`) go through :func:`submit_stream` instead: the call is
+:mod:`ringcoll.runtime.transport.stream_ordered`) go through :func:`submit_stream` instead: the call is
 enqueued on ringcoll's stream after an event of the caller's current stream, taken at submit,
 and a :class:`StreamWork` stands for it, exactly as ProcessGroupNCCL's Work: a synchronous
 call returns once enqueued with the caller's stream ordered after the call's end event,
@@ -44,7 +44,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from . import streams, transport
+from . import stream_runtime, transport
 
 
 class WaitTimeout(RuntimeError):
@@ -109,7 +109,7 @@ class Work(dist.Work):
         if self._error is not None:
             raise self._error
         if self._event is not None:
-            transport.base.streams.wait_event(self._device, self._event)
+            transport.base.cuda_calls.wait_event(self._device, self._event)
         return True
 
     def is_completed(self) -> bool:
@@ -187,9 +187,9 @@ class _Queue:
                     if stream is None:
                         task()
                     else:                       # the caller's device and stream, as it submitted
-                        with transport.base.streams.use(work._device, stream):
+                        with transport.base.cuda_calls.use(work._device, stream):
                             task()
-                            work._event = transport.base.streams.record(work._device, stream)
+                            work._event = transport.base.cuda_calls.record(work._device, stream)
                 except BaseException as failure:  # noqa: BLE001 - handed to whoever waits
                     error = failure
                 finally:
@@ -268,7 +268,7 @@ class _Queue:
         stream = None
         if device is not None and device.type == "cuda":
             work._device = device
-            stream = transport.base.streams.current(device)
+            stream = transport.base.cuda_calls.current(device)
         self._tasks.put((task, work, stream))
         if async_op:
             return work
@@ -287,13 +287,13 @@ def submit(task: Callable[[], None], async_op: bool, result=None, *,
     (CUDA tensors over gloo: staging blocks the host, which capture forbids). Safe from inside
     a Work's future callback (module docstring)."""
     if device is not None and device.type == "cuda":
-        _refuse_capture(streams.cuda(), device, describe)
+        _refuse_capture(stream_runtime.cuda(), device, describe)
     return _queue.submit(task, async_op, result, device=device, describe=describe)
 
 
 def _refuse_capture(runtime, device: torch.device, describe: str) -> None:
     if runtime.capturing(device):
-        from .transport.stream import refuse_capture
+        from .transport.stream_ordered import refuse_capture
 
         raise refuse_capture(describe or "collective")
 

@@ -2,7 +2,7 @@
 
 Words: ``input`` is this rank's block; ``output`` holds one block per rank (block ``r`` is rank
 r's ``input``), so ``layout.numel`` is the gathered total, world × block. With
-``layout["in_place"]`` the input already lies in this rank's block of the output.
+``layout[IN_PLACE]`` the input already lies in this rank's block of the output.
 
 Every algorithm first places the rank's own block (a local copy), so the caller's input is
 read only at the first step and may alias any part of the output. Blocks are only ever
@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import Iterator, List
 
 from .registry import Cost, register, rotation_when_even, xor_when_even
-from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, segmented, sendrecv, span, step
+from .vocabulary import (IN_PLACE, SEGMENT, Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, segmented,
+                         sendrecv, span, step)
 from .fold import folded_rank, largest_pof2, real_rank
 from .trees import segment_count
 
 
 def _place_own(rank: int, world: int, layout: Layout, output: List[Buf]) -> Iterator[Step]:
     """Copy this rank's input into its block of the output, unless it is already there."""
-    if not layout.get("in_place", False):
+    if not layout.get(IN_PLACE, False):
         yield step(local=[Copy(output[rank], Buf("input", 0, output[rank].numel))])
 
 
@@ -33,7 +34,7 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
 def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring all-gather: at step s each rank sends block (rank - s) to its right and receives
     block (rank - s - 1) from its left, straight into the output; after world - 1 steps every
-    block has gone round. Blocks are cut into segments (``layout["segment"]`` elements at
+    block has gone round. Blocks are cut into segments (``layout[SEGMENT]`` elements at
     most), so a block's first segment moves on while its last is still arriving.
     Bandwidth-optimal, latency linear in p.
 
@@ -41,7 +42,7 @@ def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     output = chunks("output", layout.numel, world)
     yield from _place_own(rank, world, layout, output)
-    segs = segmented(output, layout.get("segment"))
+    segs = segmented(output, layout.get(SEGMENT))
     right, left = (rank + 1) % world, (rank - 1) % world
     for s in range(world - 1):
         send_idx, recv_idx = (rank - s) % world, (rank - s - 1) % world
@@ -86,7 +87,7 @@ def all_gather_recursive_doubling(rank: int, world: int, layout: Layout) -> Iter
     rem = world - pof2
     me = folded_rank(rank, world)
     if me is None:                      # even rank below 2·rem: hand over the block, get all back
-        own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+        own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, output[rank].numel)
         yield step([Send(rank + 1, own)])
         yield step([Recv(rank + 1, whole)])
         return
@@ -124,7 +125,7 @@ def all_gather_bruck(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     output = chunks("output", layout.numel, world)
     slots = chunks("scratch", layout.numel, world)
-    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, output[rank].numel)
     if world == 1:
         yield from _place_own(rank, world, layout, output)
         return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .vocabulary import Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
+from .vocabulary import SEGMENT, Buf, Layout, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step
 from .registry import Cost, register, rotation_when_even, xor_when_even
 from .fold import folded, halving, largest_pof2, real_rank
 from .trees import Phase, all_reduce_pipeline, halves, pipeline, pipelined_tree_cost, port_split, \
@@ -29,7 +29,7 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
 @register("all_reduce", "ring", cost=_ring_cost, symmetry=rotation_when_even)
 def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring all-reduce: a reduce-scatter then an all-gather around the ring, one chunk per rank,
-    each chunk cut into segments (``layout["segment"]`` elements at most) that are pipelined.
+    each chunk cut into segments (``layout[SEGMENT]`` elements at most) that are pipelined.
 
     Scatter-reduce: at step s each rank sends chunk (rank - s) to its right and reduces chunk
     (rank - s - 1), received from its left, into its own, segment by segment; after world - 1
@@ -43,7 +43,7 @@ def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """
     if world == 1:
         return
-    segs = segmented(chunks("data", layout.numel, world), layout.get("segment"))
+    segs = segmented(chunks("data", layout.numel, world), layout.get(SEGMENT))
     count = len(segs[0])
     right, left = (rank + 1) % world, (rank - 1) % world
     slot_size = segs[0][0].numel

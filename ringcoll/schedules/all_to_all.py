@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .vocabulary import Buf, Copies, Copy, Layout, Recv, Send, Step, ceil_log2, step
+from .vocabulary import RECV_BLOCKS, SEND_BLOCKS, Buf, Copies, Copy, Layout, Recv, Send, Step, ceil_log2, step
 from .registry import Cost, register, rotation_when_even
 
 
 def _blocks(layout: Layout, world: int) -> tuple[Sequence[Buf], Sequence[Buf]]:
-    send_blocks, recv_blocks = layout["send_blocks"], layout["recv_blocks"]
+    send_blocks, recv_blocks = layout[SEND_BLOCKS], layout[RECV_BLOCKS]
     if len(send_blocks) != world or len(recv_blocks) != world:
         raise ValueError(f"all_to_all layout needs {world} send and receive blocks, got "
                          f"{len(send_blocks)} and {len(recv_blocks)}")

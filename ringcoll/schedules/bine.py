@@ -26,7 +26,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from . import broadcast, reduce  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
-from .vocabulary import Buf, Layout, Recv, Send, Step, reduce, step
+from .vocabulary import ROOT, Buf, Layout, Recv, Send, Step, reduce, step
 from .swing import _rabenseifner_cost, butterfly, even_odd_rotation_when_even, swing_peer
 from .trees import rooted
 
@@ -156,7 +156,7 @@ def _reduce_cost(world: int, nbytes: int, tree_of=bine_tree) -> Cost:
 def _tree_broadcast(tree_of, rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Receive the vector from the tree parent, then send it to the children in order, one
     send per step; data is only copied, so every rank ends with the root's bits."""
-    root = layout["root"]
+    root = layout[ROOT]
     vrank = (rank - root) % world
     parent, children = tree_of(world)
     data = Buf("data", 0, layout.numel)
@@ -169,7 +169,7 @@ def _tree_reduce(tree_of, rank: int, world: int, layout: Layout) -> Iterator[Ste
     """The broadcast's tree run backwards: receive the children's partial results, the last
     served (smallest subtree, ready first) first, reducing each into the own vector, then
     send the result to the parent."""
-    root = layout["root"]
+    root = layout[ROOT]
     vrank = (rank - root) % world
     parent, children = tree_of(world)
     data = Buf("data", 0, layout.numel)

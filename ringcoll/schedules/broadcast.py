@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from .registry import Cost, register
-from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
+from .vocabulary import ROOT, Buf, Layout, Recv, Send, Step, ceil_log2, chunk_table, segments, span, step
 from .trees import Phase, Tree, binomial, binomial_span, halves, pipeline, pipelined_tree_cost, port_split, \
     rooted, rooted_pipeline, segment_count, segment_numel
 
@@ -27,7 +27,7 @@ def broadcast_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: ⌈lg p⌉(α + nβ).
     """
-    root = layout["root"]
+    root = layout[ROOT]
     yield from rooted(_binomial(((rank - root) % world), world, Buf("data", 0, layout.numel)), root, world)
 
 
@@ -51,7 +51,7 @@ def broadcast_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: (p-1)α + (p-1)nβ, the latencies overlapped (≈ α + (p-1)nβ).
     """
-    root = layout["root"]
+    root = layout[ROOT]
     data = Buf("data", 0, layout.numel)
     if rank == root:
         yield step([Send(peer, data) for peer in range(world) if peer != root])
@@ -74,7 +74,7 @@ def broadcast_pipelined_chain(rank: int, world: int, layout: Layout) -> Iterator
 
     Cost: (p - 1 + k - 1)(α + nβ/k), k = ⌈n / segment⌉.
     """
-    root = layout["root"]
+    root = layout[ROOT]
     segs = segments(Buf("data", 0, layout.numel), segment_numel(layout))
     chain = Tree.chain(list(range(world)))
     yield from rooted(pipeline((rank - root) % world, [Phase(chain, segs, up=False)], 0), root, world)
@@ -96,7 +96,7 @@ def broadcast_scatter_allgather(rank: int, world: int, layout: Layout) -> Iterat
 
     Cost: (⌈lg p⌉ + p - 1)α + 2(p-1)/p·nβ.
     """
-    root = layout["root"]
+    root = layout[ROOT]
     yield from rooted(_scatter_allgather((rank - root) % world, world, layout.numel), root, world)
 
 
@@ -148,7 +148,7 @@ def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Itera
     busiest rank's two sends): ≈ nβ + 2 lg p·α for large k (``TreePipeline.time``: the
     clock's time).
     """
-    root = layout["root"]
+    root = layout[ROOT]
     pipe = rooted_pipeline(world, up=False)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     phases = [Phase(tree, segs, up, offset)

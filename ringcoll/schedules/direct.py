@@ -17,7 +17,7 @@ from typing import Iterator
 
 from . import all_gather, all_reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register, rotation_when_even
-from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, chunk_table, reduce, step
+from .vocabulary import IN_PLACE, Buf, Copy, Layout, Recv, Send, Step, chunk_table, reduce, step
 
 
 def _exchange(rank: int, world: int, send_for, recv_from) -> list:
@@ -93,7 +93,7 @@ def all_gather_direct(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     Cost: (p-1)(α + n/p·β) (n: the gathered total).
     """
     output = chunk_table("output", layout.numel, world)
-    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, output[rank].numel)
     # the builder hands a separate input unless it is this rank's block, so the receives
     # never write what the sends read
     yield step(_exchange(rank, world, lambda to: own, lambda frm: output[frm]),

@@ -1,4 +1,4 @@
-"""gather and scatter: blocks between every rank and one root, ``layout["root"]``.
+"""gather and scatter: blocks between every rank and one root, ``layout[ROOT]``.
 
 Words: ``layout.numel`` is the total, world × block. gather: every rank's ``input`` is one
 block; the root's ``output`` holds them in rank order. scatter: the root's ``input`` holds
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterator, List, Tuple
 
 from .registry import Cost, register
-from .vocabulary import Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, span, step
+from .vocabulary import ROOT, Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, span, step
 from .trees import binomial, binomial_span
 
 
@@ -50,7 +50,7 @@ def gather_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: (p-1)α + (p-1)/p·nβ, all through the root's link.
     """
-    root = layout["root"]
+    root = layout[ROOT]
     output = chunks("output", layout.numel, world)
     mine = Buf("input", 0, output[0].numel)
     if rank == root:
@@ -61,10 +61,10 @@ def gather_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
 
 def _binomial_place(rank: int, world: int, layout: Layout):
-    """This rank's place in the binomial tree of relative ranks rooted at ``layout["root"]``:
+    """This rank's place in the binomial tree of relative ranks rooted at ``layout[ROOT]``:
     the root, its relative rank rel, its parent's relative rank, its children's subtrees as
     block spans (lo, hi) smallest first, and the blocks of its own subtree."""
-    root = layout["root"]
+    root = layout[ROOT]
     rel = (rank - root) % world
     parent, kids = binomial(rel, world)
     lo, hi = binomial_span(rel, world)
@@ -107,7 +107,7 @@ def scatter_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: (p-1)α + (p-1)/p·nβ, all through the root's link.
     """
-    root = layout["root"]
+    root = layout[ROOT]
     inputs = chunks("input", layout.numel, world)
     output = Buf("output", 0, inputs[0].numel)
     if rank == root:

@@ -1,13 +1,12 @@
 """Node-aware algorithms: work inside each node first, cross nodes with less, finish inside.
 
 Horovod's hierarchical all-reduce (local ncclReduceScatter, MPI all-reduce of the shard
-across nodes, local ncclAllGather; ``nccl_operations.cc``), the 2-D torus all-reduce (Sony
-on ABCI, arXiv 1811.05233; Google on TPU v3, arXiv 1811.06992), the bucket all-reduce on every
-port of a torus (rings along each dimension in turn; the Swing paper's baseline) and
-leader-based rooted and gathering collectives (MPICH's SMP-aware collectives).
+across nodes, local ncclAllGather; ``nccl_operations.cc``) and leader-based rooted and gathering
+collectives (MPICH's SMP-aware collectives). The rings and the two-level all-reduce here also
+serve the torus algorithms (:mod:`ringcoll.schedules.torus`).
 
-The node of every rank comes in ``layout["nodes"]`` (:mod:`ringcoll.runtime.nodes`: the
-simulator's ``local_size``, else the layout the group's ranks agreed on by exchange, from
+The node of every rank comes in ``layout[NODES]`` (:mod:`ringcoll.runtime.nodes`: the
+simulator's ``local_size``, else the placement the group's ranks agreed on by exchange, from
 ``RINGCOLL_LOCAL_SIZE``, torchrun's ``GROUP_RANK`` or the hostnames). Nodes may differ in size
 and need not hold consecutive ranks. A node's
 **members** are its ranks in rank order; its **leader** is its first member (for rooted
@@ -17,13 +16,12 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
-from .vocabulary import (GRID, Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds, chunks, grid_of,
-                         needs_grid, needs_nodes, reduce, span, step, torus_grid)
+from .vocabulary import (IN_PLACE, NODES, ROOT, Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds,
+                         chunks, needs_nodes, reduce, span, step)
 from .trees import binomial
 
 
@@ -36,7 +34,7 @@ def members_of(nodes: Nodes) -> List[List[int]]:
 
 
 def _nodes(layout: Layout, world: int) -> Nodes:
-    nodes = tuple(layout.get("nodes") or (0,) * world)
+    nodes = tuple(layout.get(NODES) or (0,) * world)
     if len(nodes) != world:
         raise ValueError(f"layout['nodes'] must give the node of each of the {world} ranks, got {len(nodes)}")
     return nodes
@@ -118,7 +116,7 @@ def node_period(world: int, layout: Layout) -> Optional[int]:
     """``symmetry`` of the two-level schedules: nodes of L consecutive ranks, all alike, and
     equal chunks (numel a multiple of the world) make rank r's schedule rank r % L's moved by
     a whole number of nodes, a rotation of period L."""
-    return _rows_period(layout.get("nodes"), world, layout.numel, False)
+    return _rows_period(layout.get(NODES), world, layout.numel, False)
 
 
 def _all_reduce_period(world: int, layout: Layout) -> Optional[object]:
@@ -126,7 +124,7 @@ def _all_reduce_period(world: int, layout: Layout) -> Optional[object]:
     every rank the ring all-reduce, the same on every rank up to a rotation (period 1). (The
     hierarchical reduce-scatter and all-gather order a node's ring so that each rank ends with
     its own block: not a rotation inside one node.)"""
-    return _rows_period(layout.get("nodes"), world, layout.numel, True)
+    return _rows_period(layout.get(NODES), world, layout.numel, True)
 
 
 def _rows_period(nodes, world: int, numel: int, whole_ring: bool) -> Optional[object]:
@@ -181,7 +179,7 @@ def _two_level_blocks(nodes: Tuple[int, ...], numel: int):
     return members, owned
 
 
-def _two_level_cost(world: int, nbytes: int, local: int) -> Cost:
+def two_level_cost(world: int, nbytes: int, local: int) -> Cost:
     """Even nodes of ``local`` ranks, N = p / local of them."""
     local = max(1, min(local, world))
     count = -(-world // local)
@@ -198,7 +196,7 @@ def _local_size(world: int, local_size: Optional[int] = None) -> int:
 
 
 def _all_reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> Cost:
-    return _two_level_cost(world, nbytes, _local_size(world, local_size))
+    return two_level_cost(world, nbytes, _local_size(world, local_size))
 
 
 @register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=_all_reduce_period)
@@ -220,130 +218,6 @@ def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     return two_level_all_reduce(rank, world, _nodes(layout, world), layout.numel)
 
 
-def _torus_cost(world: int, nbytes: int) -> Cost:
-    return _two_level_cost(world, nbytes, torus_grid(world)[0])
-
-
-def torus_period(world: int, layout: Layout) -> Optional[object]:
-    """``symmetry`` of the 2-D torus all-reduce: the two-level rings with the rows (X
-    consecutive ranks) as nodes, a rotation of period X (period 1 on the 1 × p grid)."""
-    if layout.numel % world:
-        return None
-    x, _ = torus_grid(world)
-    return "rotation" if x == world else x
-
-
-@register("all_reduce", "torus2d", cost=_torus_cost, symmetry=torus_period)
-def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """2-D torus all-reduce on an X × Y grid, X·Y = p (rows of X consecutive ranks, Y the
-    largest divisor of p not above √p): a ring reduce-scatter along each row, a ring
-    all-reduce of each row chunk along its column, a ring all-gather along each row. Every
-    ring runs between grid neighbours. A prime p has only the 1 × p grid, where this is the
-    ring all-reduce (run as such, not refused). Same schedule as the hierarchical
-    all-reduce with the rows as nodes.
-
-    Cost: 2(X+Y-2)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
-    """
-    return two_level_all_reduce(rank, world, _rows(world), layout.numel)
-
-
-@functools.lru_cache(maxsize=8)
-def _rows(world: int) -> Tuple[int, ...]:
-    """Each rank's row of the torus grid (:func:`torus_grid`), the nodes of torus2d."""
-    x, _ = torus_grid(world)
-    return tuple(r // x for r in range(world))
-
-
-# -- the bucket algorithm on every port of a torus ---------------------------------------------
-def bucket_grid(world: int, given: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
-    """The torus the bucket algorithm runs on (:func:`~.vocabulary.grid_of`): ``given``
-    (``layout[GRID]``) of any sizes, else torus2d's X × Y grid."""
-    return grid_of(world, given)
-
-
-def bucket_lines(rank: int, dims: Sequence[int]) -> List[Tuple[List[int], int]]:
-    """Per dimension: the ranks on ``rank``'s line along it, in the order of their coordinate
-    there, and ``rank``'s place among them."""
-    lines, stride = [], 1
-    for d in dims:
-        coord = (rank // stride) % d
-        base = rank - coord * stride
-        lines.append(([base + k * stride for k in range(d)], coord))
-        stride *= d
-    return lines
-
-
-def _bucket_torus_cost(world: int, nbytes: int) -> Cost:
-    dims = bucket_grid(world)
-    parts = 2 * len(dims)
-    return Cost(2 * parts * sum(d - 1 for d in dims), 2 * (world - 1) / world * nbytes, (world - 1) / world * nbytes)
-
-
-def bucket_rotation(world: int, layout: Layout) -> Optional[int]:
-    """``symmetry`` of bucket_torus: moving a rank by one along the grid's last dimension (a
-    rotation by p / d_last ranks) moves every ring it is on alike; where every ring's chunks
-    are equal (``numel`` a multiple of 2D·p), its sizes are its representative's."""
-    dims = bucket_grid(world, layout.get(GRID))
-    if not dims or layout.numel % (2 * len(dims) * world):
-        return None
-    return world // dims[-1]
-
-
-@register("all_reduce", "bucket_torus", cost=_bucket_torus_cost, symmetry=bucket_rotation)
-@needs_grid
-def all_reduce_bucket_torus(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """The bucket algorithm on every port of a D-dimensional torus (Jain and Sabharwal's
-    bucket all-reduce; Sack and Gropp's multiport form, the baseline of the Swing paper's
-    Section 2.3.4): the vector is cut into 2D parts and 2D bucket all-reduces run at once,
-    one per part. Part c takes the dimensions in turn from dimension c mod D, a ring
-    reduce-scatter along each (its block cut into d chunks, the rank keeping the one of its
-    coordinate), then ring all-gathers back in reverse order; parts c >= D run their rings
-    the other way round. So at every step each rank's 2D messages go to its 2D neighbours,
-    one per link, and no link carries two. The parts move from one dimension to the next
-    together (the paper's synchronised form: on a rectangular torus the phase lasts as long
-    as the longest ring). Every element is reduced along one chain per ring, then copied:
-    bitwise identical on every rank. Any world, no fold.
-
-    The torus is ``layout[GRID]`` (the group's or simulator's torus or mesh machine, any
-    dimensions), else torus2d's X × Y grid; on a one-dimensional grid (a prime p) it is the
-    bidirectional ring all-reduce. ``machine.ports`` of 2D lets a step's 2D messages go at
-    once; on one port they queue.
-
-    Cost (one port): 4D·Σ(d_i - 1)α + 2(p-1)/p·nβ + (p-1)/p·nγ.
-    """
-    dims = bucket_grid(world, layout.get(GRID))
-    if not dims:
-        return
-    lines = bucket_lines(rank, dims)
-    count = len(dims)
-    parts = chunks("data", layout.numel, 2 * count)
-    plans = []                  # per part: (ring, place, the blocks it cuts) per dimension in its order
-    for c, part in enumerate(parts):
-        block, phases = part, []
-        for i in range(count):
-            ring, place = lines[(c + i) % count]
-            if c >= count:      # the other way round: the ring reversed
-                ring, place = ring[::-1], len(ring) - 1 - place
-            cut = chunks("data", block.numel, len(ring), block.start)
-            phases.append((ring, place, cut))
-            block = cut[place]
-        plans.append(phases)
-    # each part's scratch: two slots of at most ceil(part / 2) elements from part.start + c
-    for i in range(count):
-        yield from _together([ring_reduce_scatter(*plan[i], slot=part.start + c)
-                              for c, (part, plan) in enumerate(zip(parts, plans))])
-    for i in reversed(range(count)):
-        yield from _together([ring_all_gather(*plan[i]) for plan in plans])
-
-
-def _together(runs: Sequence[Iterator[Step]]) -> Iterator[Step]:
-    """The runs' steps side by side: step k holds every run's k-th step (the runs that have
-    one), their transfers posted in the runs' order."""
-    for steps in itertools.zip_longest(*runs):
-        present = [st for st in steps if st is not None]
-        yield Step(tuple(c for st in present for c in st.comms), tuple(op for st in present for op in st.local))
-
-
 # -- rooted and gathering collectives: leaders (MPICH's SMP-aware collectives) ----------------
 def _levels(world: int, local_size: Optional[int] = None) -> Tuple[int, int]:
     """(L, N): ranks per node and nodes, for the cost models (even nodes; L given, else from
@@ -357,7 +231,7 @@ def _rooted(rank: int, world: int, layout: Layout) -> Tuple[List[int], List[int]
     tree order (its leader first)."""
     nodes = _nodes(layout, world)
     members = members_of(nodes)
-    root = layout["root"]
+    root = layout[ROOT]
     order = [nodes[root]] + [i for i in range(len(members)) if i != nodes[root]]
     leaders = [root if i == nodes[root] else members[i][0] for i in order]
     mine = members[nodes[rank]]
@@ -439,7 +313,7 @@ def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[S
     (n: the gathered total).
     """
     leaders, mine, output, node_blocks = _gathering(rank, world, layout, "output")
-    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, output[rank].numel)
+    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, output[rank].numel)
     place = [] if own == output[rank] else [Copy(output[rank], own)]
     leader = mine[0]
     if rank == leader:

@@ -22,7 +22,8 @@ from typing import Iterator, List, Optional
 
 from . import all_gather, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register, rotation_when_even
-from .vocabulary import DEFAULT_SEGMENT_BYTES, Buf, Copy, Layout, Recv, Send, Step, chunks, reduce, step
+from .vocabulary import (DEFAULT_SEGMENT_BYTES, IN_PLACE, SEGMENT, Buf, Copy, Layout, Recv, Send, Step, chunks,
+                         reduce, step)
 
 
 def _distances(world: int) -> List[int]:
@@ -41,7 +42,7 @@ def _aggregate(count: int, per_message: int) -> List[tuple]:
 
 
 def _per_message(layout: Layout, block: int) -> int:
-    segment = layout.get("segment")
+    segment = layout.get(SEGMENT)
     return max(1, segment // block) if segment and block else 1 << 62
 
 
@@ -80,7 +81,7 @@ def all_gather_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     output = chunks("output", layout.numel, world)
     block = output[0].numel
     per_message = _per_message(layout, block)
-    own = output[rank] if layout.get("in_place", False) else Buf("input", 0, block)
+    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, block)
     placed = [] if own == output[rank] else [Copy(output[rank], own)]
     distances = _distances(world)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from .registry import Cost, register
-from .vocabulary import Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
+from .vocabulary import ROOT, Buf, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segments, span, step
 from .fold import fold_in, folded_rank, halving, largest_pof2
 from .trees import Phase, Tree, binomial, halves, pipeline, pipelined_tree_cost, port_split, relabel, rooted, \
     rooted_pipeline, segment_count, segment_numel
@@ -29,7 +29,7 @@ def reduce_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: ⌈lg p⌉(α + nβ + nγ).
     """
-    root = layout["root"]
+    root = layout[ROOT]
     vrank = (rank - root) % world
     data = Buf("data", 0, layout.numel)
     scratch = Buf("scratch", 0, layout.numel)
@@ -89,7 +89,7 @@ def reduce_rabenseifner_far(rank: int, world: int, layout: Layout) -> Iterator[S
 
 
 def _rooted_reduce_scatter_gather(rank: int, world: int, layout: Layout, distances) -> Iterator[Step]:
-    root = layout["root"]
+    root = layout[ROOT]
     w = (rank - root - 1) % world
     yield from relabel(_reduce_scatter_gather(w, world, layout.numel, distances),
                        lambda peer: (peer + root + 1) % world)
@@ -137,7 +137,7 @@ def reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
 
     Cost: (p - 1 + k - 1)(α + nβ/k + nγ/k), k = ⌈n / segment⌉.
     """
-    root = layout["root"]
+    root = layout[ROOT]
     segs = segments(Buf("data", 0, layout.numel), segment_numel(layout))
     chain = Tree.chain([0] + list(range(world - 1, 0, -1)))    # vranks, the root on top
     yield from rooted(pipeline((rank - root) % world, [Phase(chain, segs, up=True)],
@@ -165,7 +165,7 @@ def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator
     once the pipeline is full, each segment costs the busiest rank's two receives and their
     reduction; ≈ nβ + nγ + 2 lg p·α for large k (``TreePipeline.time``: the clock's time).
     """
-    root = layout["root"]
+    root = layout[ROOT]
     pipe = rooted_pipeline(world, up=True)
     segs_a, segs_b = halves(layout.numel, segment_numel(layout))
     slot = max(s.numel for s in segs_a + segs_b)

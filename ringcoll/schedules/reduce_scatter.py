@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Iterator, Sequence, Tuple
 
 from .registry import Cost, register, rotation_when_even, xor_when_even
-from .vocabulary import (Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segmented, sendrecv, span, step)
+from .vocabulary import (SEGMENT, Buf, Copy, Layout, Recv, Send, Step, ceil_log2, chunks, reduce, segmented,
+                         sendrecv, span, step)
 from .all_gather import _powers
 from .trees import segment_count
 from .fold import folded_rank, halving, largest_pof2
@@ -43,7 +44,7 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
     its right and receives the partial of block (rank - s - 2) from its left, reducing its
     own input block into it; the partials alternate between two scratch slots. At the last
     step the partial of block rank arrives straight in the output and is finished there.
-    Blocks are cut into segments (``layout["segment"]`` elements at most), so the reduction
+    Blocks are cut into segments (``layout[SEGMENT]`` elements at most), so the reduction
     of one segment overlaps the transfer of the next.
 
     Cost: (p-1)α·k + (p-1)/p·n(β + γ) (n: the input total; k segments per block).
@@ -54,7 +55,7 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
         return
     right, left = (rank + 1) % world, (rank - 1) % world
     block = output.numel
-    segs = segmented(inputs, layout.get("segment"))
+    segs = segmented(inputs, layout.get(SEGMENT))
     count = len(segs[0])
     slots = [chunks("scratch", block, count, slot * block) for slot in (0, 1)]
     partial = None

@@ -32,13 +32,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .vocabulary import DEFAULT_SEGMENT_BYTES, ONE_PORT, Buf, Layout, Recv, Send, Step, ceil_log2, reduce, segments, step
+from .vocabulary import (DEFAULT_SEGMENT_BYTES, ONE_PORT, SEGMENT, Buf, Layout, Recv, Send, Step, ceil_log2, reduce,
+                         segments, step)
 
 def segment_numel(layout: Layout, itemsize: int = 4) -> int:
-    """The segment size in elements: the layout's ``"segment"`` (the builders take it from
+    """The segment size in elements: the layout's :data:`~.vocabulary.SEGMENT` (the builders take it from
     the segment table, ringcoll.selection.SEGMENTS), else the default segment of
     ``itemsize``-byte elements (4 when the builder does not say)."""
-    segment = layout.get("segment")
+    segment = layout.get(SEGMENT)
     return segment if segment else max(1, DEFAULT_SEGMENT_BYTES // itemsize)
 
 

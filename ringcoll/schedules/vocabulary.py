@@ -12,7 +12,7 @@ Words used everywhere in ringcoll:
   :func:`chunks`; in a ring over a subset of the ranks, a position's block may be several
   chunks (a node's ranks' blocks); a **span** is the one chunk from block lo to block hi;
 - a **segment** is the unit a pipeline moves: a chunk or block cut into parts of at most
-  ``layout["segment"]`` elements (:func:`segments`, :func:`segmented`);
+  ``layout[SEGMENT]`` elements (:func:`segments`, :func:`segmented`);
 - a **step** is a set of point-to-point operations (``Send``/``Recv``) that are posted
   together and waited on together, followed by local operations (``Reduce``/``Copy``) that
   run once the step's transfers are complete. Sends of a step never read what the same step's
@@ -261,23 +261,73 @@ def _freeze(value):
     return value
 
 
+# -- a layout's parameters: one constant each, and nothing else ----------------------------------
+#: the root rank of a rooted collective (broadcast, reduce, gather, scatter)
+ROOT = "root"
+
+#: the pipelined schedules' segment, in elements (the builders add it from the segment table,
+#: :func:`ringcoll.selection.segment_elements`; absent, :data:`DEFAULT_SEGMENT_BYTES`' worth)
+SEGMENT = "segment"
+
+#: the node of every rank, by rank (a group's placement, :mod:`ringcoll.runtime.nodes`); the
+#: builders add it for schedules marked with :func:`needs_nodes`
+NODES = "nodes"
+
+#: whether a collective that has an in-place form runs in place (all_gather's output holds this
+#: rank's input at its block)
+IN_PLACE = "in_place"
+
+#: all_to_all's blocks: per peer, the chunk of ``"input"`` sent to it and of ``"output"``
+#: received from it
+SEND_BLOCKS = "send_blocks"
+RECV_BLOCKS = "recv_blocks"
+
+#: a layout parameter: whether the executor that runs the schedule carries one message in and
+#: one out per rank at a time (True, the default: the simulator's port-limited clock), or posts
+#: a step's transfers together and lets them queue (False: the P2P executor sets it, see
+#: :meth:`ringcoll.runtime.plan.Plan.steps`). Only the double trees read it: they split each
+#: global step by the colours of its messages when it is True (``trees.TreePipeline``), and
+#: post a global step as one step when it is False (docs/design.md, Decisions)
+ONE_PORT = "one_port"
+
+#: a layout parameter: the torus (or mesh) the ranks are laid out on, its dimensions with
+#: dimension 0 varying fastest (rank r at coordinates r % d0, r // d0 % d1 ...), as
+#: ``Machine.torus(dims)`` numbers its hosts; the builders add it, from the group's or the
+#: simulator's machine, for schedules marked with :func:`needs_grid` (absent: no torus known)
+GRID = "grid"
+
+#: every parameter a :class:`Layout` may hold: a name outside it (a misspelt ``"segmnet"``) is
+#: an error where the layout is made or read, never a parameter that silently is not there
+PARAMETERS = frozenset({ROOT, SEGMENT, NODES, IN_PLACE, SEND_BLOCKS, RECV_BLOCKS, ONE_PORT, GRID})
+
+
+def _known(name) -> str:
+    if name not in PARAMETERS:
+        raise ValueError(f"unknown layout parameter {name!r}: expected one of {sorted(PARAMETERS)} "
+                         f"(the constants of ringcoll.schedules.vocabulary)")
+    return name
+
+
 class Layout:
     """What a schedule knows about the buffers: the element count of the collective's main
-    buffer plus its parameters (root, split sizes, segment size ...). Two equal layouts give
-    the same schedule, so executors may cache it."""
+    buffer plus its parameters (:data:`ROOT`, :data:`SEGMENT`, :data:`NODES` ...: the names in
+    :data:`PARAMETERS`, any other refused with a ValueError). Two equal layouts give the same
+    schedule, so executors may cache it."""
 
     __slots__ = ("numel", "params", "_key")
 
     def __init__(self, numel: int, params: Optional[dict] = None):
         self.numel = numel
         self.params = dict(params or {})
+        for name in self.params:
+            _known(name)
         self._key = (numel, _freeze(self.params))
 
     def __getitem__(self, key):
-        return self.params[key]
+        return self.params[_known(key)]
 
     def get(self, key, default=None):
-        return self.params.get(key, default)
+        return self.params.get(_known(key), default)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Layout) and self._key == other._key
@@ -291,15 +341,6 @@ class Layout:
     def replace(self, **params) -> "Layout":
         """The same layout with ``params`` set."""
         return Layout(self.numel, {**self.params, **params})
-
-
-#: a layout parameter: whether the executor that runs the schedule carries one message in and
-#: one out per rank at a time (True, the default: the simulator's port-limited clock), or posts
-#: a step's transfers together and lets them queue (False: the P2P executor sets it, see
-#: :meth:`ringcoll.runtime.plan.Plan.steps`). Only the double trees read it: they split each
-#: global step by the colours of its messages when it is True (``trees.TreePipeline``), and
-#: post a global step as one step when it is False (docs/design.md, Decisions)
-ONE_PORT = "one_port"
 
 
 def buffers_of(steps: Sequence[Step]):
@@ -332,21 +373,14 @@ def extents(steps: Sequence[Step]) -> dict[str, int]:
 #: RINGCOLL_SEGMENT): this serves schedules and cost models called directly
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
-#: the node of every rank, by rank (``layout["nodes"]``; :mod:`ringcoll.runtime.nodes` agrees it)
+#: the node of every rank, by rank (``layout[NODES]``; :mod:`ringcoll.runtime.nodes` agrees it)
 Nodes = Tuple[int, ...]
 
 
 def needs_nodes(schedule: Callable) -> Callable:
-    """Mark a schedule as reading ``layout["nodes"]`` (the builders then add it)."""
+    """Mark a schedule as reading ``layout[NODES]`` (the builders then add it)."""
     schedule.needs_nodes = True
     return schedule
-
-
-#: a layout parameter: the torus (or mesh) the ranks are laid out on, its dimensions with
-#: dimension 0 varying fastest (rank r at coordinates r % d0, r // d0 % d1 ...), as
-#: ``Machine.torus(dims)`` numbers its hosts; the builders add it, from the group's or the
-#: simulator's machine, for schedules marked with :func:`needs_grid` (absent: no torus known)
-GRID = "grid"
 
 
 def needs_grid(schedule: Callable) -> Callable:

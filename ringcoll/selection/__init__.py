@@ -22,7 +22,7 @@ How ``auto`` decides, first source that answers:
 
 The model: the candidate with the least time in the simulator's cost-only run on the
 machine (ports, NICs and both link classes of a hierarchical one, exactly as the study
-prices them), with the group's node layout for the node-aware candidates
+prices them), with the group's placement for the node-aware candidates
 (:func:`group_nodes`), at the size of the call's quarter-octave band (:func:`size_band`),
 cached per (collective, world, band, machine, layout, candidates); beyond
 :data:`SIMULATE_UP_TO` ranks the closed forms at the machine's slowest link. ``direct`` is
@@ -54,8 +54,8 @@ from typing import Optional
 
 from ..schedules import registry
 from ..config import configure_logging, settings  # noqa: F401 - configure_logging: ringcoll's own
-from ..sim.machine import Machine
-from ..runtime.nodes import context_layout
+from ..cost.machine import Machine
+from ..runtime.nodes import context_placement
 
 from .tables import (CUDA_MACHINE, DEFAULT_MACHINE, RULES, SEGMENTS, TABLES, Rule, SegmentRule, Table,  # noqa: F401
                      segment_bytes, segment_elements, state, table)
@@ -208,9 +208,9 @@ def _auto(collective: str, nbytes: int, world: int, exclude: tuple, given: Optio
 
 def group_nodes(ctx) -> tuple:
     """The node of every rank of ``ctx``'s group, as its node-aware schedules will see it,
-    read from the context (:func:`ringcoll.runtime.nodes.context_layout`): the layout every
+    read from the context (:func:`ringcoll.runtime.nodes.context_placement`): the placement every
     rank of the group agreed at its first collective call, put there by the call's entry,
     else simulate's ``local_size``: the one place ``auto`` reads it (never exchanged here)."""
-    return context_layout(ctx)[0]
+    return context_placement(ctx)[0]
 
 

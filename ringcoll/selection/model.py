@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 from ..schedules import registry
 from ..config import read_cached, settings
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 from ..runtime.nodes import even_nodes, local_size_from_env, model_local_size
 
 from .tables import segment_bytes, state, table

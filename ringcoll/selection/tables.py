@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from ..schedules.vocabulary import DEFAULT_SEGMENT_BYTES
 from ..config import settings
-from ..sim.machine import Machine
+from ..cost.machine import Machine
 
 #: the thread's model context: ``modelling`` (the model's own plans are being built: their log
 #: lines are hidden) and ``device`` (the device whose table the model prices for)

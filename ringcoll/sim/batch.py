@@ -28,7 +28,7 @@ from typing import Dict, List, NamedTuple, Sequence
 
 import numpy as np
 
-from .machine import Machine
+from ..cost.machine import Machine
 from ..schedules.vocabulary import Recv, Send
 
 __all__ = ["OneStep", "one_step_clock", "one_step_torus"]

@@ -2,10 +2,10 @@
 
     ringcoll-study sweep --collective all_reduce --worlds 4,8,16,32,64 -b 1K -e 64M
     ringcoll-study sweep --hierarchical 8 --intra 2,100 --inter 10,10     # µs, GB/s
-    ringcoll-study sweep --machine bench/results/RUN.json                  # fitted to a run
+    ringcoll-study sweep --machine bench/results/runs/RUN.json                  # fitted to a run
     ringcoll-study sweep --torus 8x8 --host 2,50 --placement random:1      # a network machine
     ringcoll-study sweep --import mine.py --algorithms mine,ring --ports 2 # a user's algorithms
-    ringcoll-study validate bench/results/RUN.json [--machine m.json]
+    ringcoll-study validate bench/results/runs/RUN.json [--machine m.json]
 
 ``sweep`` writes a table (CSV, each cell's source: simulated or closed form), the crossover
 sizes and ties (text) and a best-algorithm map (PNG: ``*`` closed form, ``=`` tie) per
@@ -24,7 +24,7 @@ from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from typing import List, Optional
 
-from .machine import Machine
+from ..cost.machine import Machine
 
 
 def _sizes(lo: int, hi: int, factor: int) -> List[int]:

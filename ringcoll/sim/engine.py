@@ -5,14 +5,14 @@ gloo and NCCL match them; a step completes when all its transfers are done, then
 operations run. An unmatched transfer, a size mismatch or a deadlock is an error naming the
 rank, the step and the peer.
 
-The clock (:mod:`ringcoll.sim.machine`): each rank has ``machine.ports`` send ports and as many
+The clock (:mod:`ringcoll.cost.machine`): each rank has ``machine.ports`` send ports and as many
 receive ports. A message of n bytes holds one send port of its sender and one receive port
 of its receiver for α + nβ, starting once both ends have posted it and every port it needs
 is free. A port serves a step's messages
 in the order the step posts them (a message starts no earlier than its sender's previous send
 and its receiver's previous receive of that step), so a rank that posts k sends at once pays
 k(α + nβ), and tiny asymmetries between ranks cannot reorder service. On a machine with a
-network (:mod:`ringcoll.sim.network`; a 2-level machine's nodes are one, ``Machine.network_for``)
+network (:mod:`ringcoll.cost.network`; a 2-level machine's nodes are one, ``Machine.network_for``)
 a message takes its route's α and β (``Network.price``) and also holds every link of its route:
 for its wire time, each link lane taking it like a port in the earliest gap that fits, or, a
 link held per message (a NIC), for the whole message like a port. A step ends when its last transfer
@@ -51,11 +51,11 @@ import torch
 
 from ..runtime.local import run_local
 from .batch import one_step_clock, one_step_torus
-from .machine import Machine
+from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.vocabulary import Copies, Recv, Reduce, Send, extents
 
-__all__ = ["Machine", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
+__all__ = ["NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline", "run_plans", "run_schedules"]
 
 
 class ScheduleError(RuntimeError):
@@ -180,7 +180,7 @@ class SimStats:
 
 @dataclass
 class NetworkStats:
-    """Traffic on a network machine's links (:mod:`ringcoll.sim.network`): ``link_bytes[i]`` and
+    """Traffic on a network machine's links (:mod:`ringcoll.cost.network`): ``link_bytes[i]`` and
     ``link_busy[i]`` (seconds the link carried data) for link ``network.links[i]``,
     ``hop_bytes`` = Σ bytes × hops over messages, ``hosts[r]`` rank r's host."""
 
@@ -666,7 +666,7 @@ def run_schedules(schedules: Sequence[Iterable], machine: Machine = Machine(),
             duration = alpha + nbytes * beta
             hops = 0
         else:
-            # a network message: its path's α + n·β_path (ringcoll.sim.network: Network.price);
+            # a network message: its path's α + n·β_path (ringcoll.cost.network: Network.price);
             # its wire-held links are held like ports for its wire time n·β_path (the
             # earliest gap of a lane), its message-held links for its whole time
             peer = dst if mirror is None else send_item.peer

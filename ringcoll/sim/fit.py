@@ -24,7 +24,7 @@ import numpy as np
 
 from ..schedules import registry
 from ..schedules.registry import Cost
-from .machine import Machine
+from ..cost.machine import Machine
 from ..selection import segment_bytes
 
 _ITEMSIZE = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,
@@ -176,7 +176,7 @@ def fit(paths: Sequence[str] | str, **kwargs) -> Machine:
     several, any world sizes): joint non-negative α, β, γ over all collectives and sizes.
     ``fit_report(paths)`` gives the fit with its error per size band.
 
-    >>> machine = ringcoll.fit(["bench/results/20261202T144510Z_np4_gloo.json"])
+    >>> machine = ringcoll.fit(["bench/results/runs/20261202T144510Z_np4_gloo.json"])
     """
     return fit_report(paths, **kwargs).machine
 

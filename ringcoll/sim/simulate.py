@@ -9,8 +9,8 @@ import torch
 
 from ..api import BUILDERS
 from ..api._calls import BUILDER_OF, COLLECTIVE_OF, numel_call, rank_data, uniform_plans  # noqa: F401 - the study's names
-from ..api._common import Context
-from .machine import Machine
+from ..api.common import Context
+from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.registry import Algorithm, Cost, model
 from ..schedules.vocabulary import Send, Step

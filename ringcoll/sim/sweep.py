@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..schedules import registry
 from ..selection import segment_bytes
-from .machine import Machine
+from ..cost.machine import Machine
 from ..runtime.nodes import model_local_size
 from .bounds import lower_bounds, node_bounds
 

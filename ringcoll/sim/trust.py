@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Sequence
 from ..schedules import registry
 from ..schedules.registry import Cost
 from ..schedules.vocabulary import Layout
-from .machine import Machine
+from ..cost.machine import Machine
 
 #: relative difference between the declared cost and the clock beyond which register warns
 TOLERANCE = 0.10

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context, check_async
+from ringcoll.api.common import Context, check_async
 
 R = dist.ReduceOp
 COMPLEX = (torch.complex64, torch.complex128)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context
+from ringcoll.api.common import Context
 from ringcoll.runtime.identity import CHECK_TAG, TAG_BASE, call_tag, fingerprint
 
 #: the step timeout of the scenarios: no healthy transfer is needed in them, only failures

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.api._common import persistent_plans
+from ringcoll.api.common import persistent_plans
 from ringcoll.runtime import executor as executor_module
-from ringcoll.api import _common
+from ringcoll.api import common
 from _util import assert_every_rank, assert_no_problems, block, one_thread  # noqa: F401 - autouse
 
 
@@ -162,7 +162,7 @@ def test_aliased_lists_stay_staged(clusters):
 def kept_plans_on_direct_lists():
     """A reused plan runs on the list's tensors: new data in them each call is what moves."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    executor = _common.group_executor(None)
+    executor = common.group_executor(None)
     persistent_plans(executor).clear()
     kept = 0
     got, mine = _separate(4, world, 0), torch.empty(4, dtype=torch.int64)

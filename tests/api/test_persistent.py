@@ -1,4 +1,4 @@
-"""Persistent plans (collectives._common.run_call): a repeated synchronous call reuses the
+"""Persistent plans (collectives.common.run_call): a repeated synchronous call reuses the
 plan its first instance prepared, and never returns anything but what a new plan would.
 
 Each call runs on new integer data written into the same tensors, compared with the
@@ -14,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.api._common import persistent_plans
-from ringcoll.api import _common
+from ringcoll.api.common import persistent_plans
+from ringcoll.api import common
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import GroupFailedError, PeerError
 from ringcoll.runtime.identity import call_tag, fingerprint
-from ringcoll.runtime.nodes import LAYOUT_TAG
+from ringcoll.runtime.nodes import PLACEMENT_TAG
 
 ROUNDS = 3
 KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
@@ -29,7 +29,7 @@ KINDS = ("broadcast", "all_reduce", "reduce", "all_gather_single", "all_gather",
 
 class _Counting:
     """Counts P2PExecutor.prepare of the calls' own plans in this rank while active (not the
-    group's node layout exchange, which a fresh process makes once, at its group's first
+    group's placement exchange, which a fresh process makes once, at its group's first
     collective call)."""
 
     def __enter__(self):
@@ -192,7 +192,7 @@ def test_a_plan_that_copied_the_callers_data_while_building_is_not_reused(cluste
 
 def changes_build_a_new_plan():
     rank = dist.get_rank()
-    executor = _common.group_executor(None)
+    executor = common.group_executor(None)
     results = {}
     with _Counting() as counted:
         t = torch.ones(6, dtype=torch.int64)
@@ -219,12 +219,12 @@ def changes_build_a_new_plan():
         ringcoll.all_reduce(view)
         ringcoll.all_reduce(view)
         results["shape"] = counted.count
-        big = torch.ones(_common.PERSISTENT_MAX_BYTES // 8 + 1, dtype=torch.int64)
+        big = torch.ones(common.PERSISTENT_MAX_BYTES // 8 + 1, dtype=torch.int64)
         ringcoll.all_reduce(big)
         ringcoll.all_reduce(big)
         results["large"] = counted.count
         kept = len(persistent_plans(executor))
-        many = [torch.full((3,), rank, dtype=torch.int64) for _ in range(_common.PERSISTENT_PLANS + 4)]
+        many = [torch.full((3,), rank, dtype=torch.int64) for _ in range(common.PERSISTENT_PLANS + 4)]
         for tensor in many:
             ringcoll.all_reduce(tensor)
         results["bounded"] = (kept, len(persistent_plans(executor)), [m.tolist() for m in many[-2:]])
@@ -242,7 +242,7 @@ def test_another_argument_memory_shape_or_environment_builds_a_new_plan(clusters
         assert result["shape"] == 7
         assert result["large"] == 9                # more than PERSISTENT_MAX_BYTES: none kept
         kept, bounded, last = result["bounded"]
-        assert bounded == _common.PERSISTENT_PLANS and kept <= _common.PERSISTENT_PLANS
+        assert bounded == common.PERSISTENT_PLANS and kept <= common.PERSISTENT_PLANS
         assert last == [[sum(range(world))] * 3] * 2
 
 
@@ -262,7 +262,7 @@ def tags_and_failure_of_a_reused_call():
             ringcoll.broadcast(t, src=0, group=group)
     finally:
         P2PExecutor._post = original
-    executor = _common.group_executor(group)
+    executor = common.group_executor(group)
     prepared = next(iter(persistent_plans(executor).values()))
     expected = [call_tag(seq, fingerprint(prepared.plan)) for seq in (1, 2, 3)]
     executor.failure = PeerError("injected", rank=0, peer=1, step=0)
@@ -272,8 +272,8 @@ def tags_and_failure_of_a_reused_call():
     except GroupFailedError as error:
         raised = str(error)
     dist.destroy_process_group(group)
-    # (not the group's node layout exchange, on its reserved tag at the group's first call)
-    return sorted(set(tags) - {LAYOUT_TAG}) == expected, raised
+    # (not the group's placement exchange, on its reserved tag at the group's first call)
+    return sorted(set(tags) - {PLACEMENT_TAG}) == expected, raised
 
 
 def test_a_reused_call_has_its_own_tag_and_a_failed_group_refuses_it(clusters):
@@ -299,11 +299,11 @@ def test_a_reused_plan_on_a_tensor_that_requires_grad(clusters):
 @pytest.mark.parametrize("value", [dist.ReduceOp.SUM, [1, 2], (torch.ones(2), 3)])
 def test_the_key_of_a_call(value):
     tensors: list = []
-    key = _common._signature((value,), tensors)
+    key = common._signature((value,), tensors)
     hash(key)
     assert len(tensors) == (1 if isinstance(value, tuple) else 0)
-    with pytest.raises(_common._NotKeyed):
-        _common._signature((torch.ones(2).to_sparse(),), [])
+    with pytest.raises(common._NotKeyed):
+        common._signature((torch.ones(2).to_sparse(),), [])
 
 
 def unkeyed_and_disabled():
@@ -315,14 +315,14 @@ def unkeyed_and_disabled():
     except TypeError as raised:
         error = str(raised)
     t = torch.ones(4)
-    kept = _common.PERSISTENT_PLANS
-    _common.PERSISTENT_PLANS = 0
+    kept = common.PERSISTENT_PLANS
+    common.PERSISTENT_PLANS = 0
     try:
         with _Counting() as counted:
             for _ in range(ROUNDS):
                 ringcoll.all_reduce(t)
     finally:
-        _common.PERSISTENT_PLANS = kept
+        common.PERSISTENT_PLANS = kept
     return error, counted.count, t.tolist()
 
 
@@ -338,7 +338,7 @@ def moved_memory_is_never_reused():
     memory under a kept plan, and its old address may go to another tensor. Here the plan is
     filed under the moved tensor's new key, as such a coincidence would: it must not run."""
     world = dist.get_world_size()
-    executor = _common.group_executor(None)
+    executor = common.group_executor(None)
     t = torch.full((8,), 1.0)
     ringcoll.all_reduce(t)
     (key, prepared), = [(k, p) for k, p in persistent_plans(executor).items()
@@ -350,7 +350,7 @@ def moved_memory_is_never_reused():
     t.fill_(2.0)
     moved = prepared.moved()
     build, names, arguments, *environment = key
-    new_key = (build, names, _common._signature((t,), []) + arguments[1:], *environment)
+    new_key = (build, names, common._signature((t,), []) + arguments[1:], *environment)
     persistent_plans(executor)[new_key] = prepared
     with _Counting() as counted:
         ringcoll.all_reduce(t)

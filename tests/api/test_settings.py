@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.api._common import persistent_plans
+from ringcoll.api.common import persistent_plans
 from ringcoll import config
 from ringcoll.selection import checked_settings, forced_algorithms
 
@@ -258,7 +258,7 @@ def test_debug_one_logs_at_info_with_the_rank_and_the_rank_filter(clusters):
 
 
 def plans_under_changed_settings() -> tuple:
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
 
     tensor = torch.ones(4, dtype=torch.int64)
     executor = group_executor(None)
@@ -298,7 +298,7 @@ def settings_reads_per_call():
     named algorithm, a fresh plan each: persistent plans off), once auto's model has priced
     its candidates (a cold decision builds their plans: the pricer's own reads)."""
     from ringcoll import selection
-    from ringcoll.api import _common
+    from ringcoll.api import common
 
     counts, original = [], selection.checked_settings
 
@@ -308,7 +308,7 @@ def settings_reads_per_call():
 
     os.environ["RINGCOLL_PERSISTENT_PLANS"] = "0"
     ringcoll.all_gather_single(torch.empty(15, dtype=torch.int64), torch.arange(5))      # auto's model, warm
-    _common.checked_settings, selection.checked_settings = counting, counting
+    common.checked_settings, selection.checked_settings = counting, counting
     try:
         for algorithm in ("auto", "ring"):
             counts.append(0)
@@ -316,7 +316,7 @@ def settings_reads_per_call():
             counts.append(0)
             ringcoll.all_gather_single(torch.empty(15, dtype=torch.int64), torch.arange(5), algorithm=algorithm)
     finally:
-        _common.checked_settings = selection.checked_settings = original
+        common.checked_settings = selection.checked_settings = original
         del os.environ["RINGCOLL_PERSISTENT_PLANS"]
     return counts
 

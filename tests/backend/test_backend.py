@@ -509,7 +509,7 @@ def options_and_log() -> dict:
         except (TypeError, ValueError) as caught:
             errors.append(f"{type(caught).__name__}: {caught}")
     errors.append(integers.tolist())
-    calls = [line for line in records if " -> " in line]        # not a group's layout line
+    calls = [line for line in records if " -> " in line]        # not a group's placement line
     return {"runs": counting.runs, "log": calls, "errors": errors, "name": group.name(),
             "backend": dist.get_backend(group), "group_name": group.group_name}
 

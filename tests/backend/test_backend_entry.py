@@ -111,7 +111,7 @@ def test_registered_on_import():
 
 def test_torch_suite_slice_runs_on_ringcoll():
     """One test of torch's own distributed suite through the runner (the whole slice is a
-    script: its committed result is bench/results/torch_suite.txt)."""
+    script: its committed result is bench/results/compat/torch_suite.txt)."""
     runner = os.path.join(os.path.dirname(__file__), "torch_suite", "run_torch_dist_suite.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOLL_")}
     env.update(WORLD_SIZE="2", IMPERSONATE="gloo", OMP_NUM_THREADS="1")

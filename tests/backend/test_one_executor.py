@@ -52,7 +52,7 @@ def interleaved_and_failed() -> dict:
     """In check mode: drop-in and ``dist.*`` calls interleaved on one ringcoll group, then a
     mismatch raised through one entry point and the next call through the other."""
     rank = dist.get_rank()
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
 
     out = {}
     group = _ringcoll_group(check=True)
@@ -161,7 +161,7 @@ def test_a_stopped_peer_fails_both_entry_points_within_the_groups_timeout(cluste
 def executors_by_device() -> dict:
     """Which executor a drop-in on a ringcoll group, and one on a gloo group, would use for
     CUDA tensors (no tensor is made: the CUDA executor is only looked up)."""
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
 
     group = _ringcoll_group()
     gloo = dist.new_group(list(range(dist.get_world_size())), backend="gloo")
@@ -184,7 +184,7 @@ def test_a_cuda_drop_in_on_a_ringcoll_group_uses_the_groups_cuda_executor(cluste
 
 
 def test_the_call_device_is_the_first_tensors():
-    from ringcoll.api._common import _call_device
+    from ringcoll.api.common import _call_device
 
     meta = torch.empty(2, device="meta")
     assert _call_device((meta, 3)) == torch.device("meta")

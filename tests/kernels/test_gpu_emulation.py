@@ -1,4 +1,4 @@
-"""The CuPy kernels of ringcoll/kernels/reduce.cu *executed* on the CPU: the CUDA source is compiled by g++
+"""The CuPy kernels of kernels/reduce.cu *executed* on the CPU: the CUDA source is compiled by g++
 with a few definitions standing in for CUDA's (blockIdx, threadIdx, uint4, __uint_as_float, ...),
 and every block and thread of the grid runs in turn. The real dispatch (_cupy.reduce_into: kind
 lowering, pack width, scalar head, passes of 8 sources, grid size) launches it on CPU tensors
@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from ringcoll.kernels import _cupy, _lowering, _nvrtc
-from ringcoll.kernels.testing import (fake_cupy, FLOATS, PAIRS, exact_case, first_difference,
-                                      random_float_case, subnormal_case)
+from kernel_data import (fake_cupy, FLOATS, PAIRS, exact_case, first_difference,
+                         random_float_case, subnormal_case)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ SOURCE_COUNTS = (1, 2, 3, 8)
 def _emulation_source() -> tuple:
     names = [name for kind in KINDS for nsrc in SOURCE_COUNTS
              for name in _cupy.kernel_names(kind, nsrc)]
-    parts = [_PRELUDE, f'#include "{(ROOT / "ringcoll" / "kernels" / "reduce.cu").as_posix()}"\n']
+    parts = [_PRELUDE, f'#include "{(ROOT / "kernels" / "reduce.cu").as_posix()}"\n']
     for index, name in enumerate(names):
         kind = re.match(r"ringcoll::reduce_kernel<(ringcoll::\w+),", name).group(1)
         parts.append(_LAUNCH.format(index=index, kind=kind, name=name))

@@ -2,7 +2,7 @@
 and dtype, on the CPU; the Numba CUDA kernels under the CUDA simulator and through NVVM; the CuPy
 sources through nvcc; the selection rules.
 
-Data come from ringcoll.kernels.testing (shared with tools/gpu_check.py): exact cases whose
+Data come from tests/kernels/kernel_data.py (shared with tools/gpu_check.py): exact cases whose
 result is known in closed form (integers wrap, float intermediates are exactly representable), and
 random floats compared bit for bit with torch's sequence of in-place ops. The slow checks run in
 subprocesses started with the module, so they overlap with the in-process tests:
@@ -25,8 +25,8 @@ import torch
 
 import ringcoll.kernels as kernels
 from ringcoll.kernels import _lowering
-from ringcoll.kernels.testing import (FLOATS, PAIRS, exact_case, first_difference,
-                                      random_float_case, subnormal_case)
+from kernel_data import (FLOATS, PAIRS, exact_case, first_difference,
+                         random_float_case, subnormal_case)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # (number of sources, numel, fused): one source, several, more than one kernel pass (9 > 8);
@@ -109,7 +109,7 @@ def nvcc_instances_source() -> str:
     names = [name for kind in _lowering.KIND_OPS for nsrc in (1, 2, 8)
              for name in _cupy.kernel_names(kind, nsrc)]
     body = "".join(f"    (void*)&{name},\n" for name in names)
-    return (f'#include "{(ROOT / "ringcoll" / "kernels" / "reduce.cu").as_posix()}"\n'
+    return (f'#include "{(ROOT / "kernels" / "reduce.cu").as_posix()}"\n'
             f"// Taking each address instantiates the kernel the dispatch can launch.\n"
             f"void* const ringcoll_reduce_instances[] = {{\n{body}}};\n")
 
@@ -423,7 +423,7 @@ def test_prepare_probes_and_compiles_on_the_named_device(probe_env, monkeypatch,
     the dtypes' kinds on device 1; a second call is answered from the cache, another device is
     prepared on its own."""
     from ringcoll.kernels import _cupy, _numba, _nvrtc
-    from ringcoll.kernels.testing import fake_cupy
+    from kernel_data import fake_cupy
     try:
         _nvrtc.library()
     except _nvrtc.NVRTCError as exc:
@@ -462,7 +462,7 @@ def test_prepare_probes_and_compiles_on_the_named_device(probe_env, monkeypatch,
 
 def test_prepare_reports_a_compile_error_and_serves_cpu(probe_env, monkeypatch):
     from ringcoll.kernels import _cupy, _numba
-    from ringcoll.kernels.testing import fake_cupy
+    from kernel_data import fake_cupy
     monkeypatch.setattr(kernels, "_prepared", {})
     monkeypatch.setattr(_cupy, "probe", lambda device: None)
     monkeypatch.setattr(_numba, "probe", lambda device: None)
@@ -498,7 +498,7 @@ def fake_cupy(monkeypatch):
     compile step returns each name expression as its own mangled name)."""
     import types
     from ringcoll.kernels import _cupy, _nvrtc
-    from ringcoll.kernels.testing import fake_cupy
+    from kernel_data import fake_cupy
     launches, modules = [], []
 
     def compile_module(kind, nsrc, arch):
@@ -664,7 +664,7 @@ def test_numba_cuda_kernels_compile_to_ptx(background):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: cannot compile "
-                    "ringcoll/kernels/reduce.cu here")
+                    "kernels/reduce.cu here")
 def test_cupy_sources_compile_with_nvcc(background):
     code, stdout, stderr = background["nvcc"].finish()
     assert code == 0, (stdout + stderr)[-5000:]

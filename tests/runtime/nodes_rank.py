@@ -29,7 +29,7 @@ def values(rank: int, numel: int) -> torch.Tensor:
 
 
 def node_aware(collective: str) -> list:
-    """The algorithms of ``collective`` that read the node layout."""
+    """The algorithms of ``collective`` that read the placement."""
     return [name for name in ringcoll.algorithms(collective)
             if getattr(registry.get(collective, name).schedule, "needs_nodes", False)]
 
@@ -80,10 +80,10 @@ def main(out_dir: str) -> None:
                     problem = compare(rank, world, numel, algorithm, collective)
                     if problem:
                         found["problems"].append(problem)
-        from ringcoll.api._common import group_executor
-        from ringcoll.runtime.nodes import group_layout
+        from ringcoll.api.common import group_executor
+        from ringcoll.runtime.nodes import group_placement
 
-        nodes, source = group_layout(group_executor(None))
+        nodes, source = group_placement(group_executor(None))
         found["layout"], found["source"] = list(nodes), source
     except Exception:  # noqa: BLE001 - reported to the test, which names the rank
         found["problems"].append(traceback.format_exc(limit=4))

@@ -1,7 +1,7 @@
 """An ``async_op=True`` call never waits on a peer on the caller's thread, not even at its group's
-first collective call (where the group agrees its node layout): the pattern below completes
+first collective call (where the group agrees its placement): the pattern below completes
 on gloo in milliseconds, and must on ringcoll, through the drop-in and through ``dist.*`` on a
-``"ringcoll"`` group, for every all_reduce algorithm (``hierarchical`` on a two-node layout,
+``"ringcoll"`` group, for every all_reduce algorithm (``hierarchical`` on a two-placement,
 ``auto`` weighing a machine from RINGCOLL_MACHINE)::
 
     rank 0: w = all_reduce(x, group=A, async_op=True); send(y, 1, group=B); w.wait()
@@ -158,7 +158,7 @@ def rooted_first_calls_streamed() -> dict:
     stream-ordered transport (emulated on CPU): the root's list is staged through a buffer
     allocated on ringcoll's stream at the call's entry, which made the transport (and its
     private group, whose gloo set-up waits for every peer) on the caller's thread, while the
-    peers waited in the layout exchange for the root: every injection of the fault-points
+    peers waited in the placement exchange for the root: every injection of the fault-points
     campaign on them hung (#36.6). What each rank got, exactly."""
     import torch
     import torch.distributed as dist

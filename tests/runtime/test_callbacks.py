@@ -265,10 +265,10 @@ def test_two_threads_enqueueing_stream_calls_never_interleave():
     """#37: calls enqueued on the stream-ordered path from two threads at once (nothing queued,
     so each enqueues on its own thread) take the queue's turn: one call's enqueueing never
     overlaps another's (NCCL would match their batches by order)."""
-    from ringcoll.runtime import streams
+    from ringcoll.runtime import stream_runtime
     from ringcoll.runtime.work import submit_stream
 
-    runtime, device, overlaps = streams.emulated(), torch.device("cpu"), _Overlaps()
+    runtime, device, overlaps = stream_runtime.emulated(), torch.device("cpu"), _Overlaps()
 
     def enqueue(caller):
         overlaps.run(0.002)

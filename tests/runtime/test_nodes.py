@@ -1,4 +1,4 @@
-"""Node layouts agreed by every rank of a group (ringcoll.runtime.nodes), uneven nodes included.
+"""Placements (the node of each rank) agreed by every rank of a group (ringcoll.runtime.nodes), uneven nodes included.
 
 The bug this guards against: each rank grouped the world by its own torchrun
 LOCAL_WORLD_SIZE, so with ``--nproc-per-node 3`` on one node and ``1`` on another ranks 0-2 saw
@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 import ringcoll
 from _util import group_timeouts, ringcoll_log
-from ringcoll.api._common import Context
-from ringcoll.runtime.nodes import Facts, agreed, agreed_layout, describe_layout
+from ringcoll.api.common import Context
+from ringcoll.runtime.nodes import Facts, agreed, agreed_placement, describe_placement
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,13 +36,13 @@ def facts(hosts, local_sizes=None, group_ranks=None, global_ranks=None):
 
 def test_precedence_local_size_then_group_rank_then_hostnames():
     hosts = ["a", "a", "a", "b", "c"]
-    assert agreed_layout(facts(hosts)) == ((0, 0, 0, 1, 2), "hostnames")
+    assert agreed_placement(facts(hosts)) == ((0, 0, 0, 1, 2), "hostnames")
     by_node_rank = facts(hosts, group_ranks=["1", "1", "0", "0", "2"])
-    assert agreed_layout(by_node_rank) == ((0, 0, 1, 1, 2), "torchrun's GROUP_RANK")
+    assert agreed_placement(by_node_rank) == ((0, 0, 1, 1, 2), "torchrun's GROUP_RANK")
     both = facts(hosts, local_sizes=["2"] * 5, group_ranks=["1", "1", "0", "0", "2"])
-    assert agreed_layout(both) == ((0, 0, 1, 1, 2), "RINGCOLL_LOCAL_SIZE=2")
+    assert agreed_placement(both) == ((0, 0, 1, 1, 2), "RINGCOLL_LOCAL_SIZE=2")
     # a sub-group's nodes come from its members' global ranks: 1 // 2, 2 // 2, 3 // 2
-    assert agreed_layout(facts(["a"] * 3, ["2"] * 3, global_ranks=[1, 2, 3])) == ((0, 1, 1), "RINGCOLL_LOCAL_SIZE=2")
+    assert agreed_placement(facts(["a"] * 3, ["2"] * 3, global_ranks=[1, 2, 3])) == ((0, 1, 1), "RINGCOLL_LOCAL_SIZE=2")
 
 
 @pytest.mark.parametrize("local_sizes,shown", [
@@ -52,24 +52,24 @@ def test_precedence_local_size_then_group_rank_then_hostnames():
 def test_disagreeing_local_size_is_refused(local_sizes, shown):
     with pytest.raises(ValueError, match=r"RINGCOLL_LOCAL_SIZE must be the same on every rank of the group "
                                          r".*got " + shown.replace("[", r"\[").replace("]", r"\]")):
-        agreed_layout(facts(["a"] * 4, local_sizes))
+        agreed_placement(facts(["a"] * 4, local_sizes))
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE='two' is not valid: RINGCOLL_LOCAL_SIZE accepts a positive integer \\(ranks per node\\)"):
-        agreed_layout(facts(["a"] * 3, ["two"] * 3))
+        agreed_placement(facts(["a"] * 3, ["two"] * 3))
     with pytest.raises(ValueError, match="RINGCOLL_LOCAL_SIZE='0' is not valid: RINGCOLL_LOCAL_SIZE accepts a positive integer \\(ranks per node\\)"):
-        agreed_layout(facts(["a"] * 3, ["0"] * 3))
+        agreed_placement(facts(["a"] * 3, ["0"] * 3))
     with pytest.raises(ValueError, match=r"GROUP_RANK .* must be set on every rank of the group or on none, "
                                          r"got '0' on ranks \[0, 1\], unset on rank \[2\]"):
-        agreed_layout(facts(["a"] * 3, group_ranks=["0", "0", ""]))
+        agreed_placement(facts(["a"] * 3, group_ranks=["0", "0", ""]))
 
 
 def test_describe_layout():
-    assert describe_layout((0, 0, 0, 1)) == "2 nodes of 3+1 ranks (0, 0, 0, 1)"
-    assert describe_layout((0, 1, 0, 1)) == "2 nodes of 2 ranks (0, 1, 0, 1)"
-    assert describe_layout((0,)) == "1 node of 1 rank (0,)"
-    assert describe_layout(tuple(r // 8 for r in range(64))) == "8 nodes of 8 ranks"
+    assert describe_placement((0, 0, 0, 1)) == "2 nodes of 3+1 ranks (0, 0, 0, 1)"
+    assert describe_placement((0, 1, 0, 1)) == "2 nodes of 2 ranks (0, 1, 0, 1)"
+    assert describe_placement((0,)) == "1 node of 1 rank (0,)"
+    assert describe_placement(tuple(r // 8 for r in range(64))) == "8 nodes of 8 ranks"
 
 
 def test_simulator_log_names_layout_and_source(monkeypatch, caplog):
@@ -112,10 +112,10 @@ class _Echo:
 def test_plan_building_reads_the_layout_its_entry_resolved_and_never_exchanges(monkeypatch):
     """The layout is agreed at the call's entry (executor_context: one exchange, at the group's
     first collective call) and carried in the context; building a node-aware plan, and auto's
-    model deciding, only read it. Before, the builder asked group_layout, which exchanged at
+    model deciding, only read it. Before, the builder asked group_placement, which exchanged at
     the group's first node-aware call."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import executor_context
+    from ringcoll.api.common import executor_context
     from ringcoll.runtime import nodes
     from ringcoll.runtime.executor import P2PExecutor
 
@@ -130,9 +130,9 @@ def test_plan_building_reads_the_layout_its_entry_resolved_and_never_exchanges(m
     assert executor_context(executor).nodes == (0, 0) and exchanges == [1]     # once per group
 
     def refuse(*args, **kwargs):
-        raise AssertionError("plan building asked for the group's layout")
+        raise AssertionError("plan building asked for the group's placement")
 
-    monkeypatch.setattr(nodes, "group_layout", refuse)
+    monkeypatch.setattr(nodes, "group_placement", refuse)
     monkeypatch.setattr(nodes, "_all_gather_records", refuse)
     plan = BUILDERS["all_reduce"](ctx, torch.arange(1, 8, dtype=torch.int64), algorithm="hierarchical")
     assert plan.layout.params["nodes"] == (0, 0) and "from hostnames" in plan.why
@@ -140,7 +140,7 @@ def test_plan_building_reads_the_layout_its_entry_resolved_and_never_exchanges(m
     ctx.machine = machine
     assert BUILDERS["all_reduce"](ctx, torch.ones(1 << 16), algorithm="auto") is not None
     # a context on a group that skipped its entry has no layout: refused, never exchanged
-    with pytest.raises(RuntimeError, match="builds its plan with the layout its entry resolved"):
+    with pytest.raises(RuntimeError, match="builds its plan with the placement its entry resolved"):
         BUILDERS["all_reduce"](Context(0, 2, executor, 5), torch.ones(4), algorithm="hierarchical")
 
 
@@ -157,8 +157,8 @@ def _hierarchical_sum(group=None) -> list:
 def disagreeing_local_size():
     """RINGCOLL_LOCAL_SIZE 2 on ranks 0-1, 3 on ranks 2-3: the error each rank raises; then,
     with the setting removed everywhere, a hierarchical call on the same group."""
-    from ringcoll.api._common import group_executor
-    from ringcoll.runtime.nodes import group_layout
+    from ringcoll.api.common import group_executor
+    from ringcoll.runtime.nodes import group_placement
 
     rank = dist.get_rank()
     os.environ["RINGCOLL_LOCAL_SIZE"] = "2" if rank < 2 else "3"
@@ -169,7 +169,7 @@ def disagreeing_local_size():
         error = str(refused)
     finally:
         os.environ.pop("RINGCOLL_LOCAL_SIZE")
-    return error, _hierarchical_sum(), group_layout(group_executor(None))
+    return error, _hierarchical_sum(), group_placement(group_executor(None))
 
 
 def test_disagreeing_local_size_is_refused_on_every_rank(clusters):
@@ -184,20 +184,20 @@ def test_disagreeing_local_size_is_refused_on_every_rank(clusters):
 
 
 def layout_sources():
-    """Each source of a group's layout on the default group (group_layout, as every rank
+    """Each source of a group's placement on the default group (group_placement, as every rank
     calls it at one point), and LOCAL_WORLD_SIZE alone, which must not count."""
-    from ringcoll.api._common import group_executor
-    from ringcoll.runtime.nodes import group_layout
+    from ringcoll.api.common import group_executor
+    from ringcoll.runtime.nodes import group_placement
 
     rank, executor = dist.get_rank(), group_executor(None)
-    found = {"hostnames": group_layout(executor)}
+    found = {"hostnames": group_placement(executor)}
     os.environ["LOCAL_WORLD_SIZE"] = "3" if rank < 3 else "1"        # torchrun's 3 + 1
-    found["LOCAL_WORLD_SIZE alone"] = group_layout(executor)
+    found["LOCAL_WORLD_SIZE alone"] = group_placement(executor)
     os.environ["GROUP_RANK"] = "0" if rank < 3 else "1"
-    found["GROUP_RANK"] = group_layout(executor)
+    found["GROUP_RANK"] = group_placement(executor)
     found["sum on GROUP_RANK"] = _hierarchical_sum()
     os.environ["RINGCOLL_LOCAL_SIZE"] = "2"
-    found["RINGCOLL_LOCAL_SIZE"] = group_layout(executor)
+    found["RINGCOLL_LOCAL_SIZE"] = group_placement(executor)
     found["sum on RINGCOLL_LOCAL_SIZE"] = _hierarchical_sum()
     for name in ("LOCAL_WORLD_SIZE", "GROUP_RANK", "RINGCOLL_LOCAL_SIZE"):
         os.environ.pop(name)
@@ -219,7 +219,7 @@ def raw_backend_layouts():
     group that torch.distributed does not know. Its layout from GROUP_RANK (node rank
     r // 2) and from RINGCOLL_LOCAL_SIZE=2 (global rank // 2), after hierarchical calls
     through torch's own all_reduce on the group, and the logged lines."""
-    from ringcoll.runtime.nodes import group_layout
+    from ringcoll.runtime.nodes import group_placement
 
     rank = dist.get_rank()
     group = dist.new_group([1, 2, 3], backend="ringcoll", pg_options=ringcoll.Options(all_reduce="hierarchical"))
@@ -238,7 +238,7 @@ def raw_backend_layouts():
                 tensor = torch.arange(4, dtype=torch.int64) + 10 * rank
                 dist.all_reduce(tensor, group=group)
                 assert tensor.tolist() == [60 + 3 * i for i in range(4)], tensor
-                found[name] = group_layout(group.executor(torch.device("cpu")))
+                found[name] = group_placement(group.executor(torch.device("cpu")))
     finally:
         os.environ.pop("GROUP_RANK", None)
         os.environ.pop("RINGCOLL_LOCAL_SIZE", None)
@@ -331,7 +331,7 @@ def test_one_exchange_per_group_at_its_first_collective_call_and_one_layout_for_
         assert len(out["lines"]) >= 3, out["lines"]          # the backend, the drop-in, gloo (auto may add one)
         for line in out["lines"]:
             assert "2 nodes of 2 ranks (0, 0, 1, 1) from RINGCOLL_LOCAL_SIZE=2" in line, line
-        print(f"rank {rank}: layout exchanges took {[round(s * 1e3, 2) for s in out['seconds']]} ms")
+        print(f"rank {rank}: placement exchanges took {[round(s * 1e3, 2) for s in out['seconds']]} ms")
 
 
 # -- real torchrun launches on localhost, one per node ------------------------------------------
@@ -387,7 +387,7 @@ def test_uneven_nodes_under_torchrun(tmp_path, per_node, rendezvous, layouts):
 
 
 def exchange_behind_queued_calls():
-    """The layout exchange of a fresh group's first collective call runs in call order, after
+    """The placement exchange of a fresh group's first collective call runs in call order, after
     an async call still queued on the default group; a ringcoll-backend group's first call
     is a sparse all_reduce (its entry resolves the layout; it builds its all_gather plans on
     the queue's worker thread, reading it). Each rank's results and layouts."""
@@ -416,7 +416,7 @@ def exchange_behind_queued_calls():
 
 
 def group_executor_of(group):
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
 
     return group_executor(group)
 
@@ -428,7 +428,7 @@ def test_exchange_runs_in_call_order(clusters):
 
 
 def layout_through_the_store(absent: int) -> tuple:
-    """A fresh group's layout agreed through its store: no transport is made for it (no
+    """A fresh group's placement agreed through its store: no transport is made for it (no
     communicator on any device) and no message moves; then a group whose rank ``absent``
     never makes a collective call: the others' exchange fails within the timeout, naming it."""
     import datetime
@@ -436,7 +436,7 @@ def layout_through_the_store(absent: int) -> tuple:
 
     import torch.distributed as dist
 
-    from ringcoll.api._common import executor_context, group_executor
+    from ringcoll.api.common import executor_context, group_executor
     from ringcoll.runtime.failures import PeerError
 
     rank, world = dist.get_rank(), dist.get_world_size()

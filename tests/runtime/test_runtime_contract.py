@@ -233,7 +233,7 @@ def stalled_ring(victim: int, timeout: float) -> dict:
                 continue
             call = ((lambda x: ringcoll.all_reduce(x, group=group, algorithm="ring")) if name == "gloo"
                     else (lambda x: dist.all_reduce(x, group=group)))
-            call(torch.ones(4 * world))          # connected (and the layout agreed) before the stall
+            call(torch.ones(4 * world))          # connected (and the placement agreed) before the stall
             ringcoll.set_timeout(timeout if rank == 0 else 2 * timeout)
             executor_module.P2PExecutor._post = stall
             try:

@@ -3,8 +3,8 @@
 The bug this guards against: ``RINGCOLL_SEGMENT`` set differently on two ranks (one host's
 environment differs) killed a rank with SIGABRT inside gloo within 2 s, even with
 ``RINGCOLL_CHECK=1``; check mode on some ranks only, or mixed transports, showed only as a plain
-timeout. Now each rank's record in the group's layout exchange (ringcoll.runtime.nodes) carries
-the settings that change which messages go where, and ``agreed_layout`` raises the same
+timeout. Now each rank's record in the group's placement exchange (ringcoll.runtime.nodes) carries
+the settings that change which messages go where, and ``agreed_placement`` raises the same
 ValueError on every rank, naming each such setting and every rank's value.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.runtime.nodes import (RECORD, SHARED_SETTINGS, Facts, agreed_layout, file_setting, own_facts,
+from ringcoll.runtime.nodes import (RECORD, SHARED_SETTINGS, Facts, agreed_placement, file_setting, own_facts,
                                     pack_facts, shared_setting, unpack_facts)
 
 #: every shared setting unset: what a rank with a plain environment contributes
@@ -45,7 +45,7 @@ def ranks(*settings, host="a"):
 
 def refusal(facts) -> str:
     with pytest.raises(ValueError) as caught:
-        agreed_layout(facts)
+        agreed_placement(facts)
     text = str(caught.value)
     assert text.startswith("settings that change which messages go where must be the same on every rank "
                            "of the group, got "), text
@@ -53,10 +53,10 @@ def refusal(facts) -> str:
 
 
 # -- the comparison (pure) ------------------------------------------------------------------------
-def test_equal_settings_agree_and_the_layout_is_derived_as_before():
+def test_equal_settings_agree_and_the_placement_is_derived_as_before():
     facts = ranks({"segment": "65536", "check": "on"}, {"segment": "65536", "check": "on"},
                   {"segment": "65536", "check": "on"})
-    assert agreed_layout(facts) == ((0, 0, 0), "hostnames")
+    assert agreed_placement(facts) == ((0, 0, 0), "hostnames")
 
 
 def test_a_differing_segment_names_the_setting_and_each_ranks_value():
@@ -77,7 +77,7 @@ def test_every_differing_setting_is_named_in_one_error():
 
 def test_files_compare_by_content_not_path():
     same = ranks({"tuning": ("/a/t.csv", b"collective,nranks\n")}, {"tuning": ("/b/t.csv", b"collective,nranks\n")})
-    assert agreed_layout(same) == ((0, 0), "hostnames")
+    assert agreed_placement(same) == ((0, 0), "hostnames")
     text = refusal(ranks({"machine": ("/x/m.json", b'{"alpha": 1}')}, {"machine": ("/x/m.json", b'{"alpha": 2}')}))
     assert "RINGCOLL_MACHINE: 'm.json (content " in text and text.count("m.json (content ") == 2, text
     text = refusal(ranks({"tuning": ("/a/t.csv", b"rows\n")}, {}))

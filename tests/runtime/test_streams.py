@@ -1,8 +1,8 @@
 """The stream-ordered path (issue #26) proven on the CPU, through the stream emulator.
 
 ``RINGCOLL_TRANSPORT=streamed`` runs CPU tensors through exactly the executor code that CUDA
-tensors on NCCL take (ringcoll.runtime.transport.stream.StreamTransport), with
-ringcoll.runtime.streams.EmulatedRuntime in place of CUDA: every stream is a FIFO thread, the NCCL
+tensors on NCCL take (ringcoll.runtime.transport.stream_ordered.StreamTransport), with
+ringcoll.runtime.stream_runtime.EmulatedRuntime in place of CUDA: every stream is a FIFO thread, the NCCL
 batches move bytes over a private gloo group, and the host never waits. Before this path
 existed a CUDA call on NCCL polled every step from the host (``poll`` with sleeps up to 1 ms),
 ran a backend call on the worker thread's default stream of device 0 with no event tying it to
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.runtime import streams
-from ringcoll.api._common import group_executor
+from ringcoll.runtime import stream_runtime
+from ringcoll.api.common import group_executor
 
 CPU = torch.device("cpu")
 
@@ -45,7 +45,7 @@ def data(numel: int, rank: int, dtype=torch.int64) -> torch.Tensor:
 def sync() -> None:
     """Block the host until the calling thread's emulated stream has run everything enqueued
     on it (what reading a CUDA tensor on the host does)."""
-    runtime = streams.emulated()
+    runtime = stream_runtime.emulated()
     runtime.synchronize(runtime.record(runtime.current(CPU)))
 
 
@@ -55,17 +55,17 @@ class device_memory:
     Outside it they are CPU memory, read at once (RINGCOLL_TRANSPORT=streamed for a user)."""
 
     def __enter__(self):
-        self.saved = streams.emulated().device_memory
-        streams.emulated().device_memory = True
+        self.saved = stream_runtime.emulated().device_memory
+        stream_runtime.emulated().device_memory = True
 
     def __exit__(self, *exc):
-        streams.emulated().device_memory = self.saved
+        stream_runtime.emulated().device_memory = self.saved
 
 
 def on_stream(stream, fn) -> None:
     """``fn`` run on ``stream`` as device work (a kernel's): a launch runs its Python on the
     host at once, as CUDA's, so a test's stand-in for a slow kernel is device work itself."""
-    streams.emulated().launch(stream, lambda: streams.device_work(fn))
+    stream_runtime.emulated().launch(stream, lambda: stream_runtime.device_work(fn))
 
 
 def on_device_memory(fn):
@@ -84,9 +84,9 @@ class HostWaits:
         self.count, self.where = 0, []
 
     def __call__(self, what, fn, *args, **kwargs):
-        before = streams.StreamRuntime.host_waits
+        before = stream_runtime.StreamRuntime.host_waits
         result = fn(*args, **kwargs)
-        taken = streams.StreamRuntime.host_waits - before
+        taken = stream_runtime.StreamRuntime.host_waits - before
         if taken:
             self.count += taken
             self.where.append(what)
@@ -112,7 +112,7 @@ def _catalogue(as_device: bool):
     sub_ranks = list(range(1, world))
     sub = dist.new_group(sub_ranks)
     groups = [(None, rank, world, list(range(world))), (sub, rank - 1, world - 1, sub_ranks)]
-    # the node-aware algorithms' layout exchange is a host wait by contract (the host reads it),
+    # the node-aware algorithms' placement exchange is a host wait by contract (the host reads it),
     # once per group: done before counting
     for group, _, _, members in groups:
         if rank in members:
@@ -195,9 +195,9 @@ def _catalogue(as_device: bool):
             dist.all_to_all_single(want, inp, group=group)
             checks.append((f"all_to_all_single/{alg} {n}", out, want))
         for alg in algorithms["barrier"]:
-            before = streams.StreamRuntime.host_waits
+            before = stream_runtime.StreamRuntime.host_waits
             ringcoll.barrier(group=group, algorithm=alg)        # blocks the host, by contract
-            if streams.StreamRuntime.host_waits == before:
+            if stream_runtime.StreamRuntime.host_waits == before:
                 wrong.append(f"barrier/{alg} did not wait for its peers")
         x = data(world + 1, rank, torch.int16)                  # a dtype NCCL lacks: moved as bytes
         call("all_reduce int16", ringcoll.all_reduce, x, algorithm="ring")
@@ -250,18 +250,18 @@ def gated():
     """A synchronous call while the caller's stream is held: it must return (enqueued) with the
     data not yet there, then complete once the gate opens."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    runtime = streams.emulated()
+    runtime = stream_runtime.emulated()
     x = data(1001, rank)
     ringcoll.all_reduce(x.clone())                       # the group's set-up, outside the gate
     sync()
     gate = threading.Event()
     on_stream(runtime.current(CPU), lambda: gate.wait(30))
     start = time.monotonic()
-    before = streams.StreamRuntime.host_waits
+    before = stream_runtime.StreamRuntime.host_waits
     ringcoll.all_reduce(x, algorithm="ring")
     returned = time.monotonic() - start
     untouched = torch.equal(x, data(1001, rank))
-    waits = streams.StreamRuntime.host_waits - before
+    waits = stream_runtime.StreamRuntime.host_waits - before
     gate.set()
     sync()
     return returned, untouched, waits, torch.equal(x, sum(data(1001, r) for r in range(world)))
@@ -313,7 +313,7 @@ def scratch_on_ringcoll_stream():
     """Every scratch or staging buffer the stream path allocates for a call, on which stream it
     was allocated: ringcoll's stream of the group (which alone uses it), never the caller's."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    runtime = streams.emulated()
+    runtime = stream_runtime.emulated()
     seen = []
     original = type(runtime).allocating
 
@@ -352,7 +352,7 @@ def ordered():
     the call reads what the producer wrote and the consumer reads the call's result, with the
     host never waiting; also through the ringcoll backend's ``dist.all_reduce``."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    runtime = streams.emulated()
+    runtime = stream_runtime.emulated()
     want = sum(data(64, r) for r in range(world))
     out = {}
     backend = dist.new_group(list(range(world)), backend="ringcoll")
@@ -365,13 +365,13 @@ def ordered():
         side = runtime.new_stream(CPU)                   # the caller works on a side stream
         with runtime.use(side):
             on_stream(side, lambda: (time.sleep(0.3), x.copy_(data(64, rank))))        # producer
-            before = streams.StreamRuntime.host_waits
+            before = stream_runtime.StreamRuntime.host_waits
             work = reduce(x)
             start = time.monotonic()
             work.wait()
             waited = time.monotonic() - start
             on_stream(side, lambda: seen.copy_(x))                                      # consumer
-            waits = streams.StreamRuntime.host_waits - before
+            waits = stream_runtime.StreamRuntime.host_waits - before
             runtime.synchronize(runtime.record(side))
         out[name] = (type(work).__name__, waited < 0.25, waits, torch.equal(seen, want))
     return out
@@ -488,9 +488,9 @@ def test_graph_capture_is_refused_with_a_clear_error(monkeypatch):
     CaptureError naming why and what to do, before any transfer (old code: no check; NCCL's
     capture failed somewhere inside the schedule)."""
     from ringcoll.runtime import work as work_module
-    from ringcoll.runtime.transport.stream import CaptureError
+    from ringcoll.runtime.transport.stream_ordered import CaptureError
 
-    runtime = streams.emulated()
+    runtime = stream_runtime.emulated()
     monkeypatch.setattr(runtime, "capture", True)
     ran = []
     with pytest.raises(CaptureError, match="capturing a graph.*outside the captured region"):
@@ -540,7 +540,7 @@ class UserNccl(FakeProcessGroupNccl):
 def fake_nccl(monkeypatch):
     FakeProcessGroupNccl.made = []
     monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeProcessGroupNccl, raising=False)
-    monkeypatch.setattr(streams, "cuda", streams.emulated)        # no CUDA streams in this build
+    monkeypatch.setattr(stream_runtime, "cuda", stream_runtime.emulated)        # no CUDA streams in this build
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)
     return FakeProcessGroupNccl.made
@@ -554,7 +554,7 @@ def test_cuda_calls_on_a_users_nccl_group_run_on_a_private_communicator(fake_ncc
     itself, aborted on ringcoll's timeout; the probe inside the first collective, on GPU 0."""
     from ringcoll.runtime.executor import P2PExecutor
     from ringcoll.runtime.failures import PeerError
-    from ringcoll.runtime.transport.stream import StreamTransport, private_timeout
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport, private_timeout
 
     from ringcoll import kernels
 
@@ -715,8 +715,8 @@ def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
     ringcoll's stream (DDP's reducer and the comm hook then chain on the stream), and wait()
     orders the waiting stream after the call's end event without blocking the host. Old code:
     a CPU-only future completed on the host, and a backend call's Work had no event at all."""
-    from ringcoll.runtime.streams import CudaRuntime
-    from ringcoll.runtime.transport.stream import InFlight
+    from ringcoll.runtime.stream_runtime import CudaRuntime
+    from ringcoll.runtime.transport.stream_ordered import InFlight
     from ringcoll.runtime.work import StreamWork
 
     cuda = _cuda_fakes(monkeypatch)
@@ -746,8 +746,8 @@ def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
 def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
     """CUDA tensors over gloo (host staging, which capture forbids) are refused alike."""
     from ringcoll.runtime import work as work_module
-    from ringcoll.runtime.streams import CudaRuntime
-    from ringcoll.runtime.transport.stream import CaptureError
+    from ringcoll.runtime.stream_runtime import CudaRuntime
+    from ringcoll.runtime.transport.stream_ordered import CaptureError
 
     monkeypatch.setattr(CudaRuntime, "capturing", lambda self, device: True)
     ran = []
@@ -784,7 +784,7 @@ class GatedComm:
                     work["error"] = RuntimeError("NCCL communicator was aborted")
                     return
 
-        streams.device_work(wait)
+        stream_runtime.device_work(wait)
 
     def failed(self, work):
         return work["error"]
@@ -810,11 +810,11 @@ def test_the_watchdog_fails_an_overdue_step_and_aborts_the_communicator():
     """A step whose batch does not complete within the timeout: the watchdog fails the call
     (naming the step's transfers) and aborts the communicator, which lets the stream go on; a
     call behind it on the stream fails with it; the host's wait ends with the error."""
-    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport
     from ringcoll.runtime.watchdog import Watchdog
 
     comm = GatedComm()
-    transport = StreamTransport(comm, streams.emulated(), CPU, Watchdog(period=0.002))
+    transport = StreamTransport(comm, stream_runtime.emulated(), CPU, Watchdog(period=0.002))
     start = time.monotonic()
     first, second = _enqueue_one(transport), _enqueue_one(transport)
     with pytest.raises(Exception) as caught:
@@ -831,11 +831,11 @@ def test_a_local_operations_error_on_the_stream_is_the_calls():
     """A local operation's Python that raises raises at enqueue, on the caller's thread (as on
     a GPU, where only device work is deferred); one whose device work fails on the emulated
     stream fails the call (its Work raises), not only the stream's log."""
-    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport
 
     comm = GatedComm()
     comm.gate.set()
-    transport = StreamTransport(comm, streams.emulated(), CPU, WATCHDOG)
+    transport = StreamTransport(comm, stream_runtime.emulated(), CPU, WATCHDOG)
     on_host = threading.current_thread().name
     seen = []
     with pytest.raises(ZeroDivisionError):
@@ -872,7 +872,7 @@ def test_the_private_communicators_set_up_has_a_deadline():
 def _watched(runtime, comm=None, timeout=5.0, name="call #1 all_reduce/ring 4xint64", gate_open=True):
     """One call of one step on a transport of its own, its failure reported as the executor's
     (an error naming the call)."""
-    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport
 
     comm = comm or GatedComm()
     if gate_open:
@@ -887,7 +887,7 @@ def _settled(call, within: float = 3.0) -> bool:
     return call._verdict.wait(within)
 
 
-class RefusingQueries(streams.EmulatedRuntime):
+class RefusingQueries(stream_runtime.EmulatedRuntime):
     """Queries of the events in ``refused`` raise, as a sticky CUDA error would."""
 
     def __init__(self):
@@ -919,7 +919,7 @@ def test_the_watchdog_reads_events_in_a_relaxed_capture_mode():
     """While a graph is captured on another thread in the global mode, a query from a thread
     whose capture mode is not relaxed fails (as cudaEventQuery does); the watchdog's are made
     under the relaxed mode and calls complete. Old code: no capture-mode guard."""
-    runtime = streams.EmulatedRuntime()
+    runtime = stream_runtime.EmulatedRuntime()
     runtime.global_capture = True
     try:
         transport, call = _watched(runtime)
@@ -945,7 +945,7 @@ def test_a_blocking_abort_does_not_stall_the_watchdog():
 
     release = threading.Event()
     try:
-        runtime = streams.emulated()
+        runtime = stream_runtime.emulated()
         _, overdue = _watched(runtime, comm=BlockingAbort(), timeout=0.3, gate_open=False)
         assert _settled(overdue) and "did not complete within the timeout" in str(overdue.failure)
         _, other = _watched(runtime)
@@ -960,16 +960,16 @@ def test_the_watchdog_reuses_step_events_and_destroys_none():
     step, dropped wherever the last reference went."""
     import gc
 
-    runtime = streams.EmulatedRuntime()
-    streams.EmulatedEvent.destroyed_on.clear()
+    runtime = stream_runtime.EmulatedRuntime()
+    stream_runtime.EmulatedEvent.destroyed_on.clear()
     made = []
-    original = streams.EmulatedEvent.__init__
+    original = stream_runtime.EmulatedEvent.__init__
 
     def counting(self, stream):
         made.append(1)
         original(self, stream)
 
-    streams.EmulatedEvent.__init__ = counting
+    stream_runtime.EmulatedEvent.__init__ = counting
     try:
         for _ in range(6):
             _, call = _watched(runtime)
@@ -977,9 +977,9 @@ def test_the_watchdog_reuses_step_events_and_destroys_none():
             time.sleep(0.02)
         gc.collect()
     finally:
-        streams.EmulatedEvent.__init__ = original
+        stream_runtime.EmulatedEvent.__init__ = original
     assert len(made) < 6 * 3, len(made)             # caller, step and end events: steps reused
-    assert "ringcoll-watchdog" not in streams.EmulatedEvent.destroyed_on
+    assert "ringcoll-watchdog" not in stream_runtime.EmulatedEvent.destroyed_on
 
 
 # -- an emulator as strict as CUDA (issue #36 item 3) ---------------------------------------------
@@ -1079,14 +1079,14 @@ def test_an_error_at_enqueue_fails_the_group_on_every_rank(streamed, where, algo
 def dropped_before_wait():
     """Each tensor a call's hooks read or write, dropped by the caller after an async call whose
     stream is held, its memory handed straight to a new tensor that is then overwritten
-    (streams.ReusingAllocator: device work holds memory, not tensors, as a GPU's); then
+    (stream_runtime.ReusingAllocator: device work holds memory, not tensors, as a GPU's); then
     ``wait()``. Per case: which of those tensors the call does not keep, whether the result is
     right, whether the new tensors kept what was written into them."""
     import gc
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    runtime = streams.emulated()
-    pool = runtime.allocator = streams.ReusingAllocator(1 << 22)
+    runtime = stream_runtime.emulated()
+    pool = runtime.allocator = stream_runtime.ReusingAllocator(1 << 22)
     n = 2 * world + 1
     out = {}
     try:
@@ -1161,13 +1161,13 @@ def test_wait_with_a_timeout_on_cpu_memory_honours_it():
     """On CPU memory ``wait()`` blocks the host until the call ends, and ``wait(timeout)``
     raises WaitTimeout once the timeout has passed (the call goes on)."""
     from datetime import timedelta
-    from ringcoll.runtime.transport.stream import StreamTransport
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport
     from ringcoll.runtime.work import StreamWork, WaitTimeout
 
     comm = GatedComm()
-    transport = StreamTransport(comm, streams.emulated(), CPU, WATCHDOG)
+    transport = StreamTransport(comm, stream_runtime.emulated(), CPU, WATCHDOG)
     call = _enqueue_one(transport, timeout=10)
-    work = StreamWork([], "all_reduce/ring", streams.emulated(), CPU)
+    work = StreamWork([], "all_reduce/ring", stream_runtime.emulated(), CPU)
     work._enqueued(call)
     start = time.monotonic()
     with pytest.raises(WaitTimeout, match="still running"):
@@ -1184,10 +1184,10 @@ def test_a_numba_cpu_kernel_is_device_work_in_the_emulator():
     pytest.importorskip("numba")
     from ringcoll import kernels
 
-    runtime = streams.EmulatedRuntime()
+    runtime = stream_runtime.EmulatedRuntime()
     stream = runtime.new_stream(CPU)
     gate = threading.Event()
-    runtime.launch(stream, lambda: streams.device_work(lambda: gate.wait(30)))
+    runtime.launch(stream, lambda: stream_runtime.device_work(lambda: gate.wait(30)))
     dst, src = data(9, 0), data(9, 1)
     runtime.launch(stream, lambda: kernels.reduce_into(dst, src, "sum", backend="numba"))
     held = torch.equal(dst, data(9, 0))
@@ -1201,7 +1201,7 @@ def watchdog_query_fails():
     what each rank sees of that call, of a call on group B meanwhile and after, and of the next
     call on A."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    runtime = streams.emulated()
+    runtime = stream_runtime.emulated()
     a, b = dist.new_group(list(range(world))), dist.new_group(list(range(world)))
     for group in (a, b):
         ringcoll.all_reduce(data(4, rank), group=group)

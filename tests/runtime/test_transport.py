@@ -26,16 +26,16 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from ringcoll.runtime import streams, transport, work as work_module
+from ringcoll.runtime import stream_runtime, transport, work as work_module
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context, executor_context
+from ringcoll.api.common import Context, executor_context
 from ringcoll.api._checks import check_device
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.failures import group_timeout
 from ringcoll.schedules.vocabulary import Buf, Recv, Send
 from ringcoll.runtime.transport import (BatchedTransport, HostTransport, NcclComm, NcclShim, TransferError,
                                 wire)
-from ringcoll.runtime.transport.stream import StreamTransport
+from ringcoll.runtime.transport.stream_ordered import StreamTransport
 
 
 # -- the catalogue through the batched transport -------------------------------------------------
@@ -109,7 +109,7 @@ def catalogue_slice():
         x = data(n, rank, torch.int16)
         ringcoll.all_reduce(x, algorithm="ring")
         check(f"all_reduce int16 {n}", x, sum(data(n, r) for r in range(world)).to(torch.int16))
-    executor = ringcoll.api._common.group_context(None).executor
+    executor = ringcoll.api.common.group_context(None).executor
     return type(executor.transport(torch.device("cpu"))).__name__, wrong
 
 
@@ -129,7 +129,7 @@ def batched_semantics():
         ringcoll.all_to_all_single(got, inp, counts, counts, group=group)
         want = torch.zeros_like(got)
         dist.all_to_all_single(want, inp, counts, counts, group=group)
-        shim = ringcoll.api._common.group_context(group).executor.transport(torch.device("cpu")).comm
+        shim = ringcoll.api.common.group_context(group).executor.transport(torch.device("cpu")).comm
         out["zero_splits"] = (torch.equal(got, want), shim.log[0], sum(e[0] == "batch" for e in shim.log))
         # barrier blocks the host until the peers arrive (NCCL's wait() does not)
         if rank == 1:
@@ -205,7 +205,7 @@ def test_nccl_semantics_on_the_batched_transport(batched_cluster):
     for rank, out in enumerate(results):
         equal, first, batches = out["zero_splits"]
         assert equal and first == ("connect",), out
-        # the group's node layout is agreed through its store (no batch); the last rank's
+        # the group's placement is agreed through its store (no batch); the last rank's
         # all-zero all_to_all posts none, the others' post theirs
         assert (batches == 0) == (rank == 2), out
         assert out["barrier"] >= (0.0 if rank == 1 else 0.9), out
@@ -294,7 +294,7 @@ class FakeStreams:
 @pytest.fixture
 def fake_streams(monkeypatch):
     fake = FakeStreams()
-    monkeypatch.setattr(transport.base, "streams", fake)
+    monkeypatch.setattr(transport.base, "cuda_calls", fake)
     return fake
 
 
@@ -463,7 +463,7 @@ def test_the_shim_keeps_nccls_dtype_list_and_the_transports_move_bytes():
 
 def test_the_transport_follows_the_tensors_device_not_the_backend_string(monkeypatch):
     monkeypatch.delenv("RINGCOLL_TRANSPORT", raising=False)      # (pytest --transport batched)
-    monkeypatch.setattr(streams, "cuda", streams.emulated)       # no CUDA streams in this build
+    monkeypatch.setattr(stream_runtime, "cuda", stream_runtime.emulated)       # no CUDA streams in this build
     mixed = P2PExecutor(FakeNccl(), rank=0, world=2, backend="cpu:gloo,cuda:nccl")
     cuda = mixed.transport(torch.device("cuda", 0))
     assert isinstance(cuda, StreamTransport) and isinstance(cuda.comm, NcclComm)
@@ -503,7 +503,7 @@ def test_a_call_reaches_the_executor_once_with_the_number_its_entry_took(monkeyp
     runs); a call runs on its number's tag and takes none of its own; an internal exchange
     runs on its reserved tag and takes no number either."""
     from ringcoll.runtime.identity import fingerprint, print_bits, tag_of
-    from ringcoll.runtime.nodes import LAYOUT_TAG
+    from ringcoll.runtime.nodes import PLACEMENT_TAG
     from ringcoll.runtime.plan import Plan
     from ringcoll.schedules import registry
     from ringcoll.schedules.vocabulary import Layout
@@ -529,6 +529,6 @@ def test_a_call_reaches_the_executor_once_with_the_number_its_entry_took(monkeyp
     internal = Plan("layout", registry.get("all_gather", "ring"), 0, 2, Layout(8, {"in_place": True}),
                     {"output": table}, describe="an internal exchange")
     raw.tags.clear()
-    executor.execute(internal, tag=LAYOUT_TAG, blocking=True)
-    assert raw.tags and set(raw.tags) == {LAYOUT_TAG} and table.tolist() == [1, 2, 3, 4] * 2
+    executor.execute(internal, tag=PLACEMENT_TAG, blocking=True)
+    assert raw.tags and set(raw.tags) == {PLACEMENT_TAG} and table.tolist() == [1, 2, 3, 4] * 2
     assert executor_context(executor).seq == ctx.seq + 2

@@ -231,7 +231,7 @@ def auto_choice_logged(numel):
 
 def test_auto_override_and_debug_log(clusters):
     records, value = clusters(2).run(auto_choice_logged, 10)[0]
-    # the calls' choices (a group's layout line comes first when this test runs first)
+    # the calls' choices (a group's placement line comes first when this test runs first)
     records = [record for record in records if " -> " in record]
     assert value == 16
     assert "-> recursive_doubling (auto:" in records[0]
@@ -257,9 +257,9 @@ def silent_peer():
 def test_silent_peer_is_an_error_naming_it_within_the_timeout():
     with ringcoll.launch(2, threads=1) as cluster:
         message, waited = cluster.run(silent_peer)[0]
-    # the group's first collective call: its node layout exchange (through the group's store)
+    # the group's first collective call: its placement exchange (through the group's store)
     # waits for the silent peer and names it
-    assert "node layout exchange of call #1 all_reduce" in message, message
+    assert "placement exchange of call #1 all_reduce" in message, message
     assert "rank 0: rank 1 did not reach the group's first collective call within 2 s" in message, message
     assert waited < 10
 

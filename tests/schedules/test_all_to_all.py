@@ -13,7 +13,7 @@ import torch.distributed as dist
 import ringcoll
 from _util import DTYPES, SIM_WORLDS
 from conftest import WORLDS
-from ringcoll.api._common import Context
+from ringcoll.api.common import Context
 from ringcoll.api.all_to_all import build_all_to_all, build_all_to_all_single
 from ringcoll.sim.engine import ScheduleError, run_plans
 

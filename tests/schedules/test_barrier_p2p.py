@@ -11,7 +11,7 @@ import torch.distributed as dist
 import ringcoll
 from conftest import WORLDS
 from ringcoll.schedules import registry
-from ringcoll.api._common import Context
+from ringcoll.api.common import Context
 from ringcoll.api.barrier import build_barrier
 from ringcoll.schedules.vocabulary import Layout, Recv, Send
 from ringcoll.schedules.barrier import token_numel
@@ -240,7 +240,7 @@ def test_barrier_timeout_names_the_missing_peer():
 
 
 def test_barrier_timeout_must_be_a_timedelta():
-    from ringcoll.api._common import Context
+    from ringcoll.api.common import Context
     from ringcoll.api import BUILDERS
 
     with pytest.raises(TypeError, match="timeout must be a datetime.timedelta or None, got int"):

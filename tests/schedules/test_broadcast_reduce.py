@@ -17,7 +17,7 @@ from _util import FLOATS, INTS, assert_every_rank, builtin_all_reduce, close, op
 from _util import random_data as gloo_data
 from conftest import WORLDS as GLOO_WORLDS
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context
+from ringcoll.api.common import Context
 from ringcoll.schedules import trees
 from ringcoll.sim.simulate import rank_data
 

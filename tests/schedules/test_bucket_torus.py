@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ringcoll
-from ringcoll.schedules.hierarchical import bucket_grid, bucket_lines
+from ringcoll.schedules.torus import bucket_grid, bucket_lines
 from ringcoll.schedules.registry import get
 from ringcoll.schedules.vocabulary import GRID, Layout, Recv, Send
 from ringcoll.sim.simulate import rank_data

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from _util import builtin_all_reduce, random_data
 from ringcoll.api import BUILDERS
-from ringcoll.api._common import Context, persistent_plans
+from ringcoll.api.common import Context, persistent_plans
 from ringcoll.schedules.vocabulary import ONE_PORT, Send
 from ringcoll.sim.engine import run_plans
 
@@ -71,7 +71,7 @@ def test_same_messages_fewer_steps_same_bits(small_segments, collective, world):
 def _both_ways(numel: int) -> list:
     """On every rank: each double tree split and together against the built-ins; problems."""
     import ringcoll
-    from ringcoll.api._common import group_executor
+    from ringcoll.api.common import group_executor
 
     executor = group_executor(None)
     rank, problems, steps = dist.get_rank(), [], {}

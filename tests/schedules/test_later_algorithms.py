@@ -1,7 +1,7 @@
 """The algorithms beyond rings and trees (direct, Swing, Bine, PAT, 2-D torus, hierarchical): exact
 results in the simulator at every world size, the closed forms the general clock test
 (test_study.py, every registered algorithm) cannot take alone (PAT's blocks, hierarchical
-layouts), node layouts; the built-in comparisons on gloo run in the collective's own test file,
+layouts), placements; the built-in comparisons on gloo run in the collective's own test file,
 which takes every registered algorithm."""
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def test_hierarchical_cost_equals_the_port_clock(monkeypatch, collective):
 
 
 def test_torus_grid():
-    from ringcoll.schedules.hierarchical import torus_grid
+    from ringcoll.schedules.vocabulary import torus_grid
 
     assert [torus_grid(p) for p in (1, 2, 6, 12, 16, 17, 64, 1024)] == \
         [(1, 1), (2, 1), (3, 2), (4, 3), (4, 4), (17, 1), (8, 8), (32, 32)]
@@ -265,7 +265,7 @@ def test_fitted_machine_file_is_the_model(plain_env, tmp_path):
     closed-form time on the fitted machine, and names the file."""
     import pathlib
 
-    run = pathlib.Path(__file__).resolve().parents[2] / "bench" / "results" / "20261202T144510Z_np4_gloo.json"
+    run = pathlib.Path(__file__).resolve().parents[2] / "bench" / "results" / "runs" / "20261202T144510Z_np4_gloo.json"
     fitted = ringcoll.fit([str(run)])
     path = tmp_path / "fitted.json"
     fitted.save(str(path))
@@ -508,7 +508,7 @@ def test_bad_local_size_is_refused(plain_env):
 
 
 def test_model_local_size_of_node_layouts(plain_env):
-    """The cost models' L of a node layout: the ranks per node, the last rank's node allowed
+    """The cost models' L of a placement: the ranks per node, the last rank's node allowed
     fewer (nodes of L consecutive ranks); simulate's cost takes it, not the environment's."""
     from ringcoll.runtime.nodes import even_nodes, model_local_size
 

@@ -12,7 +12,7 @@ import ringcoll
 from test_all_reduce import R, builtin_reference, data
 
 def pipelined(segment_bytes):
-    from ringcoll.api._common import group_context
+    from ringcoll.api.common import group_context
 
     executor = group_context(None).executor
     rank, out = dist.get_rank(), []

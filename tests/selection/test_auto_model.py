@@ -1,5 +1,5 @@
 """``auto`` on a group that has a machine: the least simulated time on that machine, with
-the group's node layout, so what the study says wins is what ``auto`` picks (issue #24).
+the group's placement, so what the study says wins is what ``auto`` picks (issue #24).
 
 The two-level machine below has nodes of 2 ranks, fast inside and slow between; on 6
 ranks as three nodes the simulator times ``hierarchical`` fastest at 8 MiB (2651 µs, the

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ringcoll import selection
-from ringcoll.api import _common, _plans
+from ringcoll.api import common, _plans
 
 MiB = 1 << 20
 
@@ -95,10 +95,10 @@ def test_a_call_on_cuda_tensors_picks_by_the_cuda_table(plain_env, monkeypatch):
     """The drop-ins' pick passes the tensor's device on a process group; the simulator's CPU
     tensors (no executor) stand for any device."""
     on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))
-    group = _common.Context(0, 4, executor=object(), nodes=(0, 0, 0, 0))   # the layout its entry resolved
+    group = common.Context(0, 4, executor=object(), nodes=(0, 0, 0, 0))   # the layout its entry resolved
     assert _plans.table_device(group, on_gpu) == "cuda"
     assert _plans.table_device(group, torch.ones(1)) == "cpu"
-    assert _plans.table_device(_common.Context(0, 4), on_gpu) is None
+    assert _plans.table_device(common.Context(0, 4), on_gpu) is None
     algorithm, why = _plans.pick("all_reduce", "auto", 64 * MiB, group, tensor=on_gpu)
     assert "model (CUDA machine)" in why
     algorithm, why = _plans.pick("all_reduce", "auto", 64 * MiB, group, tensor=torch.ones(1))

@@ -12,7 +12,7 @@ import torch
 
 import ringcoll
 from ringcoll.sim.cli import main
-from ringcoll.sim.machine import Machine
+from ringcoll.cost.machine import Machine
 from _util import one_thread  # noqa: F401 - the simulator runs on one thread
 
 

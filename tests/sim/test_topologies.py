@@ -1,4 +1,4 @@
-"""Networks in the simulator (ringcoll.sim.network): routes and per-link loads counted by hand on
+"""Networks in the simulator (ringcoll.cost.network): routes and per-link loads counted by hand on
 small tori, meshes, fat-trees and dragonflies; link sharing on cases with known answers;
 placement and its errors; the flat clock unchanged; the port service order."""
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ringcoll
-from ringcoll.sim.network import Network
+from ringcoll.cost.network import Network
 from ringcoll.schedules.vocabulary import Buf, Recv, Send, chunks, reduce, step
 from ringcoll.sim.engine import run_schedules
 

@@ -271,7 +271,7 @@ def _simulated_wrong(name: str, algorithm: str, world: int, numel: int, dtype, o
     """#wrong of ``algorithm`` run by the simulator on the buffers the spec sets up on every rank
     (the very tensors: in-place aliasing kept), counted by the spec's own check."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import Context
+    from ringcoll.api.common import Context
     from ringcoll.sim.engine import run_plans
 
     spec = SPECS[name]
@@ -437,8 +437,9 @@ def test_console_script_without_the_bench_extra(tmp_path):
 
 
 def test_default_out_is_the_checkouts_results_only_inside_it(tmp_path):
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__))))
-    assert cli.default_out(checkout) == os.path.join("bench", "results")
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(cli.__file__)))
+    assert cli.default_out(checkout) == os.path.join("bench", "results", "runs")
+    assert cli.default_out(checkout, kind="workloads") == os.path.join("bench", "results", "workloads")
     assert cli.default_out(str(tmp_path)) == "ringcoll-bench-results"
 
 

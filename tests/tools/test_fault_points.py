@@ -1,6 +1,6 @@
 """Fault injection at every point of a call, a seeded sample of the committed campaign.
 
-The campaign (``python -m tools.fault_points``, results in bench/results/faults_points.json and
+The campaign (``python -m tools.fault_points``, results in bench/results/faults/faults_points.json and
 .txt) raises an exception in one rank at one point of one call (before the first post, at a
 step's post, in a local operation, in a before/after hook, at enqueue, in the watchdog) for
 every algorithm of every collective at 3 and 4 ranks. Here: a seeded sample on the host,
@@ -34,7 +34,7 @@ def test_a_seeded_sample_raises_or_returns_right_on_every_rank():
         for bad in ("wrong", "hang", "fresh", "unfired"):
             assert bad not in verdict["verdicts"], (verdict["id"], verdict["problems"], verdict["ranks"])
         # a later call on the failed group that returns (the campaign's "later": on gloo, a rank
-        # that receives only from ranks unaware of the failure, bench/results/faults_points.txt)
+        # that receives only from ranks unaware of the failure, bench/results/faults/faults_points.txt)
         # returns the right value
         for report in verdict.get("reports") or []:
             later = (report or {}).get("later") or {}

@@ -1,7 +1,7 @@
 """Fault injection, a seeded sample of the committed campaign.
 
 The campaign (``python -m tools.faults --injections 60 --seed 1 --timeout 3``, result
-in bench/results/faults_seed1.json) kills or stalls one rank at a random step of a random
+in bench/results/faults/faults_seed1.json) kills or stalls one rank at a random step of a random
 collective and algorithm, each in a fresh gloo world. Here: a few of its draws, and the
 cluster's own report of a rank that dies in the middle of a collective.
 """

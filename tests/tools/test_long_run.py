@@ -1,6 +1,6 @@
 """Long runs, a sample of the committed run.
 
-``python -m tools.long_run --calls 10000`` (result: bench/results/long_run.json and
+``python -m tools.long_run --calls 10000`` (result: bench/results/long_run/long_run.json and
 long_run.png) makes 10^4 consecutive mixed calls on one group, checking each exactly and
 sampling every rank's RSS, descriptors and threads. Here: 1 500 of the same calls on the
 shared 3-rank cluster, with its leaks asserted (descriptors and threads exactly flat, memory

@@ -1,6 +1,6 @@
 """Randomized differential testing: ringcoll against torch.distributed's built-ins.
 
-    python -m tools.fuzz --trials 10000 --seed 1 --out bench/results/fuzz.json
+    python -m tools.fuzz --trials 10000 --seed 1 --out bench/results/fuzz/fuzz.json
     python -m tools.fuzz --replay 1:4711          # one trial alone, with its details
     python -m tools.fuzz --simulate --trials 500  # in one process, against the exact reference
 

@@ -17,8 +17,9 @@ def simulate_trial(trial: Trial) -> dict:
     """A trial on the simulator (whole world, synchronous): ringcoll's builders and schedules
     against the exact local reference, with the same canary and input checks."""
     from ringcoll.api import BUILDERS
-    from ringcoll.api._common import Context
-    from ringcoll.sim.engine import Machine, run_plans
+    from ringcoll.api.common import Context
+    from ringcoll.cost.machine import Machine
+    from ringcoll.sim.engine import run_plans
 
     trial = Trial(**{**asdict(trial), "world": trial.group_size, "members": None, "async_op": False})
     calls, plans = [], []

@@ -21,17 +21,17 @@ through :class:`NcclShim`, which reproduces NCCL's semantics (one Work per batch
 at a rank's first operation), so everything but the NCCL calls themselves runs on a CPU-only
 machine.
 
-:data:`base.streams` is the one place ringcoll touches CUDA devices, streams and events; tests
+:data:`base.cuda_calls` is the one place ringcoll touches CUDA devices, streams and events; tests
 swap in a fake that records which thread, device and stream each operation used.
 """
 from __future__ import annotations
 
 from . import base
-from .base import NCCL_DTYPES, CudaStreams, TransferError, poll, wire
+from .base import NCCL_DTYPES, CudaCalls, TransferError, poll, wire
 from .host import HostTransport
 from .shim import NcclComm, NcclShim
 from .batched import BatchedTransport
 from .interface import Transport
 
-__all__ = ["NCCL_DTYPES", "BatchedTransport", "CudaStreams", "HostTransport", "NcclComm", "NcclShim",
+__all__ = ["NCCL_DTYPES", "BatchedTransport", "CudaCalls", "HostTransport", "NcclComm", "NcclShim",
            "TransferError", "Transport", "base", "poll", "wire"]

@@ -1,5 +1,5 @@
 """What every transport shares: NCCL's dtype list, the transfer error, the one place ringcoll
-touches CUDA devices, streams and events (:data:`streams`), and a chunk's bytes on the wire."""
+touches CUDA devices, streams and events (:data:`cuda_calls`), and a chunk's bytes on the wire."""
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +29,7 @@ class TransferError(RuntimeError):
         self.items, self.error, self.timed_out, self.batch = list(items), error, timed_out, batch
 
 
-class CudaStreams:
+class CudaCalls:
     """CUDA devices, streams, events and pinned memory, as ringcoll uses them."""
 
     def current(self, device: torch.device):
@@ -56,7 +56,7 @@ class CudaStreams:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
-streams = CudaStreams()
+cuda_calls = CudaCalls()
 
 
 def wire(tensor: torch.Tensor) -> torch.Tensor:

@@ -15,12 +15,12 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from .. import streams
+from .. import stream_runtime
 from .batched import BatchedTransport
 from .host import HostTransport
 from .interface import Transport
 from .shim import NcclComm, NcclShim
-from .stream import EmulatedNccl, StreamTransport, private_gloo, private_nccl, private_timeout
+from .stream_ordered import EmulatedNccl, StreamTransport, private_gloo, private_nccl, private_timeout
 
 
 def stream_ordered(device: torch.device, device_backends: Dict[str, str], mode: str) -> bool:
@@ -32,9 +32,9 @@ def stream_ordered(device: torch.device, device_backends: Dict[str, str], mode: 
         (device.type == "cpu" and mode == "streamed")
 
 
-def stream_runtime(device: torch.device) -> streams.StreamRuntime:
+def runtime_for(device: torch.device) -> stream_runtime.StreamRuntime:
     """The streams and events of the stream-ordered path on ``device``: CUDA's, or the CPU's emulator."""
-    return streams.cuda() if device.type == "cuda" else streams.emulated()
+    return stream_runtime.cuda() if device.type == "cuda" else stream_runtime.emulated()
 
 
 def make_transport(device: torch.device, group, *, device_backends: Dict[str, str], mode: str, store,
@@ -59,7 +59,7 @@ def _streamed(device: torch.device, group, store, rank: int, world: int, seconds
     from ... import kernels
     from ..watchdog import watchdog
 
-    runtime = stream_runtime(device)
+    runtime = runtime_for(device)
     inner = private_timeout(seconds)
     if device.type == "cuda":
         pg = group if store is None else private_nccl(store, rank, world, inner, device)

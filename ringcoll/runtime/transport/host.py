@@ -28,8 +28,8 @@ class _Staging:
             self._free.sort(key=lambda e: e[0].numel())
             entry = self._free.pop(0)
             if entry[1] is not None:
-                base.streams.synchronize(entry[1])
-        return [base.streams.pinned(max(nbytes, 1)), None]
+                base.cuda_calls.synchronize(entry[1])
+        return [base.cuda_calls.pinned(max(nbytes, 1)), None]
 
     def give(self, entry: list) -> None:
         self._free.append(entry)
@@ -78,7 +78,7 @@ class HostTransport(Transport):
         total = sum(t.numel() * t.element_size() for _, t in transfers)
         handle.staging = entry = self._staging.take(total)
         if entry[1] is not None:
-            base.streams.synchronize(entry[1])          # its last copy out has finished
+            base.cuda_calls.synchronize(entry[1])          # its last copy out has finished
             entry[1] = None
         hosts, offset, copied = [], 0, False
         for item, tensor in transfers:
@@ -89,7 +89,7 @@ class HostTransport(Transport):
                 hosts[-1].copy_(wire(tensor), non_blocking=True)
                 copied = True
         if copied:                                  # gloo reads host memory at once
-            base.streams.synchronize(base.streams.record(transfers[0][1].device))
+            base.cuda_calls.synchronize(base.cuda_calls.record(transfers[0][1].device))
         for (item, tensor), host in zip(transfers, hosts):
             try:
                 if type(item) is Send:
@@ -122,7 +122,7 @@ class HostTransport(Transport):
                         device_bytes.copy_(host, non_blocking=True)
                         copied = True
                 if copied:
-                    handle.staging[1] = base.streams.record(handle.transfers[0][2].device)
+                    handle.staging[1] = base.cuda_calls.record(handle.transfers[0][2].device)
         finally:
             self.release(handle)
 

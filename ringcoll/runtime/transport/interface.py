@@ -18,7 +18,7 @@ class Transport:
     #: ignored, so nothing of a failed call may ever be posted again (NCCL's shape)
     batched: bool = False
     #: stream-ordered: ``post``/``wait`` enqueue on the transport's stream and return at once;
-    #: the call is opened, enqueued and closed (:class:`~ringcoll.runtime.transport.stream.
+    #: the call is opened, enqueued and closed (:class:`~ringcoll.runtime.transport.stream_ordered.
     #: StreamTransport`'s ``open``/``local``/``close``/``drop``) and the watchdog, not the
     #: host, waits for it
     streamed: bool = False

@@ -77,7 +77,7 @@ class NcclComm:
             work = self.pg._end_coalescing(*self._coalescing_args)
         return work
 
-    # the stream-ordered path (ringcoll.runtime.transport.stream): both called with ringcoll's
+    # the stream-ordered path (ringcoll.runtime.transport.stream_ordered): both called with ringcoll's
     # stream current
     def start(self, ops: Sequence) -> object:
         """Post a step's batch: NCCL enqueues it on its own stream, after the current one."""

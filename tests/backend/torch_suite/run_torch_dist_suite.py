@@ -4,7 +4,7 @@ shipped in the wheel) against ``BACKEND=ringcoll``.
     # one batch, as torch's runner would (each test spawns WORLD_SIZE fresh processes, ~8 s)
     IMPERSONATE=gloo WORLD_SIZE=3 python tests/backend/torch_suite/run_torch_dist_suite.py -v -k test_all_reduce_sum
     # the representative slice below, in batches, with a summary file
-    python tests/backend/torch_suite/run_torch_dist_suite.py --slice --summary bench/results/torch_suite.txt
+    python tests/backend/torch_suite/run_torch_dist_suite.py --slice --summary bench/results/compat/torch_suite.txt
 
 The suite's decorators are evaluated when distributed_test is imported and spawned children
 re-import ``__main__``, so everything that makes torch accept the backend happens at module

@@ -1,5 +1,5 @@
 """Data with known reductions, and exact comparison: what tests/kernels/test_kernels.py and
-bench/gpu_check.py check every backend with.
+tools/gpu_check.py check every backend with (test data, not installed with the library).
 
 ``exact_case`` builds operands whose reduction is known in closed form, computed here in Python
 integers/floats: integer sums wrap around (large values), integer products wrap (small factors),
@@ -19,7 +19,7 @@ import types
 
 import torch
 
-from . import LOCAL_OPS, _TORCH_INPLACE
+from ringcoll.kernels import LOCAL_OPS, _TORCH_INPLACE
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -153,7 +153,7 @@ def fake_cupy(monkeypatch, get_function, *, load=None, stream: int = 0, compile_
     expression as its own mangled name; ``devices`` (a list) receives the index of every
     ``cupy.cuda.Device(index)`` made.
     ``monkeypatch`` is pytest's; _cupy's caches are cleared on entry and on exit."""
-    from . import _cupy, _nvrtc
+    from ringcoll.kernels import _cupy, _nvrtc
 
     class Module:
         def load(self, binary):

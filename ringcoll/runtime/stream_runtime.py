@@ -1,6 +1,6 @@
 """Device streams and events as ringcoll's stream-ordered path uses them: CUDA's, or an emulator's.
 
-The stream-ordered path (:mod:`ringcoll.runtime.transport.stream`) enqueues a whole collective on one
+The stream-ordered path (:mod:`ringcoll.runtime.transport.stream_ordered`) enqueues a whole collective on one
 stream of ringcoll's per (group, device): an event of the caller's current stream first, then
 per step one coalesced batch, the wait that orders the stream after it, and the step's copies
 and reductions, then the call's end event. The executor only calls :class:`StreamRuntime`'s
@@ -16,7 +16,7 @@ methods, so the same code runs on two implementations:
   compiles and allocations, and their errors, happen at enqueue); only the work that reads or
   writes tensor data goes to the stream (:class:`_Deferring`, :func:`device_work`). Collective batches
   launched on such a stream really move bytes (over a private gloo group, see
-  :class:`ringcoll.runtime.transport.stream.EmulatedNccl`), so a whole call runs with the host never
+  :class:`ringcoll.runtime.transport.stream_ordered.EmulatedNccl`), so a whole call runs with the host never
   waiting, and tests can hold a stream with a gate to show that a call returned before its
   data arrived.
 

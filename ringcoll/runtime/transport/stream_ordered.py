@@ -28,7 +28,7 @@ ringcoll's watchdog always fires first.
 Two implementations, one code path (the executor cannot tell them apart): CUDA tensors on a
 group with NCCL (:class:`~ringcoll.runtime.transport.NcclComm` over a private ProcessGroupNCCL, the
 CUDA runtime); and ``RINGCOLL_TRANSPORT=streamed``, CPU tensors on gloo through the emulator
-(:class:`EmulatedNccl` over a private gloo group, :class:`~ringcoll.runtime.streams.EmulatedRuntime`),
+(:class:`EmulatedNccl` over a private gloo group, :class:`~ringcoll.runtime.stream_runtime.EmulatedRuntime`),
 which is how every test of this path runs without a GPU.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from ...schedules.vocabulary import Send
-from ..streams import StreamRuntime, device_work
+from ..stream_runtime import StreamRuntime, device_work
 from . import NCCL_DTYPES, NcclShim, TransferError, wire
 from .interface import Transport
 
@@ -314,7 +314,7 @@ class EmulatedNccl:
     dtype list, one Work per batch settled by its waiter thread) on a private gloo group, split
     as NCCL's calls are: ``start`` and ``join`` are host calls that return at once (an
     aborted communicator or a refused dtype raises there); what they enqueue runs on the
-    stream (:func:`ringcoll.runtime.streams.device_work`): the batch's sends and receives are
+    stream (:func:`ringcoll.runtime.stream_runtime.device_work`): the batch's sends and receives are
     posted when the stream reaches them, and the stream's thread (not the host) waits for the
     batch, or until the communicator is aborted: gloo's abort does not fail the waits already
     blocked, so the stream must not sit in one (a stalled stream would keep a barrier's host

@@ -31,18 +31,21 @@ class OptionError(ValueError):
     """A flag's value that cannot be run (reported without a traceback)."""
 
 
-#: in the project checkout its results tree; anywhere else a folder of the current directory
+#: in the project checkout its results tree, one folder per kind; anywhere else a folder of the
+#: current directory
 DEFAULT_OUT = os.path.join("bench", "results")
 OUTSIDE_OUT = "ringcoll-bench-results"
 
 
-def default_out(cwd: Optional[str] = None) -> str:
-    """``bench/results`` when run from the root of the project checkout (an editable install),
-    else ``./ringcoll-bench-results``: a plain install has no bench/results to fill."""
+def default_out(cwd: Optional[str] = None, kind: str = "runs") -> str:
+    """``bench/results/<kind>`` (``runs``, or ``workloads`` for ``--workload``) when run from the
+    root of the project checkout (an editable install: this file is the checkout's
+    ``bench/cli.py``), else ``./ringcoll-bench-results``: a plain install has no bench/results to
+    fill."""
     here = os.path.abspath(cwd or os.getcwd())
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    inside = here == checkout and os.path.isdir(os.path.join(here, "bench", "results"))
-    return DEFAULT_OUT if inside else OUTSIDE_OUT
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = here == checkout and os.path.isdir(os.path.join(here, DEFAULT_OUT))
+    return os.path.join(DEFAULT_OUT, kind) if inside else OUTSIDE_OUT
 
 
 def optional(module: str):
@@ -138,8 +141,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds one size may take; a collective that exceeds it (or crashes a "
                         "rank) is reported as failed and the sweep goes on with the next one")
-    p.add_argument("--out", default=default_out(), help="results directory (bench/results in the project "
-                                                      "checkout, else ./ringcoll-bench-results)")
+    p.add_argument("--out", help="results directory (in the project checkout bench/results/runs, or "
+                                 "bench/results/workloads with --workload; else ./ringcoll-bench-results)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--tune", nargs="?", const=True, default=None, metavar="CSV",
                    help="also write a tuning table (RINGCOLL_TUNING=CSV makes auto follow it): per "
@@ -439,6 +442,8 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     Exit status 1 when a ringcoll algorithm gives a wrong element or fails."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options = parser().parse_args(argv)
+    if options.out is None:
+        options.out = default_out(kind="workloads" if options.workload else "runs")
     options.argv = argv
     try:
         import_user_modules(options.imports)

@@ -12,7 +12,7 @@ node's NIC a link of ``nic_ports`` lanes up and down, held per message like a po
 step's local reductions take γ per byte reduced.
 
 A machine with a **network** (``Machine.torus``, ``.mesh``, ``.fat_tree``, ``.dragonfly``,
-``.from_graph``; :mod:`ringcoll.sim.network`) also routes every message over links: it takes
+``.from_graph``; :mod:`ringcoll.cost.network`) also routes every message over links: it takes
 α + Σ link latencies + hops·hop_latency + n·β_path (β_path: the slowest of its links and the
 machine's β) and holds every link of its route for n·β_path (a link held per message, such
 as a NIC: for the whole message, like a port), so messages crossing one link at the same time
@@ -46,7 +46,7 @@ class Machine:
     inter_beta: Optional[float] = None
     nic_ports: int = 1              # send and receive ports of a node's NIC, shared by its ranks
     placement: Optional[Tuple[int, ...]] = None     # node of each rank; None: blocks
-    network: Optional[Network] = None       # links and routes (ringcoll.sim.network); None: none
+    network: Optional[Network] = None       # links and routes (ringcoll.cost.network); None: none
 
     def __post_init__(self):
         for name in ("alpha", "beta", "gamma"):
@@ -71,7 +71,7 @@ class Machine:
                 raise ValueError("placement needs a hierarchical machine (Machine.hierarchical)")
         if self.network is not None:
             if not isinstance(self.network, Network):
-                raise TypeError(f"network must be a ringcoll.sim.network.Network, got {type(self.network).__name__}")
+                raise TypeError(f"network must be a ringcoll.cost.network.Network, got {type(self.network).__name__}")
             if self.ranks_per_node is not None:
                 raise ValueError("a machine has either nodes (Machine.hierarchical) or a network, not both")
 
@@ -86,7 +86,7 @@ class Machine:
                    ranks_per_node=ranks_per_node, inter_alpha=inter[0], inter_beta=inter[1],
                    nic_ports=nic_ports, placement=None if placement is None else tuple(placement))
 
-    # -- networks (ringcoll.sim.network): α is each message's software latency at the ends, β
+    # -- networks (ringcoll.cost.network): α is each message's software latency at the ends, β
     # the hosts' injection rate (the links' own β bounds it further) ----------------------
     @classmethod
     def _on(cls, kind, alpha, beta, gamma, ports, placement, hop_latency, **params) -> "Machine":

@@ -1,6 +1,6 @@
 """Measure the CPU backends of reduce_into: torch in-place ops against the Numba kernels.
 
-    python -m ringcoll.kernels.measure_cpu [--numel N] [--reps R]
+    python -m experiments.measure_cpu [--numel N] [--reps R]
 
 For each case (sources, fused) it times, interleaved round by round so that load from other
 processes hits every contender alike: torch (the in-place op sequence of the torch backend),
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from . import _numba, reduce_into
+from ringcoll.kernels import _numba, reduce_into
 
 
 def _parallel_kernel(kind: str, op: str):

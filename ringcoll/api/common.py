@@ -16,8 +16,8 @@ import torch.distributed as dist
 from ..schedules import registry
 from ..config import Settings
 from ..runtime.executor import P2PExecutor, Prepared
-from ..runtime.nodes import group_layout, known_layout, share_layout
-from ..sim.machine import Machine
+from ..runtime.nodes import group_placement, known_placement, share_placement
+from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..selection import checked_settings
 from ..runtime.work import submit, submit_stream
@@ -31,7 +31,7 @@ BUILDERS: Dict[str, Callable[..., Optional[Plan]]] = {}
 #: builder -> the collective it was registered for (its first name)
 _COLLECTIVE: Dict[Callable, str] = {}
 
-#: collectives whose calls do not resolve the group's node layout: a barrier moves tokens, has
+#: collectives whose calls do not resolve the group's placement: a barrier moves tokens, has
 #: no node-aware algorithm, and its ``timeout=`` must bound the whole call, even a group's first
 #: (a barrier that looks for a dead peer); the next other collective call resolves it
 WITHOUT_LAYOUT = frozenset({"barrier"})
@@ -54,18 +54,18 @@ class Context:
     world: Optional[int]
     executor: Optional[P2PExecutor] = None
     seq: Optional[int] = None
-    #: node of each rank: on a group its agreed layout, resolved at the call's entry
+    #: node of each rank: on a group its agreed placement, resolved at the call's entry
     #: (executor_context); in the simulator simulate's local_size, if given (ringcoll.runtime.nodes)
     nodes: Optional[Tuple[int, ...]] = None
     nodes_from: Optional[str] = None             # where ``nodes`` came from, for the log
     machine: Optional[Machine] = None            # auto's model: Options(machine=), simulate's
     #: the call's checked settings, read once at its entry (run_call); None: read when needed
     settings: Optional[Settings] = None
-    #: the group's layout is agreed inside this call's run, not at its entry (an
+    #: the group's placement is agreed inside this call's run, not at its entry (an
     #: ``async_op=True`` call at its group's first collective call: :func:`executor_context`'s
     #: ``defer``); building on the caller's thread then reads a stand-in, and ``provisional``
     #: records that the plan depended on it
-    layout_pending: bool = False
+    placement_pending: bool = False
     provisional: bool = False
 
     def submit(self, plan: Optional[Plan], async_op: bool, rebuild: Optional[Callable[[], Plan]] = None):
@@ -77,17 +77,17 @@ class Context:
         return submit_call(self.executor, plan, self.seq, async_op)
 
     def late(self, plan: Plan, rebuild: Optional[Callable[[], Plan]]) -> Plan:
-        """Give ``plan`` what its run does first when its group's layout is still to be agreed
+        """Give ``plan`` what its run does first when its group's placement is still to be agreed
         (``plan.late``, called by the executor on the worker thread, in call order): agree the
-        layout (every rank does at this call, as at any group's first collective call), then
-        return the plan to run: ``plan`` itself, or, if building it read the stand-in layout
+        placement (every rank does at this call, as at any group's first collective call), then
+        return the plan to run: ``plan`` itself, or, if building it read the stand-in placement
         (a node-aware algorithm, ``auto`` weighing nodes), ``rebuild()`` on the agreed one.
         The caller's thread has built and checked the call already, so bad input was refused
         at the call; the same checks pass again. ``plan`` unchanged otherwise."""
-        if not self.layout_pending:
+        if not self.placement_pending:
             return plan
         if rebuild is None:
-            raise RuntimeError(f"ringcoll {plan.describe}: a call deferring its group's layout needs "
+            raise RuntimeError(f"ringcoll {plan.describe}: a call deferring its group's placement needs "
                                f"a way to build its plan again")
 
         def agreed() -> Plan:
@@ -101,11 +101,11 @@ class Context:
         return plan
 
     def agree(self, collective: str = "") -> None:
-        """Agree the group's layout now, if still pending: in the call's run (on the worker
+        """Agree the group's placement now, if still pending: in the call's run (on the worker
         thread, in call order), never at an asynchronous call's entry."""
-        if self.layout_pending:
-            self.nodes, self.nodes_from = group_layout(self.executor, call=f"call #{self.seq} {collective}".rstrip())
-            self.layout_pending = False
+        if self.placement_pending:
+            self.nodes, self.nodes_from = group_placement(self.executor, call=f"call #{self.seq} {collective}".rstrip())
+            self.placement_pending = False
 
 
 def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True,
@@ -120,7 +120,7 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *
     entry too, in the order they will run. ``machine``: auto's model (the backend's
     ``Options(machine=)``).
 
-    The context also carries the group's node layout (:func:`ringcoll.runtime.nodes.group_layout`),
+    The context also carries the group's placement (:func:`ringcoll.runtime.nodes.group_placement`),
     resolved here, after the number: agreed by one exchange at the group's first collective call
     (every rank makes it, at the same point), read from the group's record after that, so the
     builders and ``auto`` only read it. Every caller is a collective call (point-to-point
@@ -129,30 +129,30 @@ def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *
     exchange's errors.
 
     ``defer``: the call runs asynchronously (``async_op=True``, every backend call), so it must
-    not wait on a peer here: when the group has no layout yet (its first collective call), the
+    not wait on a peer here: when the group has no placement yet (its first collective call), the
     exchange is left to the call's own run, on the worker thread in call order (the same point
     in every rank's sequence of calls, whichever rank runs it where), and the context is
-    ``layout_pending`` until then (:meth:`Context.late`)."""
+    ``placement_pending`` until then (:meth:`Context.late`)."""
     seq = executor.begin_call()
     nodes = source = None
     pending = False
     if layout:
-        known = known_layout(executor)
+        known = known_placement(executor)
         if known is not None:
             nodes, source = known
         elif defer and executor.world > 1:
             pending = True
         else:
-            nodes, source = group_layout(executor, call=f"call #{seq} {collective or ''}".rstrip())
+            nodes, source = group_placement(executor, call=f"call #{seq} {collective or ''}".rstrip())
     return Context(executor.rank, executor.world, executor, seq, nodes=nodes, nodes_from=source,
-                   machine=machine, layout_pending=pending)
+                   machine=machine, placement_pending=pending)
 
 
 def call_context(executor: P2PExecutor, collective: Optional[str], machine: Optional[Machine] = None, *,
                  defer: bool = False) -> Context:
     """:func:`executor_context` for a call of ``collective`` (a builder's name; None: a
-    composite call, an object collective): with the group's layout unless the collective needs
-    none; ``defer``: an asynchronous call's (the layout then possibly agreed in its run)."""
+    composite call, an object collective): with the group's placement unless the collective needs
+    none; ``defer``: an asynchronous call's (the placement then possibly agreed in its run)."""
     return executor_context(executor, machine, layout=collective not in WITHOUT_LAYOUT, collective=collective,
                             defer=defer)
 
@@ -189,7 +189,7 @@ def _executor(group, device: Optional[torch.device] = None) -> P2PExecutor:
     executor = _executors.get(group)
     if executor is None:
         executor = _executors[group] = P2PExecutor(group, weak=True)
-        share_layout(executor, group)       # one layout per group, the backend's executors' too
+        share_placement(executor, group)       # one placement per group, the backend's executors' too
     return executor
 
 
@@ -434,7 +434,7 @@ def submit_streamed(executor: P2PExecutor, run: Callable, async_op: bool, result
                     describe: str, collective: str, *, late: bool = False):
     """A call on the stream-ordered path (ringcoll.runtime.work.submit_stream): ``run(caller)``
     enqueues it; a barrier blocks the host until its peers arrived, as NCCL's. ``late``: the
-    call's run first agrees its group's layout (``Plan.late``), so the worker enqueues it and
+    call's run first agrees its group's placement (``Plan.late``), so the worker enqueues it and
     its transport (a private communicator every rank sets up together) is made there too."""
     # a late call's transport is made in its run, on the worker: the process's runtime for now
     runtime = executor.stream_runtime(device) if late else executor.transport(device).runtime
