@@ -5,11 +5,12 @@ edge of the import graph, and the graph must go down the layers only, without a 
 The layer order, lowest first (a module may import its own layer and the ones below it):
 
 0. models and vocabulary -- ``ops``, ``machine``, ``schedule`` (steps, buffers, layouts),
-   the kernels' lowering and CPU kernels, MSCCL-IR's parser, the simulator's bounds, result
+   the kernels' lowering and CPU kernels, MSCCL-IR's parser, the simulator's result
    checks and pictures: nothing of ringcoll above them.
 1. settings -- ``config`` (every RINGCOLL_* variable, read in one place), and what only
    needs settings (the NVRTC compiler's cache directory).
-2. algorithms -- ``registry``, ``plan``, ``schedules`` (one module per collective, plus the
+2. algorithms -- ``registry`` (and its builder -> collective table, which the simulator's bounds
+   read), ``plan``, ``schedules`` (one module per collective, plus the
    shared rings, trees and folds), MSCCL programs turned into schedules and back.
 3. runtime -- the kernels' dispatch, ``local`` (a rank's own copies and reductions),
    ``transport``, ``work``, ``executor`` (runs a plan), and the simulator's engine
@@ -41,11 +42,11 @@ LAYERS = {
     "ringcoll._moved": 0,
     "ringcoll.ops": 0, "ringcoll.sim.machine": 0, "ringcoll.sim.network": 0, "ringcoll.schedules.vocabulary": 0,
     "ringcoll.kernels._lowering": 0, "ringcoll.kernels._numba": 0,
-    "ringcoll.msccl.ir": 0, "ringcoll.sim": 0, "ringcoll.sim.bounds": 0,
+    "ringcoll.msccl.ir": 0, "ringcoll.sim": 0,
     "ringcoll.sim.pictures": 0, "ringcoll.sim.check": 0, "ringcoll.sim._batch_clock": 0,
     "ringcoll.config": 1, "ringcoll.kernels._nvrtc": 1,
     "ringcoll.schedules.registry": 2, "ringcoll.runtime.plan": 2, "ringcoll.schedules": 2,
-    "ringcoll.sim.batch": 2, "ringcoll.msccl.to_schedule": 2, "ringcoll.msccl.mapping": 2, "ringcoll.msccl.export": 2,
+    "ringcoll.sim.batch": 2, "ringcoll.sim.bounds": 2, "ringcoll.msccl.to_schedule": 2, "ringcoll.msccl.mapping": 2, "ringcoll.msccl.export": 2,
     "ringcoll.kernels": 3, "ringcoll.kernels._cupy": 3, "ringcoll.runtime.local": 3, "ringcoll.runtime.transport": 3,
     "ringcoll.runtime": 3, "ringcoll.runtime.work": 3, "ringcoll.runtime.executor": 3, "ringcoll.sim.engine": 3,
     "ringcoll.runtime.streams": 3, "ringcoll.runtime.transport.stream": 3, "ringcoll.runtime.watchdog": 3,

@@ -62,6 +62,28 @@ class Algorithm:
         return (self.schedule.__doc__ or "").strip()
 
 
+#: the registry's collective of each drop-in (builder) named otherwise: the single-tensor forms
+#: and torch's older names of them run their collective's algorithms. The one copy of this map:
+#: the backend's options, the tuning table, the fit, the bounds and the tools read it here.
+COLLECTIVE_OF = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+                 "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+                 "all_to_all_single": "all_to_all"}
+#: the drop-in a registry collective is simulated and checked through (one flat tensor per rank)
+BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+              "all_to_all": "all_to_all_single"}
+
+
+def collective_of(builder: str) -> str:
+    """The registry collective whose algorithms the drop-in ``builder`` runs (:data:`COLLECTIVE_OF`;
+    a collective's own name is itself)."""
+    return COLLECTIVE_OF.get(builder, builder)
+
+
+def builder_of(collective: str) -> str:
+    """The drop-in the registry's ``collective`` is simulated through (:data:`BUILDER_OF`)."""
+    return BUILDER_OF.get(collective, collective)
+
+
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
 #: bumped by every registration: what was chosen or prepared before may no longer hold
 version = 0
