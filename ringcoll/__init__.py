@@ -22,8 +22,8 @@ from . import _moved
 
 _moved.install()
 
-from .schedules.registry import Cost, algorithms
-from .sim.trust import register
+from .schedules.registry import Cost, algorithms, register
+from .sim import trust  # noqa: F401 - hands register its cost check (the simulator's clock)
 from .sim.machine import Machine
 from .cluster import launch
 from . import api

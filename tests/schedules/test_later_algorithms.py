@@ -375,7 +375,7 @@ def test_direct_only_for_small_worlds(plain_env):
     assert "direct" not in [n for _, n in selection.modelled_times("all_gather", 64, 9, names)]
     ranked = selection.modelled_times("all_gather", 64, 3, names)
     assert dict((n, t) for t, n in ranked)["direct"] == ranked[0][0]         # a tie at p = 3 ...
-    assert selection.choose("all_gather", "auto", 64, 3)[0] not in selection.FRONTIER   # ... the classic wins
+    assert selection.choose("all_gather", "auto", 64, 3)[0] != "direct"     # ... the lower preference wins
 
 
 def test_tuning_table_is_followed(plain_env, tmp_path):
