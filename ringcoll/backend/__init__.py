@@ -317,7 +317,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
         """The drop-in's plan for this call on the executor of ``tensor``'s device, with its
-        number (one per plan, taken before its checks); bad input raises here, before any
+        number (one per plan: docs/semantics.md#a-calls-number); bad input raises here, before any
         tensor is touched."""
         ctx = self._context(collective, tensor)
 

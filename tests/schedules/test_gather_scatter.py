@@ -272,9 +272,8 @@ def bad_inputs():
         "unknown algorithm": (ValueError, lambda: ringcoll.scatter(tensor, None, src=1, algorithm="ring")),
         "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op="no")),
     }
-    # Checks that only some ranks make leave the group's call numbering different on different
-    # ranks (a call takes its number before the root's checks, so that a peer's pending call
-    # can never match the root's next one): they run on a group of their own.
+    # Checks that only some ranks make leave the peers' calls pending (the root's refused call
+    # took its number: docs/semantics.md#a-calls-number): they run on a group of their own.
     one_sided = dist.new_group(list(range(world)))
     on_root = {    # root 0
         "gather_list missing on the root": (ValueError, lambda: ringcoll.gather(tensor, None, dst=0, group=one_sided)),
