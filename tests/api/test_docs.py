@@ -1,5 +1,6 @@
 """The drop-ins' shared docstring entries (ringcoll.api._docs): filled in, and the algorithm
-list the one the registry has."""
+list the one the registry has; the builder -> collective table covers every builder; the
+tables README.md and docs/ show are the code's, byte for byte (tools/docs_tables.py)."""
 from __future__ import annotations
 
 import re
@@ -9,7 +10,9 @@ import pytest
 import ringcoll
 from ringcoll.api import BUILDERS
 from ringcoll.api._docs import c10d_doc
+from ringcoll import config
 from ringcoll.schedules import registry
+from tools import docs_tables
 
 #: the public drop-ins (torch's older names, all_gather_into_tensor and reduce_scatter_tensor,
 #: point to their ``*_single`` forms' documentation)
@@ -48,3 +51,34 @@ def test_an_unknown_entry_is_an_error_not_a_silent_hole():
         """
     with pytest.raises(KeyError):
         c10d_doc("all_reduce")(fn)
+
+
+@pytest.mark.parametrize("table", docs_tables.TABLES, ids=lambda t: t.name)
+def test_each_generated_table_is_the_codes_byte_for_byte(table):
+    shown, want = docs_tables.shown(table).split("\n"), table.render().split("\n")
+    for i, (got, line) in enumerate(zip(shown, want)):
+        assert got == line, (f"{table.page} {table.name} line {i + 1}: shows {got!r}, the code gives {line!r} "
+                             f"(python -m tools.docs_tables rewrites it)")
+    assert len(shown) == len(want), f"{table.page} {table.name}: {len(shown)} lines shown, the code gives {len(want)}"
+
+
+def test_a_changed_setting_or_docstring_leaves_its_table_stale(monkeypatch):
+    """The check can fail: a setting whose meaning changed, and a schedule whose docstring's
+    cost changed, each make their page's table stale until it is regenerated."""
+    assert docs_tables.stale() == []
+    first = config.VARIABLES[0]
+    monkeypatch.setattr(config, "VARIABLES", (first._replace(meaning=first.meaning + " (changed)"),
+                                              *config.VARIABLES[1:]))
+    assert docs_tables.stale() == ["README.md: settings"]
+    monkeypatch.undo()
+    ring = registry.get("all_reduce", "ring").schedule
+    monkeypatch.setattr(ring, "__doc__", ring.__doc__.replace("Cost: 2(p-1)k", "Cost: 2(p-1)"))
+    assert docs_tables.stale() == ["docs/algorithms-and-auto.md: algorithms"]
+
+
+def test_a_docstring_without_a_cost_is_refused(monkeypatch):
+    ring = registry.get("all_reduce", "ring")
+    monkeypatch.setattr(ring.schedule, "__doc__", "Ring all-reduce: around the ring.")
+    with pytest.raises(ValueError, match="all_reduce/ring: its docstring needs a first sentence and a paragraph "
+                                         "starting with 'Cost'"):
+        docs_tables.describe(ring)
