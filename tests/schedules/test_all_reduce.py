@@ -12,7 +12,7 @@ import ringcoll
 from _util import FLOATS, INTS, RTOL, assert_every_rank, ops_for
 from _util import builtin_all_reduce as builtin_reference
 from _util import random_data as data
-from conftest import WORLDS
+from conftest import GLOO_WORLDS
 
 R = dist.ReduceOp
 
@@ -45,7 +45,7 @@ def compare_with_builtin(algorithm):
     return problems, [r.numpy().tobytes() for r in results]
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "auto"])
 def test_matches_builtin_every_op_and_dtype(clusters, world, algorithm):
     answers = clusters(world).run(compare_with_builtin, algorithm)

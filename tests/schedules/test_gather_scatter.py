@@ -9,7 +9,7 @@ import torch.distributed as dist
 import ringcoll
 from _util import (DTYPES, SIM_WORLDS, assert_every_rank, assert_no_problems, block, block_numels,
                    one_thread, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
-from conftest import WORLDS
+from conftest import GLOO_WORLDS
 
 
 def roots(world):
@@ -140,7 +140,7 @@ def compare_with_builtin():
     return problems
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 def test_matches_builtin_every_dtype_and_root(clusters, world):
     assert_no_problems(clusters(world).run(compare_with_builtin))
 
