@@ -82,3 +82,29 @@ def test_a_docstring_without_a_cost_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="all_reduce/ring: its docstring needs a first sentence and a paragraph "
                                          "starting with 'Cost'"):
         docs_tables.describe(ring)
+
+
+def test_algorithm_docs_list_every_registered_algorithm():
+    """Every public call's ``algorithm`` argument names exactly the algorithms its collective
+    registers (``ringcoll.algorithms(collective)``), so a new one cannot leave it stale."""
+    import inspect
+
+    documented = {}
+    for name in ringcoll.__all__:
+        fn = getattr(ringcoll, name)
+        if not callable(fn) or inspect.isclass(fn):
+            continue
+        doc = inspect.getdoc(fn) or ""
+        paragraph = re.search(r"^ *algorithm \(str[^)]*\):(.*?)(?=^ *\w+ \(|^\S|\Z)", doc, re.S | re.M)
+        if paragraph is None:
+            continue
+        collective = re.search(r'ringcoll\.algorithms\("(\w+)"\)', paragraph.group(1))
+        assert collective, f"{name}: the algorithm argument should say ringcoll.algorithms(collective)"
+        assert collective.group(1) == ("all_reduce" if name == "ddp_comm_hook" else registry.collective_of(name)), name
+        listed = set(re.findall(r"``([a-z_0-9]+)``", paragraph.group(1))) - {"auto"}
+        assert listed == set(ringcoll.algorithms(collective.group(1))), \
+            f"{name}: documents {sorted(listed)}, registered {ringcoll.algorithms(collective.group(1))}"
+        documented[name] = collective.group(1)
+    assert {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
+            "reduce_scatter_single", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
+            "ddp_comm_hook"} <= set(documented), sorted(documented)

@@ -429,3 +429,17 @@ def shapes_and_strides():
 
 def test_shapes_scalars_and_non_contiguous(clusters):
     assert_every_rank(clusters(3).run(shapes_and_strides))
+
+
+def test_bine_trees_span_every_world():
+    """Every vrank of the Bine trees (far and near first) reaches the root, at every world to 299."""
+    from ringcoll.schedules.bine import bine_tree, bine_tree_near
+
+    for world, tree in ((w, t) for w in range(1, 300) for t in (bine_tree, bine_tree_near)):
+        parent, _ = tree(world)
+        for vrank in range(world):
+            seen, up = 0, vrank
+            while parent[up] is not None:
+                up, seen = parent[up], seen + 1
+                assert seen <= world, f"{tree.__name__} world {world}: vrank {vrank} goes round a cycle"
+            assert up == 0, f"{tree.__name__} world {world}: vrank {vrank} ends at {up}, not the root"
