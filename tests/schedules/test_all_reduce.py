@@ -122,9 +122,11 @@ def asynchronous():
 
 def test_async_op_returns_work_in_call_order(clusters):
     world = 4
-    for waited, ok, results, futures, done, sync in clusters(world).run(asynchronous):
-        assert all(waited) and all(ok) and all(results) and all(futures) and all(done)
-        assert sync == sum(range(1, world + 1))
+    for rank, (waited, ok, results, futures, done, sync) in enumerate(clusters(world).run(asynchronous)):
+        flags = {"wait() returned True": waited, "the sum is right": ok, "result() is the tensor": results,
+                 "the future's value is the tensor": futures, "is_completed()": done}
+        assert {what: calls for what, calls in flags.items() if not all(calls)} == {}, f"rank {rank}, per call"
+        assert sync == sum(range(1, world + 1)), f"rank {rank}"
 
 
 def failing_reduction():
@@ -300,8 +302,8 @@ def test_simulated_float_sum_bitwise_identical_on_every_rank(algorithm, world):
     inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(world)]
     sim = ringcoll.simulate("all_reduce", algorithm, world, inputs=inputs)
     torch.testing.assert_close(sim.outputs[0][0], sum(inputs), rtol=1e-5, atol=1e-5)
-    assert_equal_per_rank([got.view(torch.int32) for (got,) in sim.outputs],
-                          [sim.outputs[0][0].view(torch.int32)] * world, f"{algorithm} world {world}: bits against rank 0's")
+    assert_equal_per_rank([got.view(torch.int32) for (got,) in sim.outputs], [sim.outputs[0][0].view(torch.int32)] * world,
+                          f"{algorithm} world {world}: bits against rank 0's")
 
 
 def test_swing_pairs_nest():

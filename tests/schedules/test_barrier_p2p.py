@@ -31,7 +31,7 @@ def test_dissemination_every_rank_hears_from_every_rank(world):
     schedule = registry.get("barrier", "dissemination").schedule
     steps = [list(schedule(rank, world, Layout(token_numel(world)))) for rank in range(world)]
     lg = (world - 1).bit_length()
-    assert all(len(s) == lg for s in steps)
+    assert [len(s) for s in steps] == [lg] * world, "steps per rank"
     heard = [{rank} for rank in range(world)]
     for k in range(lg):
         sends = {(rank, c.peer) for rank in range(world) for c in steps[rank][k].comms if isinstance(c, Send)}

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import (DTYPES, SIM_WORLDS, assert_every_rank, assert_no_problems, block, block_numels,
-                   one_thread, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
+from _util import (DTYPES, SIM_WORLDS, assert_equal_per_rank, assert_every_rank, assert_no_problems, block,
+                   block_numels, one_thread, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
 from conftest import GLOO_WORLDS
 
 
@@ -68,7 +68,8 @@ def test_simulated_group_roots_and_chunked_lists():
                 call=lambda rank: ((torch.zeros(numel, dtype=torch.int64),
                                     list(torch.cat([block(r, numel) for r in range(world)]).chunk(world))
                                     if rank == root else None), {}))
-            assert all(torch.equal(got, block(rank, numel)) for rank, (got,) in enumerate(sim.outputs))
+            assert_equal_per_rank([got for (got,) in sim.outputs], [block(rank, numel) for rank in range(world)],
+                                  f"scatter/{algorithm} world {world} numel {numel}")
 
 
 def test_cost_models_match_the_simulated_messages():

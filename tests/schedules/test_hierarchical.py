@@ -47,8 +47,9 @@ def test_cost_equals_the_port_clock(monkeypatch, collective):
             numel = world * 96
             root = {roots[collective]: world // 2} if collective in roots else {}
             clock = cost_only(collective, "hierarchical", world, numel, local_size=local_size, **root).stats.time
-            model = registry.model(registry.get(collective, "hierarchical"), world, numel * 4).time(*COST_MACHINE.values())
-            assert clock == pytest.approx(model, rel=1e-9), f"{collective} L={local_size} world {world}"
+            model = registry.model(registry.get(collective, "hierarchical"), world, numel * 4)
+            assert clock == pytest.approx(model.time(*COST_MACHINE.values()), rel=1e-9), \
+                f"{collective} L={local_size} world {world}"
 
 
 def test_bad_local_size_is_refused(plain_env):
