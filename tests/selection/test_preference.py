@@ -62,6 +62,18 @@ def test_a_tie_goes_to_the_lowest_preference():
     assert selection.choose("all_gather", "auto", 1024, 2, machine=ringcoll.Machine())[0] == "ring"
 
 
+def test_a_tie_between_newer_algorithms_follows_their_bands():
+    """At p = 8 and 64 KiB on gloo's default machine Rabenseifner, Swing's bandwidth form and
+    Bine's butterfly (the same pairs and blocks) cost the same: the classic one wins, and
+    without it Swing (10s) goes before Bine (20s), though the names alone would put Bine first."""
+    names = ["bine", "swing_bandwidth", "rabenseifner"]
+    ranked = selection.modelled_times("all_reduce", 65536, 8, names, given=selection.DEFAULT_MACHINE)
+    assert len({t for t, _ in ranked}) == 1, ranked
+    assert [name for _, name in ranked] == ["rabenseifner", "swing_bandwidth", "bine"]
+    ranked = selection.modelled_times("all_reduce", 65536, 8, names[:2], given=selection.DEFAULT_MACHINE)
+    assert [name for _, name in ranked] == ["swing_bandwidth", "bine"]
+
+
 def test_re_registering_keeps_the_place_and_the_tie(cleanup):
     """The ring registered again (last) keeps its place at the head of the list and its ties;
     a copy with a lower preference takes both; one without a preference comes after every
