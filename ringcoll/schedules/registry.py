@@ -144,8 +144,8 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     (:func:`algorithms`) and breaks ``auto``'s ties: where candidates' modelled times are
     equal (to 12 significant digits: at p = 2 a ring, recursive doubling and Bruck are one
     exchange), the lowest preference wins, then the name. ringcoll's own algorithms declare
-    theirs: 0-9 the classic ones of a collective, in the order the literature introduced
-    them (measured first, by the rules they came with); 10-19 Swing (NSDI '24), 20-29 Bine
+    theirs: 0-9 the classic ones of a collective (those the measured rules were taken on), in
+    the order their module defines them; 10-19 Swing (NSDI '24), 20-29 Bine
     (SC '25), 30-39 direct, 40-49 the node-aware and torus algorithms, 50-59 PAT. None (a
     user's default): :data:`UNRANKED`, after every built-in one, then by name.
 
