@@ -60,7 +60,7 @@ def main(argv=None) -> int:
              "the slow link on each of its 2(p-1) steps. Small messages go to the latency-optimal "
              "algorithms (Swing's lg p steps, the double binary tree). `x bound` on this machine is "
              "against the larger of the bound at the fastest link and the bound across the node "
-             "boundary (ringcoll.sim.bounds.node_bounds). tests/test_later_algorithms.py checks the "
+             "boundary (ringcoll.sim.bounds.node_bounds). tests/schedules/test_hierarchical.py checks the "
              "ring's and hierarchical's times against their 2-level formulas.", "",
              "| p | bytes | best | x bound | hierarchical us | ring us | rabenseifner us | rabenseifner_far us "
              "| best us |",

@@ -18,8 +18,8 @@ DDP hook) < ``sim`` (the simulator and the study; its clock sits beside the runt
 checkout's top-level bench/, as ``kernels`` from kernels/). Nothing here imports the
 checkout's tools/ or experiments/.
 """
-from .schedules.registry import Cost, algorithms
-from .sim.trust import register
+from .schedules.registry import Cost, algorithms, register
+from .sim import trust  # noqa: F401 - hands register its cost check (the simulator's clock)
 from .cost.machine import Machine
 from .cluster import launch
 from . import api

@@ -5,9 +5,9 @@
 
 :func:`settings` returns a frozen :class:`Settings`: one typed field per environment
 variable (:data:`VARIABLES` lists them with their accepted values, default and meaning; the
-README's "Settings" table is the same list). Every reader in ringcoll goes through it, so a
-value is parsed by one rule and a bad one is a ValueError naming the variable, the value and
-what is accepted, wherever it is first read. ``init_process_group("ringcoll")`` (the
+README's "Settings" table is generated from it by tools/docs_tables.py). Every reader in
+ringcoll goes through it, so a value is parsed by one rule and a bad one is a ValueError
+naming the variable, the value and what is accepted, wherever it is first read. ``init_process_group("ringcoll")`` (the
 backend's ``create``) and every drop-in call read it first, so a bad value fails there, before
 anything is touched, and not deep inside a later call.
 

@@ -4,6 +4,7 @@ and the checks of a list of bad calls and of every rank's flags."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Callable, Dict, Iterable, List, Tuple
 
@@ -108,7 +109,72 @@ def run_world(collective: str, algorithm: str, world: int, make_call: Callable[[
     return [args for args, _ in calls], [plan.result for plan in plans]
 
 
+#: a machine whose α, β and γ are of the same order at the tests' sizes, so a wrong term shows
+COST_MACHINE = dict(alpha=5e-6, beta=1e-9, gamma=3e-10)
+
+
+def cost_only(collective: str, algorithm: str, world: int, numel: int, **kwargs):
+    """The simulator's cost-only run of the registry's ``collective`` on float32 (numel: the
+    cost model's n in elements) on :data:`COST_MACHINE`."""
+    import ringcoll
+    from ringcoll.schedules.registry import builder_of
+
+    return ringcoll.simulate(builder_of(collective), algorithm, world, numel=numel, dtype=torch.float32,
+                             machine=ringcoll.Machine(**COST_MACHINE), data=False, record=False, **kwargs)
+
+
+def _xor_of(world: int, numel: int) -> torch.Tensor:
+    from ringcoll.sim.simulate import rank_data
+
+    return functools.reduce(torch.bitwise_xor, [rank_data(r, numel) for r in range(world)])
+
+
+def exact_results(collective: str, algorithm: str, world: int, numel: int, **kwargs):
+    """Each rank's result of the registry's ``collective`` in the simulator on rank_data
+    inputs (BXOR for the reductions; ``numel`` per block for the block collectives, the root
+    world // 2), and the exact results: (got, want), one tensor per rank (reduce: the root's)."""
+    import ringcoll
+    from ringcoll.sim.simulate import rank_data
+
+    if collective == "all_reduce":
+        sim = ringcoll.simulate("all_reduce", algorithm, world, numel=numel, op=R.BXOR, **kwargs)
+        return [out[0] for out in sim.outputs], [_xor_of(world, numel)] * world
+    if collective == "reduce_scatter":
+        full = [rank_data(r, world * numel) for r in range(world)]
+        sim = ringcoll.simulate("reduce_scatter_tensor", algorithm, world, op=R.BXOR,
+                                call=lambda r: ((torch.zeros(numel, dtype=torch.int64), full[r]), {}), **kwargs)
+        total = functools.reduce(torch.bitwise_xor, full)
+        return [out[0] for out in sim.outputs], [total[r * numel:(r + 1) * numel] for r in range(world)]
+    if collective == "all_gather":
+        sim = ringcoll.simulate("all_gather_into_tensor", algorithm, world,
+                                call=lambda r: ((torch.zeros(world * numel, dtype=torch.int64),
+                                                 rank_data(r, numel) * (r + 3)), {}), **kwargs)
+        want = torch.cat([rank_data(r, numel) * (r + 3) for r in range(world)])
+        return [torch.cat([v.reshape(-1) for v in out]) if numel else want[:0] for out in sim.outputs], [want] * world
+    root = world // 2
+    if collective == "broadcast":
+        sim = ringcoll.simulate("broadcast", algorithm, world, numel=numel, src=root, **kwargs)
+        return [out[0] for out in sim.outputs], [rank_data(root, numel)] * world
+    if collective == "reduce":
+        sim = ringcoll.simulate("reduce", algorithm, world, numel=numel, dst=root, op=R.BXOR, **kwargs)
+        return [sim.outputs[root][0]], [_xor_of(world, numel)]
+    raise ValueError(f"collective must be one of all_reduce, reduce_scatter, all_gather, broadcast, reduce, "
+                     f"got {collective!r}")
+
+
 # -- checks --------------------------------------------------------------------------------------
+def assert_equal_per_rank(got: List[torch.Tensor], want: List[torch.Tensor], what: str = "") -> None:
+    """Each rank's tensor equals its expected one, element for element; the message names what
+    was run, the rank, the first element that differs and both values."""
+    assert len(got) == len(want), f"{what}: {len(got)} results, want {len(want)}"
+    for rank, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape, f"{what} rank {rank}: shape {tuple(g.shape)}, want {tuple(w.shape)}"
+        if not torch.equal(g, w):
+            i = int((g.reshape(-1) != w.reshape(-1)).nonzero()[0])
+            raise AssertionError(f"{what} rank {rank} element {i}: got {g.reshape(-1)[i].item()}, "
+                                 f"want {w.reshape(-1)[i].item()}")
+
+
 def wrong_errors(cases: Dict[str, Tuple[type, Callable[[], object]]]) -> List[str]:
     """Runs each bad call ``name: (expected exception type, call)``; what went otherwise: no
     error, another type, or an empty message."""

@@ -12,8 +12,9 @@ import pytest
 
 import ringcoll
 
-#: the world sizes the built-in comparison tests run at
-WORLDS = (1, 2, 3, 4, 5, 8)
+#: the world sizes of the real gloo clusters the built-in comparison tests run at (the
+#: simulator's are tests/_util.py's SIM_WORLDS)
+GLOO_WORLDS = (1, 2, 3, 4, 5, 8)
 
 
 def pytest_addoption(parser):

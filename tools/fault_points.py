@@ -56,11 +56,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
 
-#: the drop-in each collective runs through and its registry name (as tools/faults.py runs them)
+#: the drop-in each collective runs through (as tools/faults.py runs them)
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather_single", "reduce_scatter_single",
                "gather", "scatter", "all_to_all_single", "barrier")
-FAMILY = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
-          "all_to_all_single": "all_to_all"}
 #: points that exist once per call (every rank has them: a hook is added where the plan has
 #: none); per-k points take k from the census
 SINGLE = ("ready", "start", "before", "after")
@@ -495,7 +493,7 @@ def _summary(report: Optional[dict]) -> Optional[str]:
 def cases() -> List[tuple]:
     from ringcoll.schedules import registry
 
-    return [(c, a) for c in COLLECTIVES for a in registry.algorithms(FAMILY.get(c, c))]
+    return [(c, a) for c in COLLECTIVES for a in registry.algorithms(registry.collective_of(c))]
 
 
 def _ks(count: int) -> List[int]:
@@ -540,7 +538,7 @@ def watchdog_algorithm(collective: str) -> str:
     injection that kills it costs a hang bound and a relaunch."""
     from ringcoll.schedules import registry
 
-    return registry.algorithms(FAMILY.get(collective, collective))[0]
+    return registry.algorithms(registry.collective_of(collective))[0]
 
 
 def skipped(census: dict) -> Dict[str, str]:

@@ -28,11 +28,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List, Optional
 
-#: collective -> its registry name; every one is run with data whose exact result is known
+#: the drop-ins run (each with data whose exact result is known; its algorithms: registry.collective_of)
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather_single", "reduce_scatter_single",
                "gather", "scatter", "all_to_all_single", "barrier")
-FAMILY = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
-          "all_to_all_single": "all_to_all"}
 KILL_CODE = 17
 
 
@@ -53,13 +51,14 @@ class Injection:
 
 def draw(seed: int, index: int, timeout: float, worlds=(2, 3, 4)) -> Injection:
     import ringcoll
+    from ringcoll.schedules.registry import collective_of
 
     rng = random.Random(f"ringcoll-faults:{seed}:{index}")
     collective = rng.choice(COLLECTIVES)
     world = rng.choice(worlds)
     return Injection(
         id=f"{seed}:{index}", mode=rng.choice(("kill", "stall")), collective=collective,
-        algorithm=rng.choice(ringcoll.algorithms(FAMILY.get(collective, collective))), world=world,
+        algorithm=rng.choice(ringcoll.algorithms(collective_of(collective))), world=world,
         victim=rng.randrange(world), hook=rng.choice(("post", "in_flight")), step_fraction=rng.random(),
         numel=rng.choice((world * 5 + 1, 4099, 70000)), timeout=timeout, stall=timeout + 2)
 

@@ -28,8 +28,6 @@ SIZES = (1, 2, 5, 17, 1000, 4099, 65536)       # elements of int64: 8 B to 512 K
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single",
                "reduce_scatter_single", "gather", "scatter", "all_to_all_single", "barrier",
                "all_gather_object")
-FAMILY = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
-          "all_to_all_single": "all_to_all", "all_gather_object": None}
 
 
 def sample() -> dict:
@@ -55,9 +53,10 @@ def one_call(rng: random.Random, index: int, group, ranks: List[int]):
     import torch.distributed as dist
 
     import ringcoll
+    from ringcoll.schedules import registry
 
     collective = rng.choice(COLLECTIVES)
-    family = FAMILY.get(collective, collective)
+    family = None if collective == "all_gather_object" else registry.collective_of(collective)
     algorithm = rng.choice(["auto"] + ringcoll.algorithms(family)) if family else None
     n = rng.choice(SIZES)
     async_op = rng.random() < 0.3 and collective != "all_gather_object"

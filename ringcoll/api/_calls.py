@@ -10,17 +10,9 @@ import torch
 
 from ..sim.engine import run_plans
 from ..cost.machine import Machine
+from ..schedules.registry import builder_of
 from ..selection import set_pricer
 from .common import BUILDERS, Context
-
-#: the registry's collective of each builder (the tensor-list forms share their algorithms)
-COLLECTIVE_OF = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-                 "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
-                 "all_to_all_single": "all_to_all"}
-#: the builder a registry collective is simulated through by default
-BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-              "all_to_all": "all_to_all_single"}
-
 
 def rank_data(rank: int, numel: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """Exact, never-zero test data that differs across ranks and elements."""
@@ -101,7 +93,7 @@ def simulated_time(collective: str, name: str, world: int, nbytes: int, on: Mach
     stands for every rank's (uniform arguments: a root is a layout parameter), as in
     :func:`ringcoll.simulate` without data."""
     dtype = torch.float32 if nbytes % 4 == 0 else torch.uint8
-    plans = uniform_plans(BUILDER_OF.get(collective, collective), world, nbytes // dtype.itemsize, dtype,
+    plans = uniform_plans(builder_of(collective), world, nbytes // dtype.itemsize, dtype,
                           {"algorithm": name}, Context(0, world, nodes=nodes, machine=on))
     with torch.no_grad():
         return run_plans(plans, on, data=False).time

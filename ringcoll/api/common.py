@@ -111,14 +111,9 @@ class Context:
 def executor_context(executor: P2PExecutor, machine: Optional[Machine] = None, *, layout: bool = True,
                      collective: Optional[str] = None, defer: bool = False) -> Context:
     """A collective call's context on ``executor``: the one place a call takes its sequence
-    number in its group, at its entry. The rule, for the drop-ins (:func:`group_context`,
-    :func:`run_call`) and the backend (``ringcoll.backend``) alike: a call takes its number
-    on the caller's thread once its group is known, before any check that depends on this
-    rank's role, so an argument error raised on one rank only still consumes that rank's
-    number and its later calls stay aligned with its peers'; a composite call (an object
-    collective, the backend's sparse all_reduce) takes its inner calls' numbers at its
-    entry too, in the order they will run. ``machine``: auto's model (the backend's
-    ``Options(machine=)``).
+    number in its group, for the drop-ins (:func:`group_context`, :func:`run_call`) and the
+    backend (``ringcoll.backend``) alike, by the rule of docs/semantics.md#a-calls-number.
+    ``machine``: auto's model (the backend's ``Options(machine=)``).
 
     The context also carries the group's placement (:func:`ringcoll.runtime.nodes.group_placement`),
     resolved here, after the number: agreed by one exchange at the group's first collective call
@@ -255,10 +250,7 @@ def group_context(group) -> Context:
     """The context of ``group`` (None: the default group) for this process."""
     executor = group_executor(group)
     current = _call_settings(executor)
-    # The call takes its number here, once the group is known and before any check that
-    # depends on this rank's role (the root's list, say): an argument error on one rank
-    # only leaves the numbering aligned, so the others' pending call can never match this
-    # rank's next one. A failed group raises here, at once.
+    # The call takes its number here (docs/semantics.md#a-calls-number); a failed group raises.
     ctx = Context(None, None) if executor is None else executor_context(executor, group_machine(group))
     ctx.settings = current              # read once, as run_call's
     return ctx
@@ -373,7 +365,7 @@ def run_call(build: Callable[..., Optional[Plan]], group, async_op, *args, **kwa
     name and the registry of algorithms). Only calls whose tensors hold at most
     :data:`PERSISTENT_MAX_BYTES` and whose plan reads their data when it runs (not a copy
     made while building: :func:`_rerunnable`) keep a plan; a call takes its sequence number
-    and tag afresh either way."""
+    (docs/semantics.md#a-calls-number) and tag afresh either way."""
     async_op = check_async(async_op)
     executor = group_executor(group, _call_device((*args, *kwargs.values())))
     current = _call_settings(executor)

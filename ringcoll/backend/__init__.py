@@ -46,10 +46,6 @@ from .sparse import sparse_all_reduce
 
 NAME = "ringcoll"
 
-#: builder name -> the registry collective whose algorithms it runs
-_FAMILY = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-           "all_to_all_single": "all_to_all"}
-
 
 class Options:
     """``pg_options`` of a ringcoll group: the algorithm each collective runs on that group.
@@ -79,7 +75,7 @@ class Options:
         self.algorithms: Dict[str, str] = dict(algorithms)
 
     def algorithm(self, builder_name: str) -> str:
-        return self.algorithms.get(_FAMILY.get(builder_name, builder_name), "auto")
+        return self.algorithms.get(registry.collective_of(builder_name), "auto")
 
     def __repr__(self) -> str:
         inner = ", ".join([f"{k}={v!r}" for k, v in self.algorithms.items()]
@@ -321,7 +317,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
 
     def _plan(self, collective: str, tensor: Optional[torch.Tensor], *args, **kwargs):
         """The drop-in's plan for this call on the executor of ``tensor``'s device, with its
-        number (one per plan, taken before its checks); bad input raises here, before any
+        number (one per plan: docs/semantics.md#a-calls-number); bad input raises here, before any
         tensor is touched."""
         ctx = self._context(collective, tensor)
 

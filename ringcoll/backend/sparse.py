@@ -17,7 +17,7 @@ def sparse_all_reduce(tensors, op, contexts: List[Context], algorithm: str) -> W
     and values (padded to the largest nnz) with ringcoll's all_gather (``algorithm``), then adds
     the parts in rank order, so the result is bitwise identical everywhere; written into the
     caller's tensor. ``contexts``: one per inner all_gather (the counts, the indices, the
-    values), each with the number the call took at its entry, before the checks below."""
+    values), each with its number, taken at the call's entry (docs/semantics.md#a-calls-number)."""
     if len(tensors) != 1 or tensors[0].layout != torch.sparse_coo:
         raise ValueError(f"tensors must be one sparse COO tensor, got {len(tensors)} tensors of layouts "
                          f"{[str(t.layout) for t in tensors]}")

@@ -106,8 +106,8 @@ def load(path_or_text, name: Optional[str] = None, *, deterministic: bool = True
         registry.unregister(program.collective, name)
         if previous is not None:
             registry.register(previous.collective, previous.name, previous.cost, replace=True,
-                              symmetry=previous.symmetry, world=previous.world,
-                              auto=previous.auto)(previous.schedule)
+                              symmetry=previous.symmetry, world=previous.world, auto=previous.auto,
+                              preference=previous.preference, check=False)(previous.schedule)
         raise
     _LOADED[key] = Loaded(name, program, compiled, None if program.collective not in REPLICATED else same)
     return name

@@ -14,7 +14,7 @@ import torch
 from ..schedules import registry
 from ..cost.machine import Machine
 from .ir import load_program
-from .program import BUILDER, REPLICATED, check_sizes, cost_of, first_wrong, float_call, result_of, schedule_of
+from .program import REPLICATED, check_sizes, cost_of, first_wrong, float_call, result_of, schedule_of
 
 #: the simulated size when none is given: 1 MiB of float32
 DEFAULT_BYTES = 1 << 20
@@ -32,7 +32,7 @@ def report(path_or_text, machine: Optional[Machine] = None, nbytes: int = DEFAUL
     name = f"msccl-check:{program.name}"
     registry.register(program.collective, name, cost=cost_of(compiled), replace=True,
                       world=program.ngpus, auto=False)(schedule_of(compiled, name))
-    builder, n = BUILDER[program.collective], program.ngpus
+    builder, n = registry.builder_of(program.collective), program.ngpus
     wrong, identical = None, None
     try:
         for size in check_sizes(program):

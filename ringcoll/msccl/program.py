@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 
-from ..schedules.registry import Cost
+from ..schedules.registry import Cost, builder_of
 from ..sim.check import ResultError
 from .ir import Program, expected_chunks
 from .mapping import schedule as _schedule
@@ -17,9 +17,6 @@ from .to_schedule import Compiled, LocalCopy, aliases
 
 #: the collectives whose result is the same on every rank
 REPLICATED = ("all_reduce", "all_gather")
-#: the drop-in the data check runs each collective through
-BUILDER = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
-            "all_to_all": "all_to_all_single", "reduce_scatter": "reduce_scatter_tensor"}
 
 
 
@@ -66,7 +63,7 @@ def float_call(collective: str, world: int, numel: int):
     from ..api._calls import numel_call
 
     def call(rank: int):
-        args, kwargs = numel_call(BUILDER[collective], rank, world, numel, torch.float32, {})
+        args, kwargs = numel_call(builder_of(collective), rank, world, numel, torch.float32, {})
         generator = torch.Generator().manual_seed(1234 + rank)
         filled = []
         for a in args:
@@ -85,7 +82,7 @@ def data_check(name: str, compiled: Compiled) -> bool:
     from ..sim.simulate import simulate
 
     program = compiled.program
-    builder, n = BUILDER[program.collective], program.ngpus
+    builder, n = builder_of(program.collective), program.ngpus
     for numel in check_sizes(program):
         wrong = first_wrong(name, compiled, numel)
         if wrong is not None:
@@ -121,7 +118,7 @@ def first_wrong(name: str, compiled: Compiled, numel: int) -> Optional[str]:
     from ..sim.simulate import simulate
 
     program = compiled.program
-    coll, n, builder = program.collective, program.ngpus, BUILDER[program.collective]
+    coll, n, builder = program.collective, program.ngpus, builder_of(program.collective)
 
     def call(rank: int):
         return numel_call(builder, rank, n, numel, torch.int64, {})

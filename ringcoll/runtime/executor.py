@@ -12,9 +12,8 @@ tensors on gloo through the host-polled batched transport and its NCCL shim,
 ``RINGCOLL_TRANSPORT=streamed`` through the stream-ordered transport on emulated streams.
 
 Isolation between calls. Every call on a group has a sequence number in that group (taken
-at the call's entry, drop-in and backend alike, before any check that depends on this rank's
-role, so an argument error raised on one rank only leaves every rank's numbering aligned;
-:meth:`P2PExecutor.execute` runs a call only with its number) and a
+by the rule of docs/semantics.md#a-calls-number; :meth:`P2PExecutor.execute` runs a call
+only with its number) and a
 fingerprint (collective, algorithm, element count, dtype, op, root). On gloo every message
 of the call carries a tag made of both, in [2**30, 2**31), away from user tags: a message of
 one call can only ever be received by the same call, and a mismatched call times out with
@@ -140,11 +139,8 @@ class P2PExecutor:
     # -- calls -------------------------------------------------------------------------
     def begin_call(self) -> int:
         """The next call's sequence number in this group (raises if the group has failed).
-        Called in one place only, the call's entry (``ringcoll.api.common.executor_context``,
-        which the drop-ins and the backend both use), on the caller's thread, before any check
-        that depends on this rank's role: a check failing on one rank only then leaves the
-        numbering aligned. A composite call (an object collective, the backend's sparse
-        all_reduce) takes its numbers at its entry too."""
+        Called in one place only, ``ringcoll.api.common.executor_context``, by the rule of
+        docs/semantics.md#a-calls-number."""
         self.raise_if_failed()
         self._seq += 1
         return self._seq

@@ -58,7 +58,7 @@ def call_tag(seq: int, print_: Tuple) -> int:
 
 #: the tag of the receive that closes a failed group's gloo connections
 #: (transport.base.close_gloo): fingerprint bits 0 are never a call's, sequence bits 2 neither
-#: check mode's (0) nor the layout exchange's (1, nodes.LAYOUT_TAG); nothing is ever sent on it
+#: check mode's (0) nor the layout exchange's (1, nodes.PLACEMENT_TAG); nothing is ever sent on it
 CLOSE_TAG = tag_of(2, 0)
 
 

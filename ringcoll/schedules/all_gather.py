@@ -30,7 +30,7 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost((world - 1) * k, (world - 1) / world * nbytes, 0)
 
 
-@register("all_gather", "ring", cost=_ring_cost, symmetry=rotation_when_even)
+@register("all_gather", "ring", cost=_ring_cost, symmetry=rotation_when_even, preference=0)
 def all_gather_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring all-gather: at step s each rank sends block (rank - s) to its right and receives
     block (rank - s - 1) from its left, straight into the output; after world - 1 steps every
@@ -66,7 +66,7 @@ def _powers(pof2: int):
     return [1 << k for k in range(pof2.bit_length() - 1)]
 
 
-@register("all_gather", "recursive_doubling", cost=_recursive_doubling_cost, symmetry=xor_when_even)
+@register("all_gather", "recursive_doubling", cost=_recursive_doubling_cost, symmetry=xor_when_even, preference=1)
 def all_gather_recursive_doubling(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Recursive doubling: at step k each rank swaps everything it holds with the rank whose
     (folded) rank differs in bit k, doubling what it holds. Latency-optimal.
@@ -113,7 +113,7 @@ def _bruck_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world), (world - 1) / world * nbytes, 0)
 
 
-@register("all_gather", "bruck", cost=_bruck_cost, symmetry=rotation_when_even)
+@register("all_gather", "bruck", cost=_bruck_cost, symmetry=rotation_when_even, preference=2)
 def all_gather_bruck(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bruck: blocks gather in a scratch buffer in rotated order (slot i holds the block of
     rank + i). At the step with distance d = 1, 2, 4 ... each rank sends its first

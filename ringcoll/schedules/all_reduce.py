@@ -26,7 +26,7 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost(2 * (world - 1) * k, 2 * share, share)
 
 
-@register("all_reduce", "ring", cost=_ring_cost, symmetry=rotation_when_even)
+@register("all_reduce", "ring", cost=_ring_cost, symmetry=rotation_when_even, preference=0)
 def all_reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring all-reduce: a reduce-scatter then an all-gather around the ring, one chunk per rank,
     each chunk cut into segments (``layout[SEGMENT]`` elements at most) that are pipelined.
@@ -68,7 +68,7 @@ def _recursive_doubling_cost(world: int, nbytes: int) -> Cost:
     return Cost(steps, steps * nbytes, steps * nbytes).plus(_fold_cost(world, nbytes))
 
 
-@register("all_reduce", "recursive_doubling", cost=_recursive_doubling_cost, symmetry=xor_when_even)
+@register("all_reduce", "recursive_doubling", cost=_recursive_doubling_cost, symmetry=xor_when_even, preference=1)
 def all_reduce_recursive_doubling(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Recursive doubling: at step k each rank exchanges its whole vector with the rank whose
     (folded) rank differs in bit k and reduces it in. Latency-optimal. A non-power-of-two
@@ -100,7 +100,7 @@ def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
     return Cost(2 * ceil_log2(pof2), 2 * share, share).plus(_fold_cost(world, nbytes))
 
 
-@register("all_reduce", "rabenseifner", cost=_rabenseifner_cost, symmetry=xor_when_even)
+@register("all_reduce", "rabenseifner", cost=_rabenseifner_cost, symmetry=xor_when_even, preference=2)
 def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Rabenseifner as MPICH runs it (``MPIR_Allreduce_intra_reduce_scatter_allgather``): a
     reduce-scatter by vector halving and distance doubling, then an all-gather by vector
@@ -119,7 +119,7 @@ def all_reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[S
     return halving_doubling(rank, world, layout, [1 << k for k in range(ceil_log2(pof2))])
 
 
-@register("all_reduce", "rabenseifner_far", cost=_rabenseifner_cost, symmetry=xor_when_even, auto=False)
+@register("all_reduce", "rabenseifner_far", cost=_rabenseifner_cost, symmetry=xor_when_even, auto=False, preference=3)
 def all_reduce_rabenseifner_far(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Rabenseifner, far partner first: :func:`all_reduce_rabenseifner` with the distances
     of the reduce-scatter halving from pof2/2 to 1 (and doubling back in the all-gather), so
@@ -156,7 +156,7 @@ def _double_binary_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
     return pipelined_tree_cost(all_reduce_pipeline(world), nbytes, segment)
 
 
-@register("all_reduce", "double_binary_tree", cost=_double_binary_tree_cost)
+@register("all_reduce", "double_binary_tree", cost=_double_binary_tree_cost, preference=4)
 def all_reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Double binary tree (NCCL): two binary trees over all ranks, the second the mirror
     (p even) or a one-rank shift (p odd) of the first, so a rank is interior in at most one.

@@ -34,7 +34,7 @@ def _pairwise_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) / world * nbytes, 0)
 
 
-@register("all_to_all", "pairwise", cost=_pairwise_cost, symmetry=rotation_when_even)
+@register("all_to_all", "pairwise", cost=_pairwise_cost, symmetry=rotation_when_even, preference=0)
 def all_to_all_pairwise(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Pairwise exchange: at step s (1 .. p-1) each rank sends its block for
     (rank + s) % p to that peer and receives the block of (rank - s) % p from that peer; its
@@ -58,7 +58,7 @@ def _linear_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) / world * nbytes, 0)
 
 
-@register("all_to_all", "linear", cost=_linear_cost, symmetry=rotation_when_even)
+@register("all_to_all", "linear", cost=_linear_cost, symmetry=rotation_when_even, preference=1)
 def all_to_all_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Linear (MPICH's isend/irecv all-to-all): one step that posts every send and every
     receive at once, peers in the pairwise order, then copies the own block. The p-1
@@ -85,7 +85,7 @@ def _bruck_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world), sum(_bruck_moved(world, k) for k in range(ceil_log2(world))) * block, 0)
 
 
-@register("all_to_all", "bruck", cost=_bruck_cost, symmetry=rotation_when_even)
+@register("all_to_all", "bruck", cost=_bruck_cost, symmetry=rotation_when_even, preference=2)
 def all_to_all_bruck(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bruck: ⌈lg p⌉ steps for equal blocks, the latency-optimal all-to-all.
 

@@ -26,7 +26,7 @@ def _rotation(world: int, layout: Layout) -> str:
     return "rotation"
 
 
-@register("barrier", "dissemination", cost=_dissemination_cost, symmetry=_rotation)
+@register("barrier", "dissemination", cost=_dissemination_cost, symmetry=_rotation, preference=0)
 def barrier_dissemination(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Dissemination (Hensgen, Finkel and Manber 1988): at step k each rank sends the token
     to (rank + 2^k) % p and receives one from (rank - 2^k) % p. After ⌈lg p⌉ steps every rank

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 from typing import Iterator, List, Optional, Tuple
 
-from . import broadcast, reduce  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
 from .vocabulary import ROOT, Buf, Layout, Recv, Send, Step, reduce, step
 from .swing import _rabenseifner_cost, butterfly, even_odd_rotation_when_even, swing_peer
@@ -180,7 +179,7 @@ def _tree_reduce(tree_of, rank: int, world: int, layout: Layout) -> Iterator[Ste
     yield from rooted(steps, root, world)
 
 
-@register("broadcast", "bine", cost=_broadcast_cost)
+@register("broadcast", "bine", cost=_broadcast_cost, preference=20)
 def broadcast_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bine-tree broadcast as its authors wrote it (``MPIR_Bcast_intra_bine_lat``, module
     docstring): distance halving, far partner first. A vrank receives the vector from its
@@ -193,7 +192,7 @@ def broadcast_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     return _tree_broadcast(bine_tree, rank, world, layout)
 
 
-@register("reduce", "bine", cost=_reduce_cost)
+@register("reduce", "bine", cost=_reduce_cost, preference=20)
 def reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bine-tree reduce: :func:`broadcast_bine`'s tree run backwards. A vrank first takes
     vrank pof2 + v's vector (when p is not a power of two), then its tree children's partial
@@ -213,7 +212,7 @@ def _near_reduce_cost(world: int, nbytes: int) -> Cost:
     return _reduce_cost(world, nbytes, bine_tree_near)
 
 
-@register("broadcast", "bine_near", cost=_near_broadcast_cost, auto=False)
+@register("broadcast", "bine_near", cost=_near_broadcast_cost, auto=False, preference=21)
 def broadcast_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bine-tree broadcast, near partner first (ringcoll's earlier order, module docstring):
     at step s a vrank that holds the data sends it to vrank ± ρ(s) (Swing's pairs, distances
@@ -227,7 +226,7 @@ def broadcast_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]
     return _tree_broadcast(bine_tree_near, rank, world, layout)
 
 
-@register("reduce", "bine_near", cost=_near_reduce_cost, auto=False)
+@register("reduce", "bine_near", cost=_near_reduce_cost, auto=False, preference=21)
 def reduce_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """:func:`broadcast_bine_near`'s tree run backwards: a vrank receives its children's
     partial results, the last-reached child first, reducing each into its own vector, then
@@ -239,7 +238,7 @@ def reduce_bine_near(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     return _tree_reduce(bine_tree_near, rank, world, layout)
 
 
-@register("all_reduce", "bine", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even)
+@register("all_reduce", "bine", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even, preference=20)
 def all_reduce_bine(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Bine butterfly all-reduce: a reduce-scatter with partners at negabinary distances
     (1, 1, 3, 5 ... doubling), then an all-gather on the same pairs in reverse order

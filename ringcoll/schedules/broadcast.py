@@ -19,7 +19,7 @@ def _binomial_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world), ceil_log2(world) * nbytes, 0)
 
 
-@register("broadcast", "binomial", cost=_binomial_cost)
+@register("broadcast", "binomial", cost=_binomial_cost, preference=0)
 def broadcast_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Binomial tree: vrank v (lowest set bit b) receives the vector from v - b, then sends it
     to v + b/2, v + b/4, ..., v + 1 (the root to v + 2^k for every 2^k < p), the largest
@@ -43,7 +43,7 @@ def _linear_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) * nbytes, 0)
 
 
-@register("broadcast", "linear", cost=_linear_cost)
+@register("broadcast", "linear", cost=_linear_cost, preference=1)
 def broadcast_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Flat tree: the root posts its p - 1 sends at once and every other rank receives in a
     single step. One step instead of lg p dependent ones, at the price of the root sending
@@ -65,7 +65,7 @@ def _chain_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost(hops, hops * nbytes / k, 0)
 
 
-@register("broadcast", "pipelined_chain", cost=_chain_cost)
+@register("broadcast", "pipelined_chain", cost=_chain_cost, preference=2)
 def broadcast_pipelined_chain(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Pipelined chain: the ranks in ring order from the root, root -> root + 1 -> ... ->
     root - 1, the vector cut into k segments. Vrank v receives segment j from its left at step
@@ -85,7 +85,7 @@ def _scatter_allgather_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world) + world - 1, 2 * share, 0)
 
 
-@register("broadcast", "scatter_allgather", cost=_scatter_allgather_cost)
+@register("broadcast", "scatter_allgather", cost=_scatter_allgather_cost, preference=3)
 def broadcast_scatter_allgather(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Scatter then ring all-gather (van de Geijn; MPICH's long-message broadcast). The vector
     is cut into one chunk per vrank. Scatter: down the binomial tree, vrank v receives the
@@ -130,7 +130,7 @@ def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
     return pipelined_tree_cost(rooted_pipeline(world, up=False), nbytes, segment)
 
 
-@register("broadcast", "double_binary_tree", cost=_double_tree_cost)
+@register("broadcast", "double_binary_tree", cost=_double_tree_cost, preference=4)
 def broadcast_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Double binary tree (Sanders-Speck-Träff two-tree; NCCL's trees): NCCL's two binary trees
     over the p - 1 vranks other than the root, the root above the top of each. The first

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from . import all_gather, all_reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register, rotation_when_even
 from .vocabulary import IN_PLACE, Buf, Copy, Layout, Recv, Send, Step, chunk_table, reduce, step
 
@@ -33,7 +32,7 @@ def _all_reduce_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) * nbytes, (world - 1) * nbytes)
 
 
-@register("all_reduce", "direct", cost=_all_reduce_cost, symmetry=rotation_when_even)
+@register("all_reduce", "direct", cost=_all_reduce_cost, symmetry=rotation_when_even, preference=30)
 def all_reduce_direct(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Direct all-reduce: in one step each rank sends its whole vector to every other rank
     and receives every other rank's into a scratch slot (slot q for rank q), then reduces the
@@ -59,7 +58,7 @@ def _reduce_scatter_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, share, share)
 
 
-@register("reduce_scatter", "direct", cost=_reduce_scatter_cost, symmetry=rotation_when_even)
+@register("reduce_scatter", "direct", cost=_reduce_scatter_cost, symmetry=rotation_when_even, preference=30)
 def reduce_scatter_direct(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Direct reduce-scatter: in one step each rank sends input block q straight to rank q,
     for every other q, and receives block ``rank`` of every other rank's input into scratch
@@ -84,7 +83,7 @@ def _all_gather_cost(world: int, nbytes: int) -> Cost:
     return Cost(world - 1, (world - 1) / world * nbytes, 0)
 
 
-@register("all_gather", "direct", cost=_all_gather_cost, symmetry=rotation_when_even)
+@register("all_gather", "direct", cost=_all_gather_cost, symmetry=rotation_when_even, preference=30)
 def all_gather_direct(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Direct all-gather: in one step each rank sends its block to every other rank and
     receives every other rank's block straight into its place in the output; its own block

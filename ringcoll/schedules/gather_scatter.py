@@ -43,7 +43,7 @@ def _in_subtree(subtree: List[Buf], base: int, lo: int, hi: int, root: int, worl
     return [span(subtree, a - base, b - base) for a, b in _block_runs(lo, hi, root, world)]
 
 
-@register("gather", "linear", cost=_linear_cost)
+@register("gather", "linear", cost=_linear_cost, preference=0)
 def gather_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Linear gather: every rank sends its block to the root, which posts all p - 1 receives
     at once, straight into their places in the output.
@@ -71,7 +71,7 @@ def _binomial_place(rank: int, world: int, layout: Layout):
     return root, rel, parent, [binomial_span(child, world) for child in reversed(kids)], hi - lo
 
 
-@register("gather", "binomial", cost=_binomial_cost)
+@register("gather", "binomial", cost=_binomial_cost, preference=1)
 def gather_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Binomial-tree gather (MPICH): the rank with relative rank rel receives, at once, the
     subtrees of its children rel + 2^k (for each 2^k below rel's lowest set bit), each of
@@ -100,7 +100,7 @@ def gather_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     yield step([Send(parent, buf) for buf in sends])
 
 
-@register("scatter", "linear", cost=_linear_cost)
+@register("scatter", "linear", cost=_linear_cost, preference=0)
 def scatter_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Linear scatter: the root posts p - 1 sends at once, one block straight from its input
     to each rank, then copies its own block.
@@ -118,7 +118,7 @@ def scatter_linear(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         yield step([Recv(root, output)])
 
 
-@register("scatter", "binomial", cost=_binomial_cost)
+@register("scatter", "binomial", cost=_binomial_cost, preference=1)
 def scatter_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Binomial-tree scatter (MPICH): the rank with relative rank rel receives its subtree's
     blocks [rel, rel + lowest set bit) from rel - (lowest set bit), then hands each child

@@ -18,7 +18,6 @@ import bisect
 import functools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register
 from .vocabulary import (IN_PLACE, NODES, ROOT, Buf, Copy, Layout, Nodes, Recv, Send, Step, ceil_log2, chunk_bounds,
                          chunks, needs_nodes, reduce, span, step)
@@ -199,7 +198,7 @@ def _all_reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) 
     return two_level_cost(world, nbytes, _local_size(world, local_size))
 
 
-@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=_all_reduce_period)
+@register("all_reduce", "hierarchical", cost=_all_reduce_cost, symmetry=_all_reduce_period, preference=40)
 @needs_nodes
 def all_reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical all-reduce (Horovod's): (1) a ring reduce-scatter among the L ranks of
@@ -245,7 +244,7 @@ def _broadcast_cost(world: int, nbytes: int, local_size: Optional[int] = None) -
     return Cost(rounds, rounds * nbytes, 0)
 
 
-@register("broadcast", "hierarchical", cost=_broadcast_cost)
+@register("broadcast", "hierarchical", cost=_broadcast_cost, preference=40)
 @needs_nodes
 def broadcast_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical broadcast: a binomial broadcast among the node leaders (the root leading
@@ -267,7 +266,7 @@ def _reduce_cost(world: int, nbytes: int, local_size: Optional[int] = None) -> C
     return Cost(rounds, rounds * nbytes, rounds * nbytes)
 
 
-@register("reduce", "hierarchical", cost=_reduce_cost)
+@register("reduce", "hierarchical", cost=_reduce_cost, preference=40)
 @needs_nodes
 def reduce_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical reduce: a binomial reduce inside each node to its leader (the root
@@ -300,7 +299,7 @@ def _all_gather_cost(world: int, nbytes: int, local_size: Optional[int] = None) 
                 (local - 1) * block + (count - 1) * local * block + ceil_log2(local) * nbytes, 0)
 
 
-@register("all_gather", "hierarchical", cost=_all_gather_cost, symmetry=node_period)
+@register("all_gather", "hierarchical", cost=_all_gather_cost, symmetry=node_period, preference=40)
 @needs_nodes
 def all_gather_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical all-gather (MPICH's SMP all-gather): each node's leader (its first rank)
@@ -331,7 +330,7 @@ def _reduce_scatter_cost(world: int, nbytes: int, local_size: Optional[int] = No
     return Cost(ceil_log2(local) + count - 1 + local - 1, inner + across + (local - 1) * block, inner + across)
 
 
-@register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost, symmetry=node_period)
+@register("reduce_scatter", "hierarchical", cost=_reduce_scatter_cost, symmetry=node_period, preference=40)
 @needs_nodes
 def reduce_scatter_hierarchical(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Hierarchical reduce-scatter: each node reduces its members' whole inputs to its leader

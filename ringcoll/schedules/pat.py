@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from . import all_gather, reduce_scatter  # noqa: F401 - the classic algorithms register (and are listed) first
 from .registry import Cost, register, rotation_when_even
 from .vocabulary import (DEFAULT_SEGMENT_BYTES, IN_PLACE, SEGMENT, Buf, Copy, Layout, Recv, Send, Step, chunks,
                          reduce, step)
@@ -68,7 +67,7 @@ def _messages(peer: int, packed: List[Buf], per_message: int, kind) -> list:
             for lo, hi in _aggregate(len(packed), per_message)]
 
 
-@register("all_gather", "pat", cost=_all_gather_cost, symmetry=rotation_when_even)
+@register("all_gather", "pat", cost=_all_gather_cost, symmetry=rotation_when_even, preference=50)
 def all_gather_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """PAT all-gather (module docstring): at distances d = 2^(k-1) .. 1, pack the held blocks
     of offsets o ≡ 0 (mod 2d), o + d < p, send them to rank - d in messages of at most A
@@ -106,7 +105,7 @@ def _reduce_scatter_cost(world: int, nbytes: int, segment: Optional[int] = None)
     return _cost(world, nbytes, "reduce_scatter", segment)
 
 
-@register("reduce_scatter", "pat", cost=_reduce_scatter_cost, symmetry=rotation_when_even)
+@register("reduce_scatter", "pat", cost=_reduce_scatter_cost, symmetry=rotation_when_even, preference=50)
 def reduce_scatter_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """PAT reduce-scatter, the all-gather's trees run backwards (module docstring): at
     distances d = 1, 2, .., 2^(k-1), pack the partials of blocks rank + o + d (o ≡ 0 mod 2d,

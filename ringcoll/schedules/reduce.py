@@ -21,7 +21,7 @@ def _binomial_cost(world: int, nbytes: int) -> Cost:
     return Cost(ceil_log2(world), ceil_log2(world) * nbytes, ceil_log2(world) * nbytes)
 
 
-@register("reduce", "binomial", cost=_binomial_cost)
+@register("reduce", "binomial", cost=_binomial_cost, preference=0)
 def reduce_binomial(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Binomial tree: vrank v (lowest set bit b) receives the partial results of v + 1,
     v + 2, ..., v + b/2 in that order (smallest subtree first, so the first to be ready),
@@ -47,7 +47,7 @@ def _rabenseifner_cost(world: int, nbytes: int) -> Cost:
     return Cost(2 * ceil_log2(pof2), 2 * share, share).plus(fold)
 
 
-@register("reduce", "rabenseifner", cost=_rabenseifner_cost)
+@register("reduce", "rabenseifner", cost=_rabenseifner_cost, preference=1)
 def reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Rabenseifner as MPICH runs it (``MPIR_Reduce_intra_reduce_scatter_gather``): a
     reduce-scatter by recursive halving with the distance doubling from 1 to pof2/2, then a
@@ -74,7 +74,7 @@ def reduce_rabenseifner(rank: int, world: int, layout: Layout) -> Iterator[Step]
     return _rooted_reduce_scatter_gather(rank, world, layout, [1 << k for k in range(ceil_log2(pof2))])
 
 
-@register("reduce", "rabenseifner_far", cost=_rabenseifner_cost, auto=False)
+@register("reduce", "rabenseifner_far", cost=_rabenseifner_cost, auto=False, preference=2)
 def reduce_rabenseifner_far(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Rabenseifner, far partner first: :func:`reduce_rabenseifner` with the distances of the
     reduce-scatter halving from pof2/2 to 1 (folded rank q ends with chunk q) and the gather
@@ -127,7 +127,7 @@ def _ring_cost(world: int, nbytes: int, segment=None) -> Cost:
     return Cost(hops, hops * nbytes / k, hops * nbytes / k)
 
 
-@register("reduce", "ring", cost=_ring_cost)
+@register("reduce", "ring", cost=_ring_cost, preference=3)
 def reduce_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Pipelined ring toward the root (NCCL's ring reduce): the vector flows in segments along
     the ring root + 1 -> root + 2 -> ... -> root - 1 -> root; each rank reduces a segment
@@ -148,7 +148,7 @@ def _double_tree_cost(world: int, nbytes: int, segment=None) -> Cost:
     return pipelined_tree_cost(rooted_pipeline(world, up=True), nbytes, segment)
 
 
-@register("reduce", "double_binary_tree", cost=_double_tree_cost)
+@register("reduce", "double_binary_tree", cost=_double_tree_cost, preference=4)
 def reduce_double_binary_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Double binary tree: NCCL's two binary trees over the p - 1 vranks other than the root,
     the root above the top of each; the first tree reduces the first half of the

@@ -38,7 +38,7 @@ def _blocks(world: int, layout: Layout) -> Tuple[Sequence[Buf], Buf]:
     return inputs, Buf("output", 0, inputs[0].numel)
 
 
-@register("reduce_scatter", "ring", cost=_ring_cost, symmetry=rotation_when_even)
+@register("reduce_scatter", "ring", cost=_ring_cost, symmetry=rotation_when_even, preference=0)
 def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Ring reduce-scatter: at step s each rank sends its partial of block (rank - s - 1) to
     its right and receives the partial of block (rank - s - 2) from its left, reducing its
@@ -68,7 +68,7 @@ def reduce_scatter_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]
         partial = recvs
 
 
-@register("reduce_scatter", "pairwise", cost=_share_cost, symmetry=rotation_when_even)
+@register("reduce_scatter", "pairwise", cost=_share_cost, symmetry=rotation_when_even, preference=1)
 def reduce_scatter_pairwise(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Pairwise exchange (MPICH's long-message algorithm): at step s = 1 .. p-1 each rank sends
     its input block for rank + s to rank + s and receives rank - s's input block for itself,
@@ -101,7 +101,7 @@ def _recursive_halving_cost(world: int, nbytes: int) -> Cost:
     return cost
 
 
-@register("reduce_scatter", "recursive_halving", cost=_recursive_halving_cost, symmetry=xor_when_even)
+@register("reduce_scatter", "recursive_halving", cost=_recursive_halving_cost, symmetry=xor_when_even, preference=2)
 def reduce_scatter_recursive_halving(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Recursive halving (MPICH, commutative ops): with the distance halving from pof2/2 to 1,
     a rank and its partner (folded rank xor distance) each keep the half of the blocks they

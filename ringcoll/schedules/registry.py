@@ -1,7 +1,9 @@
 """The algorithm registry: every schedule, by collective and name, with its cost model.
 
-An algorithm is registered with :func:`register` and looked up by the public API, the
-simulator and the benchmark alike, so a schedule written once runs everywhere.
+An algorithm is registered with :func:`register` (``ringcoll.register``) and looked up by the
+public API, the simulator and the benchmark alike, so a schedule written once runs everywhere.
+Each collective's algorithms are listed, and ``auto``'s ties broken, by the ``preference`` each
+registration declares (:func:`register`), never by the order modules happen to be imported in.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import functools
 import importlib
 import inspect
 import pkgutil
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
@@ -50,6 +53,14 @@ class Algorithm:
     world: Optional[int] = None
     #: whether ``algorithm="auto"`` may pick it (False: only when asked for by name)
     auto: bool = True
+    #: its place in its collective's list and ``auto``'s tie-break, lowest first (see
+    #: :func:`register`); None: after every algorithm that declares one
+    preference: Optional[int] = None
+
+    @property
+    def order(self) -> tuple:
+        """The sort key of the collective's list and of ``auto``'s ties: (preference, name)."""
+        return (UNRANKED if self.preference is None else self.preference, self.name)
 
     def check_world(self, world: int) -> None:
         """ValueError unless the algorithm runs at ``world`` ranks."""
@@ -62,15 +73,53 @@ class Algorithm:
         return (self.schedule.__doc__ or "").strip()
 
 
+#: the registry's collective of each drop-in (builder) named otherwise: the single-tensor forms
+#: and torch's older names of them run their collective's algorithms. The one copy of this map:
+#: the backend's options, the tuning table, the fit, the bounds and the tools read it here.
+COLLECTIVE_OF = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+                 "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+                 "all_to_all_single": "all_to_all"}
+#: the drop-in a registry collective is simulated and checked through (one flat tensor per rank)
+BUILDER_OF = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+              "all_to_all": "all_to_all_single"}
+
+
+def collective_of(builder: str) -> str:
+    """The registry collective whose algorithms the drop-in ``builder`` runs (:data:`COLLECTIVE_OF`;
+    a collective's own name is itself)."""
+    return COLLECTIVE_OF.get(builder, builder)
+
+
+def builder_of(collective: str) -> str:
+    """The drop-in the registry's ``collective`` is simulated through (:data:`BUILDER_OF`)."""
+    return BUILDER_OF.get(collective, collective)
+
+
+#: the preference of an algorithm registered without one: after every built-in algorithm
+UNRANKED = 1000
+
 _REGISTRY: Dict[str, Dict[str, Algorithm]] = {}
 #: bumped by every registration: what was chosen or prepared before may no longer hold
 version = 0
+#: ``check(algorithm) -> [problem, ...]``: the declared cost against the simulator's clock.
+#: The simulator sits layers above the registry, so it hands its check down when imported
+#: (:func:`ringcoll.sim.trust.cost_mismatches`; ``import ringcoll`` imports it).
+_cost_check: Optional[Callable[[Algorithm], list]] = None
+#: relative difference between the declared cost and the clock beyond which register warns
+TOLERANCE = 0.10
+
+
+def set_cost_check(check: Callable[[Algorithm], list]) -> None:
+    """Give :func:`register` its check of a declared cost (see :data:`_cost_check`)."""
+    global _cost_check
+    _cost_check = check
 
 
 def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
              symmetry: Optional[Callable[[int, Layout], object]] = None, world: Optional[int] = None,
-             auto: Optional[bool] = None):
-    """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``.
+             auto: Optional[bool] = None, preference: Optional[int] = None, check: Optional[bool] = None):
+    """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name``
+    (``ringcoll.register``).
 
     ``cost(world, nbytes)`` gives its α-β-γ cost on a flat single-port machine: α counts the
     messages on the critical path, β its bytes, γ its bytes reduced (the simulator's clock on
@@ -87,10 +136,28 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     checks every rank). ``world`` fixes the one world size it runs at (other groups get a
     ValueError when they ask for it). ``auto``: whether ``algorithm="auto"`` may pick it;
     by default only ringcoll's own schedules (defined in a ``ringcoll.`` module) join auto,
-    and an algorithm registered from anywhere else runs only when asked for by name until
-    registered with ``auto=True`` (ringcoll.msccl registers its loaded programs with
-    ``auto=False``). ``ringcoll.register`` (ringcoll.sim.trust) is this plus a check of the
-    declared cost against the simulator's clock.
+    and an algorithm registered from anywhere else runs only when asked for by name
+    (``algorithm="mine"``, ``RINGCOLL_ALGO``, a tuning table) until registered with
+    ``auto=True`` (ringcoll.msccl registers its loaded programs with ``auto=False``).
+
+    ``preference`` (an int, lowest first) places the algorithm in its collective's list
+    (:func:`algorithms`) and breaks ``auto``'s ties: where candidates' modelled times are
+    equal (to 12 significant digits: at p = 2 a ring, recursive doubling and Bruck are one
+    exchange), the lowest preference wins, then the name. ringcoll's own algorithms declare
+    theirs: 0-9 the classic ones of a collective (those the measured rules were taken on), in
+    the order their module defines them; 10-19 Swing (NSDI '24), 20-29 Bine
+    (SC '25), 30-39 direct, 40-49 the node-aware and torus algorithms, 50-59 PAT. None (a
+    user's default): :data:`UNRANKED`, after every built-in one, then by name.
+
+    ``check`` (default: on for schedules defined outside ringcoll) runs the schedule
+    cost-only at 3, 4 and 8 ranks, 1 KiB and 1 MiB on the default flat machine and warns
+    (``UserWarning``, naming the algorithm, the world and the declared and clock times)
+    where the declared cost is more than 10 % (:data:`TOLERANCE`) off the clock, or where
+    the schedule cannot be simulated there. The declared cost is what the study's closed
+    forms use beyond the simulated world sizes and what ``auto`` weighs when it does not
+    simulate: a cost off by a factor would steer both. ringcoll's own schedules are not
+    checked at import (tests/sim/test_study.py checks every one against the clock), so
+    importing ringcoll costs no simulation.
 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
@@ -101,6 +168,10 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         raise TypeError(f"cost must be a callable cost(world, nbytes) -> Cost, got {type(cost).__name__}")
     if auto is not None and not isinstance(auto, bool):
         raise TypeError(f"auto must be None or a bool, got {type(auto).__name__} {auto!r}")
+    if check is not None and not isinstance(check, bool):
+        raise TypeError(f"check must be None or a bool, got {type(check).__name__} {check!r}")
+    if preference is not None and (isinstance(preference, bool) or not isinstance(preference, int)):
+        raise TypeError(f"preference must be None or an int, got {type(preference).__name__} {preference!r}")
 
     def decorate(schedule):
         if not callable(schedule):
@@ -117,11 +188,24 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         if world is not None and (isinstance(world, bool) or not isinstance(world, int) or world < 1):
             raise TypeError(f"world must be None or a positive int, got {world!r}")
         joins = is_builtin(schedule) if auto is None else bool(auto)
-        table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, joins)
+        table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, joins, preference)
+        _REGISTRY[collective] = dict(sorted(table.items(), key=lambda item: item[1].order))
         version += 1
+        if check if check is not None else not is_builtin(schedule):
+            _warn_on_cost(_REGISTRY[collective][name])
         return schedule
 
     return decorate
+
+
+def _warn_on_cost(algorithm: Algorithm) -> None:
+    if _cost_check is None:
+        raise RuntimeError("register's cost check runs on ringcoll's simulator: import ringcoll")
+    problems = _cost_check(algorithm)
+    if problems:
+        warnings.warn(f"ringcoll.register: {algorithm.collective}/{algorithm.name}'s declared cost does not "
+                      f"match the simulator's clock (more than {TOLERANCE:.0%} off): " + "; ".join(problems),
+                      UserWarning, stacklevel=3)
 
 
 def is_builtin(schedule) -> bool:

@@ -139,7 +139,7 @@ def even_odd_rotation_when_even(world: int, layout: Layout):
     return even_odd_rotation(world, layout) if layout.numel % world == 0 else None
 
 
-@register("all_reduce", "swing_latency", cost=_recursive_doubling_cost, symmetry=even_odd_rotation)
+@register("all_reduce", "swing_latency", cost=_recursive_doubling_cost, symmetry=even_odd_rotation, preference=10)
 def all_reduce_swing_latency(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing, latency-optimal: lg p steps, at each of which a rank exchanges its whole vector
     with its Swing partner (rank ± ρ(s), module docstring) and reduces it in. The steps run
@@ -165,7 +165,7 @@ def butterfly(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         me, world, [(whole, [swing_peer(me, s, pof2) for s in range(pof2.bit_length() - 1)], swing_blocks(pof2))]))
 
 
-@register("all_reduce", "swing_bandwidth", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even)
+@register("all_reduce", "swing_bandwidth", cost=_rabenseifner_cost, symmetry=even_odd_rotation_when_even, preference=11)
 def all_reduce_swing_bandwidth(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing, bandwidth-optimal: a reduce-scatter then an all-gather on Swing's pairs. The
     vector is cut into pof2 blocks numbered depth-first along the nested reach sets
@@ -275,7 +275,7 @@ def grid_rotation_parts(world: int, layout: Layout):
     return _grid_rotation(world, layout, 1)
 
 
-@register("all_reduce", "swing_torus_bandwidth", cost=_swing_torus_bandwidth_cost, symmetry=grid_rotation)
+@register("all_reduce", "swing_torus_bandwidth", cost=_swing_torus_bandwidth_cost, symmetry=grid_rotation, preference=12)
 @needs_grid
 def all_reduce_swing_torus_bandwidth(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing on a D-dimensional torus, as the paper runs it on every port (De Sensi et al.
@@ -345,7 +345,7 @@ def _on_the_grid(rank: int, world: int, layout: Layout, body) -> Iterator[Step]:
     return folded(rank, world, layout.numel, on_the_grid)
 
 
-@register("all_reduce", "swing_torus_latency", cost=_swing_torus_latency_cost, symmetry=grid_rotation_parts)
+@register("all_reduce", "swing_torus_latency", cost=_swing_torus_latency_cost, symmetry=grid_rotation_parts, preference=13)
 @needs_grid
 def all_reduce_swing_torus_latency(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """Swing's latency-optimal form on a D-dimensional torus, as libswing runs it on every

@@ -32,7 +32,7 @@ def torus_period(world: int, layout: Layout) -> Optional[object]:
     return "rotation" if x == world else x
 
 
-@register("all_reduce", "torus2d", cost=_torus_cost, symmetry=torus_period)
+@register("all_reduce", "torus2d", cost=_torus_cost, symmetry=torus_period, preference=41)
 def all_reduce_torus2d(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """2-D torus all-reduce on an X × Y grid, X·Y = p (rows of X consecutive ranks, Y the
     largest divisor of p not above √p): a ring reduce-scatter along each row, a ring
@@ -88,7 +88,7 @@ def bucket_rotation(world: int, layout: Layout) -> Optional[int]:
     return world // dims[-1]
 
 
-@register("all_reduce", "bucket_torus", cost=_bucket_torus_cost, symmetry=bucket_rotation)
+@register("all_reduce", "bucket_torus", cost=_bucket_torus_cost, symmetry=bucket_rotation, preference=42)
 @needs_grid
 def all_reduce_bucket_torus(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """The bucket algorithm on every port of a D-dimensional torus (Jain and Sabharwal's

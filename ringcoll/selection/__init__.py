@@ -26,7 +26,8 @@ prices them), with the group's placement for the node-aware candidates
 (:func:`group_nodes`), at the size of the call's quarter-octave band (:func:`size_band`),
 cached per (collective, world, band, machine, layout, candidates); beyond
 :data:`SIMULATE_UP_TO` ranks the closed forms at the machine's slowest link. ``direct`` is
-considered only at p <= 8; on a tie the classic algorithm wins over a newer one.
+considered only at p <= 8; on a tie the lowest ``preference`` of the registrations wins
+(the classic algorithms before newer ones: :func:`ringcoll.schedules.registry.register`).
 
 Per device: a call on CUDA tensors goes by the CUDA table, :data:`TABLES` ``["cuda"]``, and
 every other call by gloo's, ``TABLES["cpu"]`` (:func:`table`): each holds the measured rules
@@ -60,7 +61,7 @@ from ..runtime.nodes import context_placement
 from .tables import (CUDA_MACHINE, DEFAULT_MACHINE, RULES, SEGMENTS, TABLES, Rule, SegmentRule, Table,  # noqa: F401
                      segment_bytes, segment_elements, state, table)
 from .tuning import TUNING_HEADER, TuningRow, load_tuning, tuning_choice  # noqa: F401
-from .model import (FRONTIER, SIMULATE_UP_TO, SMALL_WORLD_ONLY, machine, model_choice, model_nodes,  # noqa: F401
+from .model import (SIMULATE_UP_TO, SMALL_WORLD_ONLY, machine, model_choice, model_nodes,  # noqa: F401
                     modelled_times, set_pricer, size_band)
 
 log = logging.getLogger("ringcoll")

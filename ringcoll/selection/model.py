@@ -19,9 +19,6 @@ from .tables import segment_bytes, state, table
 #: per rank is for small groups (it also needs p - 1 receive buffers)
 SMALL_WORLD_ONLY = {"direct": 8}
 
-#: algorithms added after the measured rules; on a tie in modelled time the classic wins
-FRONTIER = ("direct", "swing_latency", "swing_bandwidth", "swing_torus_bandwidth", "swing_torus_latency", "bine", "pat", "torus2d", "bucket_torus", "hierarchical")
-
 _machine_cache: dict = {}
 
 
@@ -126,7 +123,8 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
                    given: Optional[Machine] = None, nodes=None,
                    device=None) -> list[tuple[float, str]]:
     """(time on the model's machine, name) of every candidate, fastest first (ties, to 12
-    significant digits: the classic algorithm, then registration order). The time is the
+    significant digits: the lowest ``preference`` its registration declares, then the name:
+    :func:`ringcoll.schedules.registry.register`). The time is the
     simulator's cost-only run on the machine of :func:`machine` with the node layout of
     :func:`model_nodes` at the size of :func:`size_band` (ports, NICs and both link classes
     priced as the study prices them), or beyond :data:`SIMULATE_UP_TO` ranks the closed form.
@@ -155,18 +153,18 @@ def modelled_times(collective: str, nbytes: int, world: int, names,
 def _rank(collective: str, world: int, band: int, on: Machine, layout, names) -> list:
     """(time, name) of every candidate the model may take, fastest first."""
     ranked = []
-    for index, name in enumerate(names):
+    for name in names:
         if world > SMALL_WORLD_ONLY.get(name, world):
             continue
+        algorithm = registry.get(collective, name)
         if world <= SIMULATE_UP_TO:
             seconds = _simulated_time(collective, name, world, band, on, layout)
         else:
-            seconds = registry.model(registry.get(collective, name), world, band,
-                                     segment=segment_bytes(collective, name),
+            seconds = registry.model(algorithm, world, band, segment=segment_bytes(collective, name),
                                      local_size=model_local_size(layout)).on(on)
-        ranked.append((float(f"{seconds:.12g}"), name in FRONTIER, index, name))
+        ranked.append((float(f"{seconds:.12g}"), algorithm.order, name))
     ranked.sort()
-    return [(seconds, name) for seconds, _, _, name in ranked]
+    return [(seconds, name) for seconds, _, name in ranked]
 
 
 def model_choice(collective: str, nbytes: int, world: int, names,
@@ -177,7 +175,7 @@ def model_choice(collective: str, nbytes: int, world: int, names,
         return names[0], "auto: the only candidate"
     ranked = modelled_times(collective, nbytes, world, names, given, nodes, device)
     if not ranked:
-        return names[0], "auto: no candidate the model may take, first registered"
+        return names[0], "auto: no candidate the model may take, first listed"
     (best_time, best), rest = ranked[0], ranked[1:]
     on, source = machine(given, device)
     how = "simulated" if world <= SIMULATE_UP_TO else "closed form"

@@ -16,9 +16,6 @@ from .tables import table
 TUNING_HEADER = ("collective", "nranks", "min_bytes", "max_bytes", "algorithm")
 #: the optional sixth column: the device the row was measured on (empty: any device)
 TUNING_DEVICES = ("cpu", "cuda")
-_TUNING_NAMES = {"all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
-                 "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
-                 "all_to_all_single": "all_to_all"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,7 @@ def _read_tuning(path: str) -> tuple:
                 continue
             if len(fields) < 5:
                 raise ValueError(f"{path}:{line}: needs 5 fields ({','.join(TUNING_HEADER)}), got {fields!r}")
-            collective = _TUNING_NAMES.get(fields[0].strip(), fields[0].strip())
+            collective = registry.collective_of(fields[0].strip())
             numbers = []
             for name, text in zip(TUNING_HEADER[1:4], fields[1:4]):
                 try:

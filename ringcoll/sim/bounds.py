@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional, Sequence
 
+from ..schedules.registry import collective_of
 from ..schedules.vocabulary import ceil_log2
 
-_FAMILY = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-           "all_to_all_single": "all_to_all"}
 
 
 class Bounds(NamedTuple):
@@ -38,7 +37,7 @@ class Bounds(NamedTuple):
 
 
 def lower_bounds(collective: str, world: int, nbytes: float) -> Bounds:
-    family = _FAMILY.get(collective, collective)
+    family = collective_of(collective)
     lg = ceil_log2(world)
     share = (world - 1) / world * nbytes if world else 0.0
     bandwidth = {"broadcast": nbytes, "reduce": nbytes, "all_reduce": 2 * share, "barrier": 0.0}.get(family, share)
@@ -56,7 +55,7 @@ def node_bounds(collective: str, world: int, nbytes: float, nodes: Sequence[int]
     (p - L_max)/p·n whatever the root; all_to_all L_k(p - L_k)/p·n. In one inter-node α a NIC of
     k ports sends k messages, so the nodes that know a piece grow at most (1 + k)-fold:
     ⌈log_(1+k) N⌉ rounds. No compute bound (the flat one holds). A single node: zero."""
-    family = _FAMILY.get(collective, collective)
+    family = collective_of(collective)
     sizes: Dict[int, int] = {}
     for node in nodes[:world]:
         sizes[node] = sizes.get(node, 0) + 1

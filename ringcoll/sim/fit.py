@@ -29,8 +29,6 @@ from ..selection import segment_bytes
 
 _ITEMSIZE = {"float32": 4, "float": 4, "float64": 8, "double": 8, "float16": 2, "half": 2,
              "bfloat16": 2, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
-_FAMILY = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-           "all_to_all_single": "all_to_all"}
 BANDS = ((0, 64 * 1024, "< 64 KiB"), (64 * 1024, 1024 * 1024, "64 KiB - 1 MiB"),
          (1024 * 1024, float("inf"), ">= 1 MiB"))
 
@@ -105,7 +103,7 @@ def samples_from_bench(paths: Iterable[str]) -> List[Sample]:
         for row in doc.get("rows", []):
             if row.get("error") or row.get("algorithm") in (None, "built-in", "auto"):
                 continue
-            family = _FAMILY.get(row["collective"], row["collective"])
+            family = registry.collective_of(row["collective"])
             if family not in registry.algorithms() or row["algorithm"] not in registry.algorithms(family):
                 continue
             nbytes = int(row.get("count", 0)) * _ITEMSIZE.get(row.get("type", "float32"), 4)

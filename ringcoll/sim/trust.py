@@ -1,14 +1,13 @@
-"""``ringcoll.register``: the registry's :func:`ringcoll.schedules.registry.register` plus a check that
-an algorithm's declared cost is what the simulator's clock gives.
+"""What the simulator vouches for: a registered algorithm's declared cost against its clock
+(:func:`cost_mismatches`, the check :func:`ringcoll.register` runs for a schedule defined
+outside ringcoll: see :func:`ringcoll.schedules.registry.register`), and the user modules
+that register algorithms, imported once per process (:func:`import_module`).
 
-The cost a user declares is what the study's closed forms use beyond the simulated world
-sizes and what ``auto`` weighs when it does not simulate; a cost that is off by a factor
-(a ring declared 100× cheaper than it runs) would steer both. So a registration from outside
-ringcoll runs the schedule cost-only on the default flat single-port machine (where the
-declared cost must equal the clock) at a few small world sizes and sizes, and warns naming
-the algorithm, the world, the size and both times wherever they differ by more than
-:data:`TOLERANCE`. ringcoll's own schedules are not checked at import (tests/test_study.py
-checks every one against the clock), so importing ringcoll costs no simulation.
+The check runs the schedule cost-only on the default flat single-port machine (where the
+declared cost must equal the clock) at a few small world sizes and sizes, and reports each
+(world, size) where they differ by more than :data:`TOLERANCE`. The registry sits layers
+below the simulator, so this module hands the check down when imported (``import
+ringcoll`` imports it).
 """
 from __future__ import annotations
 
@@ -16,16 +15,12 @@ import importlib
 import importlib.util
 import os
 import sys
-import warnings
-from typing import Callable, List, Optional, Sequence
+from typing import List, Sequence
 
 from ..schedules import registry
-from ..schedules.registry import Cost
-from ..schedules.vocabulary import Layout
+from ..schedules.registry import TOLERANCE
 from ..cost.machine import Machine
 
-#: relative difference between the declared cost and the clock beyond which register warns
-TOLERANCE = 0.10
 #: the world sizes and message sizes (bytes) a registration is checked at
 WORLDS = (3, 4, 8)
 SIZES = (1024, 1 << 20)
@@ -39,14 +34,14 @@ def cost_mismatches(algorithm: registry.Algorithm, worlds: Sequence[int] = WORLD
     one world size is checked at that size."""
     import torch
 
-    from .simulate import BUILDER_OF, simulate
+    from .simulate import simulate
 
     machine = Machine()
     out = []
     for world in ((algorithm.world,) if algorithm.world is not None else worlds):
         for nbytes in sizes:
             try:
-                sim = simulate(BUILDER_OF.get(algorithm.collective, algorithm.collective), algorithm.name, world,
+                sim = simulate(registry.builder_of(algorithm.collective), algorithm.name, world,
                                numel=nbytes // 4, dtype=torch.float32, data=False, record=False, machine=machine)
             except Exception as error:          # a schedule that cannot run here: say so, do not refuse
                 out.append(f"{algorithm.collective}/{algorithm.name} at world {world}, {nbytes} B: "
@@ -60,38 +55,7 @@ def cost_mismatches(algorithm: registry.Algorithm, worlds: Sequence[int] = WORLD
     return out
 
 
-def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: bool = False,
-             symmetry: Optional[Callable[[int, Layout], object]] = None, world: Optional[int] = None,
-             auto: Optional[bool] = None, check: Optional[bool] = None):
-    """Decorator: file ``schedule(rank, world, layout)`` as ``collective``/``name`` (see
-    :func:`ringcoll.schedules.registry.register` for ``cost``, ``replace``, ``symmetry`` and ``world``).
-
-    ``auto``: whether ``algorithm="auto"`` may pick it. A user's algorithm does not join auto
-    unless registered with ``auto=True``: it runs when asked for by name
-    (``algorithm="mine"``, ``RINGCOLL_ALGO``, a tuning table). ``check`` (default: on for
-    schedules defined outside ringcoll) runs the schedule cost-only at 3, 4 and 8 ranks, 1 KiB
-    and 1 MiB on the default flat machine and warns (``UserWarning``, naming the algorithm,
-    the world and the declared and clock times) where the declared cost is more than 10 %
-    off the clock, or where the schedule cannot be simulated there.
-
-    >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
-    ... def all_reduce_mine(rank, world, layout): ...
-    """
-    if check is not None and not isinstance(check, bool):
-        raise TypeError(f"check must be None or a bool, got {type(check).__name__} {check!r}")
-    inner = registry.register(collective, name, cost, replace=replace, symmetry=symmetry, world=world, auto=auto)
-
-    def decorate(schedule):
-        inner(schedule)
-        if check if check is not None else not registry.is_builtin(schedule):
-            problems = cost_mismatches(registry.get(collective, name))
-            if problems:
-                warnings.warn(f"ringcoll.register: {collective}/{name}'s declared cost does not match the "
-                              f"simulator's clock (more than {TOLERANCE:.0%} off): " + "; ".join(problems),
-                              UserWarning, stacklevel=2)
-        return schedule
-
-    return decorate
+registry.set_cost_check(cost_mismatches)
 
 
 def import_module(name: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -102,6 +103,19 @@ def broken_links(page: str) -> list:
 @pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_points_at_a_file_that_exists(page):
     assert broken_links(page) == [], page
+
+
+def test_every_docs_anchor_the_code_names_is_a_heading():
+    """A docstring or comment that points at a rule stated once in docs/ (``docs/<page>.md#<anchor>``,
+    such as docs/semantics.md#a-calls-number) points at a page and a heading that exist."""
+    broken = []
+    for folder in ("ringcoll", "tests", "tools"):
+        for path in sorted(pathlib.Path(ROOT, folder).rglob("*.py")):
+            for page, anchor in re.findall(r"docs/([\w-]+\.md)#([\w-]+)", path.read_text()):
+                file = pathlib.Path(ROOT, "docs", page)
+                if not file.exists() or anchor not in anchors(file.read_text()):
+                    broken.append(f"{path.relative_to(ROOT)}: docs/{page}#{anchor}")
+    assert broken == []
 
 
 def test_a_link_to_a_missing_file_or_heading_is_caught(tmp_path, monkeypatch):

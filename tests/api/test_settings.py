@@ -194,12 +194,6 @@ def test_import_never_fails_on_a_bad_value(clean_env):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_every_variable_is_in_the_readme_table():
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    for variable in config.VARIABLES:
-        assert f"| `{variable.name}` |" in readme, variable.name
-
-
 # -- real ranks: the first drop-in call refuses, the group stays usable -------------------------
 def refused_in_ranks(bad: list) -> list:
     """Each bad setting in turn, then a correct all_reduce: the messages, the sum."""

@@ -594,8 +594,8 @@ def test_shutdown_joins_the_inner_groups_and_later_calls_say_so():
 def refused_backend_call_keeps_its_number():
     """On a ringcoll group in check mode, rank 0's scatter fails ringcoll's own checks (one
     tensor short) and rank 0 goes on to an all_reduce, while the other ranks post the scatter.
-    The refused call must have taken its number at its entry, as a drop-in's does, so the
-    check finds the numbers differ; when the backend's plans took their numbers where they
+    The refused call must have taken its number at its entry, as a drop-in's does
+    (docs/semantics.md#a-calls-number), so the check finds the numbers differ; when the backend's plans took their numbers where they
     ran, rank 0's all_reduce took the scatter's number and only the collective differed."""
     rank, world = dist.get_rank(), dist.get_world_size()
     os.environ["RINGCOLL_CHECK"] = "1"

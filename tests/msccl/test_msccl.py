@@ -16,11 +16,10 @@ from ringcoll.schedules import registry
 from ringcoll.msccl import MscclError
 from ringcoll.msccl.ir import OPCODES, load_program, read_text
 from ringcoll.msccl.to_schedule import compile_program
+from ringcoll.schedules.registry import builder_of
 from ringcoll.selection import choose
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "msccl")
-BUILDER = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
-           "all_to_all": "all_to_all_single", "reduce_scatter": "reduce_scatter_tensor"}
 #: public XMLs: file -> (collective, ranks, bitwise identical across ranks)
 PUBLIC = {
     "ag_hier_4_Simple": ("all_gather", 4, True),
@@ -67,7 +66,7 @@ def test_public_xml_loads_and_passes_the_data_check(stem, loaded_names):
     assert info.program.ngpus == world and info.deterministic is identical
     # sizes 0, 1, below the world, not a multiple of the chunking: padded, exact
     for numel in (0, 1, world - 1, 3 * world + 1, info.program.nchunksperloop * 2 + 3):
-        ringcoll.simulate(BUILDER[collective], name, world=world, numel=numel, check=True, record=False)
+        ringcoll.simulate(builder_of(collective), name, world=world, numel=numel, check=True, record=False)
 
 
 def test_the_msccl_ring_imports_to_ringcolls_ring(loaded_names):
@@ -233,8 +232,8 @@ def test_export_load_simulate_is_correct_and_costs_the_same(collective, algorith
     name = msccl.load(str(target), name=f"x:{collective}:{algorithm}:{world}")
     loaded_names.append(name)
     numel = msccl.loaded()[(collective, name)].program.nchunksperloop * 3
-    ours = ringcoll.simulate(BUILDER[collective], algorithm, world=world, numel=numel)
-    back = ringcoll.simulate(BUILDER[collective], name, world=world, numel=numel)
+    ours = ringcoll.simulate(builder_of(collective), algorithm, world=world, numel=numel)
+    back = ringcoll.simulate(builder_of(collective), name, world=world, numel=numel)
     assert back.stats.time == ours.stats.time
 
 
@@ -327,7 +326,7 @@ def test_public_8_rank_alltoall_and_16_rank_xmls_in_the_simulator(loaded_names):
         name = msccl.load(path(stem))
         loaded_names.append(name)
         collective, world, _ = PUBLIC[stem]
-        sim = ringcoll.simulate(BUILDER[collective], name, world=world, numel=world * 17, check=True)
+        sim = ringcoll.simulate(builder_of(collective), name, world=world, numel=world * 17, check=True)
         assert sim.stats.time > 0
 
 
@@ -613,7 +612,7 @@ def compare_with_msccl(text: str, name: str):
              (torch.zeros(out_numel, dtype=torch.int64), torch.tensor(data[r])) for r in range(n)]
     registry.register(coll, name, cost_of(compiled), replace=True, world=n, auto=False)(schedule_of(compiled, name))
     try:
-        sim = ringcoll.simulate(BUILDER[coll], name, world=n, inputs=calls, check=False, record=False)
+        sim = ringcoll.simulate(builder_of(coll), name, world=n, inputs=calls, check=False, record=False)
     finally:
         registry.unregister(coll, name)
     memory = msccl_semantics(program, data)

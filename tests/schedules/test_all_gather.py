@@ -9,7 +9,7 @@ import torch.distributed as dist
 import ringcoll
 from _util import (DTYPES, SIM_WORLDS, assert_every_rank, block, block_numels, one_thread,
                    run_world, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
-from conftest import WORLDS
+from conftest import GLOO_WORLDS
 
 ALGORITHMS = ringcoll.algorithms("all_gather")
 
@@ -129,7 +129,7 @@ def compare_with_builtin():
     return problems, bits
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 def test_matches_builtin_every_dtype_bitwise_on_every_rank(clusters, world):
     answers = clusters(world).run(compare_with_builtin)
     for rank, (problems, _) in enumerate(answers):

@@ -1,4 +1,6 @@
-"""ringcoll.all_reduce against torch.distributed.all_reduce on real gloo processes."""
+"""ringcoll.all_reduce: every algorithm exact in the simulator at every world size and bitwise
+identical across ranks on floats, Swing's pairs and the torus grid; and against
+torch.distributed.all_reduce on real gloo processes."""
 from __future__ import annotations
 
 import os
@@ -9,10 +11,11 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import FLOATS, INTS, RTOL, assert_every_rank, ops_for
+from _util import (FLOATS, INTS, RTOL, SIM_WORLDS, assert_equal_per_rank, assert_every_rank, block_numels,
+                   exact_results, ops_for)
 from _util import builtin_all_reduce as builtin_reference
 from _util import random_data as data
-from conftest import WORLDS
+from conftest import GLOO_WORLDS
 
 R = dist.ReduceOp
 
@@ -45,7 +48,7 @@ def compare_with_builtin(algorithm):
     return problems, [r.numpy().tobytes() for r in results]
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner", "auto"])
 def test_matches_builtin_every_op_and_dtype(clusters, world, algorithm):
     answers = clusters(world).run(compare_with_builtin, algorithm)
@@ -119,9 +122,11 @@ def asynchronous():
 
 def test_async_op_returns_work_in_call_order(clusters):
     world = 4
-    for waited, ok, results, futures, done, sync in clusters(world).run(asynchronous):
-        assert all(waited) and all(ok) and all(results) and all(futures) and all(done)
-        assert sync == sum(range(1, world + 1))
+    for rank, (waited, ok, results, futures, done, sync) in enumerate(clusters(world).run(asynchronous)):
+        flags = {"wait() returned True": waited, "the sum is right": ok, "result() is the tensor": results,
+                 "the future's value is the tensor": futures, "is_completed()": done}
+        assert {what: calls for what, calls in flags.items() if not all(calls)} == {}, f"rank {rank}, per call"
+        assert sync == sum(range(1, world + 1)), f"rank {rank}"
 
 
 def failing_reduction():
@@ -281,3 +286,38 @@ def test_dead_peer_fails_fast_and_the_cluster_reports_it():
             cluster.run(dies, timeout=60)
         assert not cluster.alive
 
+
+# -- simulator -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ringcoll.algorithms("all_reduce"))
+def test_simulated_exact_at_every_world_and_size(algorithm):
+    for world in SIM_WORLDS:
+        for numel in block_numels(world):
+            got, want = exact_results("all_reduce", algorithm, world, numel)
+            assert_equal_per_rank(got, want, f"{algorithm} world {world} numel {numel}")
+
+
+@pytest.mark.parametrize("algorithm", ringcoll.algorithms("all_reduce"))
+@pytest.mark.parametrize("world", [3, 6, 8, 12, 16])
+def test_simulated_float_sum_bitwise_identical_on_every_rank(algorithm, world):
+    inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    sim = ringcoll.simulate("all_reduce", algorithm, world, inputs=inputs)
+    torch.testing.assert_close(sim.outputs[0][0], sum(inputs), rtol=1e-5, atol=1e-5)
+    assert_equal_per_rank([got.view(torch.int32) for (got,) in sim.outputs], [sim.outputs[0][0].view(torch.int32)] * world,
+                          f"{algorithm} world {world}: bits against rank 0's")
+
+
+def test_swing_pairs_nest():
+    from ringcoll.schedules.swing import swing_blocks, swing_peer
+
+    assert [swing_peer(0, s, 1024) for s in range(5)] == [1, 1023, 3, 1019, 11]
+    for k in range(1, 11):
+        blocks = swing_blocks(1 << k)
+        assert sorted(b[-1] for b in blocks) == [(i, i + 1) for i in range(1 << k)], f"world {1 << k}"
+
+
+def test_torus_grid():
+    from ringcoll.schedules.vocabulary import torus_grid
+
+    assert [torus_grid(p) for p in (1, 2, 6, 12, 16, 17, 64, 1024)] == \
+        [(1, 1), (2, 1), (3, 2), (4, 3), (4, 4), (17, 1), (8, 8), (32, 32)]
+    assert ringcoll.simulate("all_reduce", "torus2d", 12, numel=120).stats.steps == 2 * (4 - 1) + 2 * (3 - 1)

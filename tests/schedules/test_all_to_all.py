@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import ringcoll
 from _util import DTYPES, SIM_WORLDS
-from conftest import WORLDS
+from conftest import GLOO_WORLDS
 from ringcoll.api.common import Context
 from ringcoll.api.all_to_all import build_all_to_all, build_all_to_all_single
 from ringcoll.sim.engine import ScheduleError, run_plans
@@ -342,7 +342,7 @@ def compare_with_builtin():
     return problems
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 def test_matches_builtin(clusters, world):
     problems = [p for answer in clusters(world).run(compare_with_builtin) for p in answer]
     assert not problems, "\n".join(problems[:10])

@@ -13,16 +13,15 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll.schedules.vocabulary import ceil_log2
-from _util import FLOATS, INTS, assert_every_rank, builtin_all_reduce, close, ops_for
+from _util import FLOATS, INTS, SIM_WORLDS, assert_every_rank, builtin_all_reduce, close, ops_for
 from _util import random_data as gloo_data
-from conftest import WORLDS as GLOO_WORLDS
+from conftest import GLOO_WORLDS
 from ringcoll.api import BUILDERS
 from ringcoll.api.common import Context
 from ringcoll.schedules import trees
 from ringcoll.sim.simulate import rank_data
 
 R = dist.ReduceOp
-WORLDS = list(range(1, 18)) + [32, 64]
 #: small enough that 1000 and 4099 int64 elements make several segments (256 elements each)
 TEST_SEGMENT_BYTES = 2048
 OP_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
@@ -77,7 +76,7 @@ def small_segments(monkeypatch):
 # -- simulator: broadcast ------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ringcoll.algorithms("broadcast"))
 def test_broadcast_every_world_size_root_and_numel(small_segments, algorithm):
-    for world in WORLDS:
+    for world in SIM_WORLDS:
         for numel, root in sorted({(numel, root) for numel, root, _ in cases(world)}):
             sim = ringcoll.simulate("broadcast", algorithm, world, numel=numel, src=root)
             want = rank_data(root, numel)
@@ -100,7 +99,7 @@ def test_broadcast_float_bits_and_group_src(small_segments, algorithm):
 # -- simulator: reduce ---------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ringcoll.algorithms("reduce"))
 def test_reduce_every_world_size_root_numel_and_op(small_segments, algorithm):
-    for world in WORLDS:
+    for world in SIM_WORLDS:
         for numel, root, name in cases(world):
             op, fold = INT_OPS[name]
             sim = ringcoll.simulate("reduce", algorithm, world, op=op, dst=root,
@@ -132,7 +131,7 @@ def test_reduce_float_ops_avg_and_premul(small_segments, algorithm, world):
 
 # -- simulator: the tree all_reduce -------------------------------------------------------------
 def test_tree_all_reduce_pipelined_every_world_size(small_segments):
-    for world in WORLDS:
+    for world in SIM_WORLDS:
         for numel, name in sorted({(numel, name) for numel, _, name in cases(world)}):
             op, fold = INT_OPS[name]
             sim = ringcoll.simulate("all_reduce", "double_binary_tree", world, op=op,
@@ -399,7 +398,8 @@ def asynchronous_in_order():
 def test_async_op_works_in_call_order(clusters):
     world = 4
     for rank, (waited, same, values, sync) in enumerate(clusters(world).run(asynchronous_in_order)):
-        assert all(waited) and all(same)
+        assert waited == [True] * 4, f"rank {rank}: wait() of each call"
+        assert same == [True] * 4, f"rank {rank}: result() is the call's tensor, per call"
         assert values[0] == world - 1
         if rank == 1:
             assert values[1] == sum(range(1, world + 1))
@@ -430,3 +430,17 @@ def shapes_and_strides():
 
 def test_shapes_scalars_and_non_contiguous(clusters):
     assert_every_rank(clusters(3).run(shapes_and_strides))
+
+
+def test_bine_trees_span_every_world():
+    """Every vrank of the Bine trees (far and near first) reaches the root, at every world to 299."""
+    from ringcoll.schedules.bine import bine_tree, bine_tree_near
+
+    for world, tree in ((w, t) for w in range(1, 300) for t in (bine_tree, bine_tree_near)):
+        parent, _ = tree(world)
+        for vrank in range(world):
+            seen, up = 0, vrank
+            while parent[up] is not None:
+                up, seen = parent[up], seen + 1
+                assert seen <= world, f"{tree.__name__} world {world}: vrank {vrank} goes round a cycle"
+            assert up == 0, f"{tree.__name__} world {world}: vrank {vrank} ends at {up}, not the root"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ringcoll
+from _util import assert_equal_per_rank
 from ringcoll.schedules.torus import bucket_grid, bucket_lines
 from ringcoll.schedules.registry import get
 from ringcoll.schedules.vocabulary import GRID, Layout, Recv, Send
@@ -63,7 +64,7 @@ def test_no_link_carries_two_messages_of_a_step(dims):
     net = ringcoll.Machine.torus(dims).network
     per_rank = [schedule(rank, dims, 2 * len(dims) * world * 3) for rank in range(world)]
     count = len(per_rank[0])
-    assert all(len(s) == count for s in per_rank)
+    assert [len(s) for s in per_rank] == [count] * world, "steps per rank"
     for index in range(count):
         used = Counter()
         for rank in range(world):
@@ -83,10 +84,11 @@ def test_any_torus_of_the_machine_and_exact_results(dims):
         sim = ringcoll.simulate("all_reduce", "bucket_torus", world, numel=numel, op=R.BXOR, machine=machine)
         assert sim.plans[0].layout[GRID] == dims
         want = functools.reduce(torch.bitwise_xor, [rank_data(r, numel) for r in range(world)])
-        assert all(torch.equal(out[0], want) for out in sim.outputs), (dims, numel)
+        assert_equal_per_rank([out[0] for out in sim.outputs], [want] * world, f"dims {dims} numel {numel}")
     floats = [torch.randn(301, generator=torch.Generator().manual_seed(r)) for r in range(world)]
     bits = ringcoll.simulate("all_reduce", "bucket_torus", world, inputs=floats, machine=machine).outputs
-    assert all(torch.equal(out[0].view(torch.int32), bits[0][0].view(torch.int32)) for out in bits)
+    assert_equal_per_rank([out[0].view(torch.int32) for out in bits], [bits[0][0].view(torch.int32)] * world,
+                          f"dims {dims}: bits against rank 0's")
     total = torch.stack(floats).double().sum(0)
     assert torch.allclose(bits[0][0].double(), total, rtol=1e-5, atol=1e-5)
     # a mesh has no wrap-around: the rings still close, the long way round

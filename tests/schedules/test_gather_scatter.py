@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import (DTYPES, SIM_WORLDS, assert_every_rank, assert_no_problems, block, block_numels,
-                   one_thread, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
-from conftest import WORLDS
+from _util import (DTYPES, SIM_WORLDS, assert_equal_per_rank, assert_every_rank, assert_no_problems, block,
+                   block_numels, one_thread, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
+from conftest import GLOO_WORLDS
 
 
 def roots(world):
@@ -68,7 +68,8 @@ def test_simulated_group_roots_and_chunked_lists():
                 call=lambda rank: ((torch.zeros(numel, dtype=torch.int64),
                                     list(torch.cat([block(r, numel) for r in range(world)]).chunk(world))
                                     if rank == root else None), {}))
-            assert all(torch.equal(got, block(rank, numel)) for rank, (got,) in enumerate(sim.outputs))
+            assert_equal_per_rank([got for (got,) in sim.outputs], [block(rank, numel) for rank in range(world)],
+                                  f"scatter/{algorithm} world {world} numel {numel}")
 
 
 def test_cost_models_match_the_simulated_messages():
@@ -140,7 +141,7 @@ def compare_with_builtin():
     return problems
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 def test_matches_builtin_every_dtype_and_root(clusters, world):
     assert_no_problems(clusters(world).run(compare_with_builtin))
 
@@ -272,9 +273,8 @@ def bad_inputs():
         "unknown algorithm": (ValueError, lambda: ringcoll.scatter(tensor, None, src=1, algorithm="ring")),
         "async_op not a bool": (TypeError, lambda: ringcoll.gather(tensor, None, dst=1, async_op="no")),
     }
-    # Checks that only some ranks make leave the group's call numbering different on different
-    # ranks (a call takes its number before the root's checks, so that a peer's pending call
-    # can never match the root's next one): they run on a group of their own.
+    # Checks that only some ranks make leave the peers' calls pending (the root's refused call
+    # took its number: docs/semantics.md#a-calls-number): they run on a group of their own.
     one_sided = dist.new_group(list(range(world)))
     on_root = {    # root 0
         "gather_list missing on the root": (ValueError, lambda: ringcoll.gather(tensor, None, dst=0, group=one_sided)),

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import ringcoll
 from _util import (FLOATS, INTS, SIM_WORLDS, assert_every_rank, assert_no_problems, block_numels,
                    one_thread, ops_for, run_world, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
-from conftest import WORLDS
+from conftest import GLOO_WORLDS
 
 R = dist.ReduceOp
 ALGORITHMS = ringcoll.algorithms("reduce_scatter")
@@ -192,7 +192,7 @@ def compare_with_builtin():
     return problems
 
 
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", GLOO_WORLDS)
 def test_matches_builtin_every_op_and_dtype(clusters, world):
     assert_no_problems(clusters(world).run(compare_with_builtin))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ringcoll
-from _util import ringcoll_log
+from _util import assert_equal_per_rank, ringcoll_log
 from ringcoll.schedules.swing import grid_peers, grid_plan, grid_steps, rho, swing_grid
 from ringcoll.schedules.vocabulary import GRID, Send
 
@@ -105,7 +105,8 @@ def test_the_machine_names_the_grid_and_the_result_is_exact(dims, algorithm):
     assert sim.plans[0].layout[GRID] == dims
     floats = [torch.randn(301, generator=torch.Generator().manual_seed(r)) for r in range(64)]
     bits = ringcoll.simulate("all_reduce", algorithm, 64, inputs=floats, machine=machine).outputs
-    assert all(torch.equal(out[0].view(torch.int32), bits[0][0].view(torch.int32)) for out in bits)
+    assert_equal_per_rank([out[0].view(torch.int32) for out in bits], [bits[0][0].view(torch.int32)] * 64,
+                          f"{algorithm} dims {dims}: bits against rank 0's")
     # every message of the run crosses one dimension, rho(k) hops: on the machine's torus
     net = machine.network
     for rank, steps in enumerate(sim.schedules):

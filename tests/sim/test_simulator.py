@@ -11,10 +11,10 @@ from ringcoll.runtime.plan import Plan
 from ringcoll.schedules.registry import Algorithm, Cost, get
 from ringcoll.schedules.vocabulary import Buf, Layout, Recv, Send, chunk_bounds, step
 from ringcoll.sim.simulate import rank_data
+from _util import SIM_WORLDS
 from ringcoll.sim.engine import ScheduleError, run_plans
 
 R = ringcoll.ReduceOp
-WORLDS = list(range(1, 18)) + [32, 64]
 INT_OPS = {
     "SUM": (R.SUM, lambda a, b: a + b),
     "PRODUCT": (R.PRODUCT, lambda a, b: a * b),      # int64 products wrap identically in any order
@@ -35,7 +35,7 @@ def expected(world, numel, fold, dtype=torch.int64):
 
 
 @pytest.mark.parametrize("algorithm", ringcoll.algorithms("all_reduce"))
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", SIM_WORLDS)
 def test_all_reduce_every_world_size_and_op(algorithm, world):
     ops = INT_OPS if world <= 17 else {k: INT_OPS[k] for k in ("SUM", "BXOR")}
     for numel in sizes(world):

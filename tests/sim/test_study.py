@@ -11,9 +11,9 @@ import torch
 import ringcoll
 from ringcoll.schedules.vocabulary import Layout
 from ringcoll.sim.simulate import BUILDER_OF, rank_data
+from _util import SIM_WORLDS
 from ringcoll.sim.check import ResultError
 
-WORLDS = list(range(1, 18)) + [32, 64]
 #: the pipelined trees' cost takes its critical path message times first, so where a path of
 #: fewer messages but more reductions is longer on the clock it is a little short (0.003 % at
 #: most seen); every other algorithm's closed form is exact
@@ -35,7 +35,7 @@ def test_closed_form_equals_the_clock(small_segments, collective, algorithm):
     """On the flat single-port machine, cost.time(α, β, γ) is the simulated time."""
     machine = ringcoll.Machine()
     tolerance = TOLERANCE.get(algorithm, 1e-9)
-    for world in WORLDS:
+    for world in SIM_WORLDS:
         for blocks in (1, 4, 128, 256):       # 512 B .. 128 KiB per block; segments divide evenly
             numel = world * 64 * blocks       # chunks of world and of pof2 are all equal
             sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,
@@ -136,7 +136,7 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
 
     flat = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
     mirrored = 0
-    for world in WORLDS:
+    for world in SIM_WORLDS:
         layouts = [None] + ([2, 4] if algorithm == "hierarchical" else [])
         for local_size in layouts:
             if local_size and world % local_size:

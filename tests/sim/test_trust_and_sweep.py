@@ -81,12 +81,11 @@ def _bench(path, machine, world, rows_of):
     bytes)."""
     from ringcoll.sim.fit import Sample, coefficients
 
-    builder = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
     rows = []
     for i, (family, algorithm, size) in enumerate(rows_of):
         a, b, c = coefficients(Sample(family, algorithm, world, size, 0.0))
         seconds = (a * machine.alpha + b * machine.beta + c * machine.gamma) * (1.01 if i % 2 else 1.0)
-        rows.append({"collective": builder.get(family, family), "algorithm": algorithm, "count": size // 4,
+        rows.append({"collective": registry.builder_of(family), "algorithm": algorithm, "count": size // 4,
                      "type": "float32", "time_us": seconds * 1e6, "error": None})
     with open(path, "w") as f:
         json.dump({"meta": {"world_size": world}, "rows": rows}, f)

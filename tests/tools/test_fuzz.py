@@ -10,10 +10,10 @@ import torch
 from ringcoll import kernels
 from tools import fuzz
 
-WORLDS = [1, 2, 3, 4]
+FUZZ_WORLDS = [1, 2, 3, 4]
 
 
-def sample(seed, count, worlds=WORLDS, max_bytes=64 << 10):
+def sample(seed, count, worlds=FUZZ_WORLDS, max_bytes=64 << 10):
     return [fuzz.draw(seed, index, worlds, max_bytes) for index in range(count)]
 
 
@@ -30,7 +30,7 @@ def run_on(clusters, trials, fn=fuzz.run_batch):
 
 
 def test_trials_are_functions_of_their_id():
-    a, b = fuzz.draw(5, 17, WORLDS, 1 << 20), fuzz.draw(5, 17, WORLDS, 1 << 20)
+    a, b = fuzz.draw(5, 17, FUZZ_WORLDS, 1 << 20), fuzz.draw(5, 17, FUZZ_WORLDS, 1 << 20)
     assert a == b
     drawn = sample(5, 400, worlds=list(range(1, 9)), max_bytes=1 << 20)
     assert len({asdict(t)["id"] for t in drawn}) == 400

@@ -120,7 +120,7 @@ def _run(module, trial: Trial, call: _Call, group, builtin: bool):
     if not builtin:
         kwargs["algorithm"] = trial.algorithm
     root_kwargs = {}
-    if COLLECTIVES[c][1]:
+    if COLLECTIVES[c][0]:
         name = "dst" if c in ("reduce", "gather") else "src"
         if builtin or trial.root_as == "group":
             root_kwargs = {f"group_{name}": trial.root}

@@ -9,19 +9,19 @@ from typing import List, Optional, Tuple
 import torch
 
 
-#: collective -> (registry name, rooted, reducing)
+#: drop-in -> (rooted, reducing); its algorithms are its registry collective's (registry.collective_of)
 COLLECTIVES = {
-    "all_reduce": ("all_reduce", False, True),
-    "reduce": ("reduce", True, True),
-    "broadcast": ("broadcast", True, False),
-    "all_gather": ("all_gather", False, False),
-    "all_gather_single": ("all_gather", False, False),
-    "reduce_scatter": ("reduce_scatter", False, True),
-    "reduce_scatter_single": ("reduce_scatter", False, True),
-    "gather": ("gather", True, False),
-    "scatter": ("scatter", True, False),
-    "all_to_all": ("all_to_all", False, False),
-    "all_to_all_single": ("all_to_all", False, False),
+    "all_reduce": (False, True),
+    "reduce": (True, True),
+    "broadcast": (True, False),
+    "all_gather": (False, False),
+    "all_gather_single": (False, False),
+    "reduce_scatter": (False, True),
+    "reduce_scatter_single": (False, True),
+    "gather": (True, False),
+    "scatter": (True, False),
+    "all_to_all": (False, False),
+    "all_to_all_single": (False, False),
 }
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 INTS = ("int8", "int16", "int32", "int64", "uint8")
@@ -86,9 +86,11 @@ def draw(seed: int, index: int, worlds: List[int], max_bytes: int) -> Trial:
     trial_id = f"{seed}:{index}"
     rng = random.Random(f"ringcoll-fuzz:{trial_id}")
     import ringcoll
+    from ringcoll.schedules.registry import collective_of
 
     collective = rng.choice(sorted(COLLECTIVES))
-    family, rooted, reducing = COLLECTIVES[collective]
+    rooted, reducing = COLLECTIVES[collective]
+    family = collective_of(collective)
     world = rng.choice(worlds)
     members = None
     if rng.random() < 0.2 and sub_groups(world):
