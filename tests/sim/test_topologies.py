@@ -557,3 +557,38 @@ def test_a_two_level_machine_gives_its_nodes_to_every_schedule_and_to_predicted(
                                machine=ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9),
                                                                      inter=(5e-6, 1 / 20e9)), data=False)
     assert shared.predicted < shared.stats.time         # 8 ranks share one NIC lane
+
+
+def test_gpu_cluster_routes_nvlink_inside_a_node_and_rails_between_nodes():
+    """``Machine.gpu_cluster``: GPU → NVSwitch → GPU inside a node; between nodes GPU → its
+    rail's NIC → the rail's leaf (→ spine → the other rail's leaf when the rails differ) →
+    NIC → GPU. One message of n bytes: α + 2 NVLink latencies + n/NVLink bandwidth inside a
+    node, α + NIC latency + n/NIC bandwidth between nodes on one rail, plus the fabric latency
+    through the spine. The machine gives its nodes to the node-aware schedules and round-trips
+    through JSON; a preset is the gpu_cluster of its cited constants."""
+    machine = ringcoll.Machine.gpu_cluster(2, 4, nvlink_bandwidth=400e9, nics_per_node=2, nic_bandwidth=50e9,
+                                           alpha=2e-6, nic_latency=5e-6, nvlink_latency=1e-7,
+                                           fabric_latency=1e-6, oversubscription=2)
+    net = machine.network
+    assert machine.nodes(8) == (0,) * 4 + (1,) * 4
+    assert ringcoll.Machine.from_dict(machine.to_dict()) == machine
+    levels = lambda a, b: [net.links[i].level for i in net.route(a, b)]        # noqa: E731
+    assert levels(0, 3) == ["nvlink", "nvlink"]
+    assert levels(1, 5) == ["pcie", "rail", "rail", "pcie"]                    # GPU 1 and GPU 5: rail 0
+    assert levels(1, 6) == ["pcie", "rail", "spine", "spine", "rail", "pcie"]  # rail 0 to rail 1
+    n = 1 << 20
+    for peer, want in ((3, 2e-6 + 2e-7 + n / 400e9), (5, 2e-6 + 5e-6 + n / 50e9),
+                       (6, 2e-6 + 6e-6 + n * 2 / 50e9)):        # the 2:1 spine halves the bandwidth
+        alpha, beta = net.price(net.route(1, peer), machine.alpha, machine.beta)
+        assert alpha + n * beta == pytest.approx(want, rel=1e-12)
+    h100 = ringcoll.Machine.preset("dgx-h100", nodes=2)
+    assert h100 == ringcoll.Machine.gpu_cluster(2, 8, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=8,
+                                                nic_bandwidth=50e9, arch="hopper")
+    assert ringcoll.Machine.preset("dgx-h100", nodes=2, nics_per_node=4).network.params["nics"] == 4
+    assert set(ringcoll.Machine.presets()) >= {"dgx-h100", "hgx-h100", "dgx-h200", "dgx-a100"}
+    with pytest.raises(ValueError, match="preset name must be one of"):
+        ringcoll.Machine.preset("dgx-h1000")
+    # the hierarchical all_reduce on the machine's nodes: its node-aware layout, not one flat ring
+    sim = ringcoll.simulate("all_reduce", "hierarchical", 16, numel=1 << 16, dtype=torch.float32,
+                            machine=h100, data=False)
+    assert sim.plans[0].layout["nodes"] == (0,) * 8 + (1,) * 8
