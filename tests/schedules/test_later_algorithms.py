@@ -19,7 +19,7 @@ R = ringcoll.ReduceOp
 WORLDS = tuple(range(1, 18)) + (32, 64)
 LATER = {
     "all_reduce": ("direct", "swing_latency", "swing_bandwidth", "swing_torus_bandwidth", "swing_torus_latency",
-                   "bine", "torus2d", "bucket_torus", "hierarchical", "rabenseifner_far"),
+                   "bine", "torus2d", "bucket_torus", "hierarchical", "rabenseifner_far", "nccl_ring", "nccl_tree"),
     "reduce_scatter": ("direct", "pat", "hierarchical"),
     "all_gather": ("direct", "pat", "hierarchical"),
     "broadcast": ("bine", "bine_near", "hierarchical"),
@@ -605,3 +605,30 @@ def test_algorithm_docs_list_every_registered_algorithm():
     assert {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
             "reduce_scatter_single", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
             "ddp_comm_hook"} <= set(documented), sorted(documented)
+
+
+@pytest.mark.parametrize("algorithm", ["nccl_ring", "nccl_tree"])
+@pytest.mark.parametrize("local_size", [1, 2, 3, 4])
+def test_nccl_algorithms_exact_on_nodes(algorithm, local_size):
+    """NCCL's ring on channels (one ring per rank of a node, each leaving its node from a
+    different rank) and its tree (chains inside nodes under a double binary tree over the
+    nodes) give the exact result on even and uneven nodes."""
+    for world in range(1, 14):
+        for numel in numels(world):
+            got, want = simulated("all_reduce", algorithm, world, numel, local_size=local_size)
+            for rank, (g, w) in enumerate(zip(got, want)):
+                assert torch.equal(g, w), f"{algorithm} world {world} nodes of {local_size} numel {numel} rank {rank}"
+
+
+def test_nccl_channel_rings_and_trees():
+    """The channels' rings leave each node from a different rank; the tree is a chain per
+    node whose first rank sits in NCCL's double binary tree over the nodes."""
+    from ringcoll.schedules.nccl import channel_rings, nccl_trees
+
+    assert channel_rings((0, 0, 0)) == [(0, 1, 2)]
+    assert channel_rings((0, 0, 1, 1)) == [(0, 1, 2, 3), (1, 0, 3, 2)]
+    first, second = nccl_trees((0, 0, 1, 1, 2, 2))
+    # nodes 0, 1, 2: NCCL's btree over 3 nodes has node 0 on top with child 2, node 2 above 1
+    assert first.parent == (None, 0, 4, 2, 0, 4)
+    assert [first.children[r] for r in (0, 4)] == [(1, 4), (5, 2)]
+    assert second.parent[0] is not None or second.parent[2] is not None     # another top

@@ -14,10 +14,10 @@ from ringcoll.sim.simulate import BUILDER_OF, rank_data
 from ringcoll.sim.check import ResultError
 
 WORLDS = list(range(1, 18)) + [32, 64]
-#: the pipelined trees' cost takes its critical path message times first, so where a path of
+#: the pipelined trees' cost (double_binary_tree, nccl_tree) takes its critical path message times first, so where a path of
 #: fewer messages but more reductions is longer on the clock it is a little short (0.003 % at
 #: most seen); every other algorithm's closed form is exact
-TOLERANCE = {"double_binary_tree": 0.01}
+TOLERANCE = {"double_binary_tree": 0.01, "nccl_tree": 0.01}
 KiB = 1024
 
 
