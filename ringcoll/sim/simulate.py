@@ -30,6 +30,8 @@ class Simulation:
     machine: Machine = field(default_factory=Machine)
     nbytes: int = 0               # the n of the cost model
     dtype: Optional[torch.dtype] = None   # the element type of the run (numel=: int64 unless dtype= says)
+    #: ``algorithm="nccl"``: what NCCL's tuner picks and its model's time (ringcoll.sim.nccl.Choice)
+    nccl: Optional[Any] = None
 
     @property
     def schedules(self) -> List[Sequence[Step]]:
@@ -48,8 +50,11 @@ class Simulation:
         inter-node α and β; on a network α + Σ its links' latencies + hops · hop latency +
         n·β_path, β_path its slowest link, or the machine's β), but no link ever shared; so
         it grows with hops and placement, and ``stats.time - predicted`` is what link sharing
-        costs. (:func:`contention_free_time`; computed on first use.)
+        costs. (:func:`contention_free_time`; computed on first use.) With
+        ``algorithm="nccl"``: NCCL's own model's time of what its tuner picks (``sim.nccl``).
         """
+        if self.nccl is not None:
+            return self.nccl.time
         if self.machine.network_for(self.world) is None:
             return self.cost.on(self.machine)
         return contention_free_time(self.plans, self.machine)
@@ -153,6 +158,9 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     an int for nodes of that many consecutive ranks, or a tuple giving each rank's node; by
     default the machine's own nodes (a 2-level machine's, a GPU cluster's: :func:`run_nodes`),
     so every node-aware schedule, ``auto``'s model and the clock see one layout.
+    ``algorithm="nccl"`` (all_reduce on a GPU cluster): NCCL's tuner's pick by its own cost
+    formulas in ``sim.nccl`` (:mod:`ringcoll.sim.nccl`), its time ``sim.predicted``, run as
+    nccl_ring or nccl_tree (nccl_ring for NVLS) on the clock.
     ``symmetry`` (default on) lets a run without data and timeline run only the
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
@@ -180,22 +188,32 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         record = world <= 256
     nodes, nodes_from = run_nodes(world, local_size, chosen_on)
     ctx = functools.partial(Context, world=world, nodes=nodes, nodes_from=nodes_from, machine=chosen_on)
-    plans, before, after = _plans(collective, algorithm, world, inputs, numel, dtype, call, data, check,
-                                  kwargs, ctx)
+    def build(name):
+        return _plans(collective, name, world, inputs, numel, dtype, call, data, check, kwargs, ctx)
+    if algorithm == "nccl":
+        (plans, before, after), choice = _nccl(collective, world, machine, build)
+    else:
+        (plans, before, after), choice = build(algorithm), None
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
-    itemsize = torch.empty((), dtype=first.dtype).element_size()
-    nbytes = first.layout.numel * itemsize
-    segment = first.layout.get("segment")
-    cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
-                 local_size=model_local_size(nodes))
+    nbytes, cost = _cost(first, world, nodes)
     sim = Simulation(collective, first.algorithm, world,
-                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype)
+                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype,
+                     choice)
     if check:
         from .check import check_results
         check_results(collective, before, after)
     return sim
+
+
+def _cost(first: Plan, world: int, nodes) -> tuple:
+    """(n, the α-β-γ cost at n) of a run whose rank 0 has plan ``first``."""
+    itemsize = torch.empty((), dtype=first.dtype).element_size()
+    nbytes = first.layout.numel * itemsize
+    segment = first.layout.get("segment")
+    return nbytes, model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
+                         local_size=model_local_size(nodes))
 
 
 def _checked(collective: str, world: int, machine: Optional[Machine], symmetry) -> tuple:
@@ -229,6 +247,22 @@ def run_nodes(world: int, local_size, machine: Optional[Machine]) -> tuple:
         raise ValueError(f"local_size puts the ranks on nodes {describe_layout(nodes)}, the machine on "
                          f"{describe_layout(own)}: give one layout (leave local_size out to take the machine's)")
     return tuple(nodes), "simulate's local_size"
+
+
+def _nccl(collective, world, machine, build) -> tuple:
+    """``algorithm="nccl"``: the plans of the ringcoll schedule that runs the messages of
+    NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.sim.nccl.choose`:
+    nccl_ring or nccl_tree; NCCL's ring where NVLS, which reduces in the switch, is picked),
+    and the pick."""
+    from .nccl import choose
+
+    if COLLECTIVE_OF.get(collective, collective) != "all_reduce":
+        raise ValueError(f"algorithm='nccl' runs all_reduce (NCCL's ring and tree schedules), got {collective!r}")
+    built = build("nccl_ring")
+    first = built[0][0]
+    nbytes = first.layout.numel * torch.empty((), dtype=first.dtype).element_size()
+    choice = choose("all_reduce", nbytes, world, machine)
+    return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
 
 
 def _plans(collective, algorithm, world, inputs, numel, dtype, call, data, check, kwargs, ctx) -> tuple:

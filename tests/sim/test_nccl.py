@@ -1,0 +1,65 @@
+"""NCCL's tuner model (ringcoll.sim.nccl) and ``simulate(..., algorithm="nccl")``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll.sim import nccl
+
+
+def test_tuner_table_follows_ncclTopoTuneModel_by_hand():
+    """One DGX H100 node, all_reduce, p = 8 (nsteps 14): the ring's Simple latency is its base
+    8.4 µs + 14 NVLink steps of 3.4 µs; its bandwidth a GPU's 18 NVLinks at 20.6 GB/s turned
+    into algorithm bandwidth by p / nsteps; LL halves it, at most llMaxBw 141, LL128 × 0.92; the
+    tree all_reduce × 0.92 then × 0.5; NVLS 0.85 · 15/16 · 2 of it, × p / nsteps."""
+    facts = nccl.Facts.of(ringcoll.Machine.preset("dgx-h100"), 8)
+    table = nccl.tuner_table("all_reduce", facts)
+    bus = 18 * 20.6
+    assert table["ring", "Simple"][:2] == pytest.approx((8.4 + 14 * 3.4, bus * 8 / 14))
+    assert table["ring", "LL"][:2] == pytest.approx((6.6 + 14 * 0.6, min(141.0, bus * 0.5) * 8 / 14))
+    assert table["ring", "LL128"][1] == pytest.approx(bus * 0.92 * 8 / 14)
+    assert table["tree", "Simple"][:2] == pytest.approx((8.4 + 2 * 7 * 4.0, bus * 0.92 * 0.5))
+    assert table["nvls", "Simple"][:2] == pytest.approx((25.0, bus * 0.85 * 15 / 16 * 2 * 8 / 14))
+    assert ("nvls_tree", "Simple") not in table                  # one node: no NVLS tree
+    two = nccl.tuner_table("all_reduce", nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2), 16))
+    # 2 nodes: 2 of the 30 steps cross the network (14 µs each), the others at least 3 µs
+    assert two["ring", "Simple"][0] == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
+    assert two["tree", "Simple"][0] == pytest.approx(8.4 + 2 * (7 * 4.0 + 1 * 14))
+    assert ("nvls", "Simple") not in two and ("nvls_tree", "Simple") in two
+
+
+def test_choice_by_size_protocol_and_channels():
+    """Small messages take LL on few channels (a channel needs bytes for its threads), large
+    ones Simple or NVLS on all; an A100 node has no NVLS, so the ring carries large ones; the
+    time is NCCL's latency + bytes / bandwidth."""
+    h100, a100 = ringcoll.Machine.preset("dgx-h100"), ringcoll.Machine.preset("dgx-a100")
+    small = nccl.choose("all_reduce", 1024, 8, h100)
+    assert (small.algorithm, small.protocol, small.channels) == ("ring", "LL", 1)
+    big = nccl.choose("all_reduce", 1 << 30, 8, h100)
+    assert (big.algorithm, big.protocol, big.channels) == ("nvls", "Simple", 16)
+    ring = nccl.choose("all_reduce", 1 << 30, 8, a100)
+    assert (ring.algorithm, ring.protocol, ring.channels) == ("ring", "Simple", 24)
+    assert ring.time == pytest.approx((8.4 + 14 * 3.4 + (1 << 30) / (1000 * 12 * 20.0 * 8 / 14)) * 1e-6)
+    assert ring.busbw == pytest.approx((1 << 30) / ring.time * 2 * 7 / 8)
+    only_ring = nccl.choose("all_reduce", 1 << 30, 8, h100, algorithms=["ring"])
+    assert only_ring.algorithm == "ring" and only_ring.time > big.time
+    with pytest.raises(ValueError, match="NCCL's model needs a GPU cluster"):
+        nccl.choose("all_reduce", 1024, 8, ringcoll.Machine())
+    with pytest.raises(ValueError, match="collective must be one of"):
+        nccl.choose("all_to_all", 1024, 8, h100)
+
+
+def test_simulate_nccl_runs_the_picked_schedule_and_predicts_nccls_time():
+    """``algorithm="nccl"``: NCCL's pick in ``sim.nccl``, its time as ``predicted``, and the
+    ringcoll schedule of that algorithm on the clock (the tree on 2 nodes at 64 KiB, the
+    ring on one node at 1 KiB), with exact results."""
+    two = ringcoll.Machine.preset("dgx-h100", nodes=2)
+    sim = ringcoll.simulate("all_reduce", "nccl", 16, numel=1 << 14, dtype=torch.float32, machine=two)
+    assert (sim.nccl.algorithm, sim.algorithm.name) == ("tree", "nccl_tree")
+    assert sim.predicted == sim.nccl.time == nccl.choose("all_reduce", 1 << 16, 16, two).time
+    one = ringcoll.simulate("all_reduce", "nccl", 8, numel=256, dtype=torch.float32,
+                            machine=ringcoll.Machine.preset("dgx-h100"))
+    assert (one.nccl.algorithm, one.nccl.protocol, one.algorithm.name) == ("ring", "LL", "nccl_ring")
+    with pytest.raises(ValueError, match="algorithm='nccl' runs all_reduce"):
+        ringcoll.simulate("broadcast", "nccl", 8, numel=256, machine=two, src=0)
