@@ -97,6 +97,11 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _presets() -> List[str]:
+    from ..sim.gpu import presets
+    return presets()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringcoll-bench", description=__doc__.split("\n\n")[0].replace("``", ""),
@@ -146,6 +151,10 @@ def parser() -> argparse.ArgumentParser:
                         "collective and size band the fastest algorithm measured (default file: "
                         "<stem>_tuning.csv in the results directory)")
     p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
+    p.add_argument("--simulate", metavar="MACHINE", choices=_presets(),
+                   help=f"no ranks: every algorithm on the simulator's clock on this GPU cluster against "
+                        f"NCCL's model (ringcoll.bench.simulated), one of {', '.join(_presets())}")
+    p.add_argument("--nodes", type=int, default=1, help="--simulate: nodes of the machine")
     p.add_argument("--workload", choices=("ddp", "fsdp"),
                    help="time a training step (DDP or FSDP2) on backend 'ringcoll' vs 'gloo' instead")
     p.add_argument("--width", type=int, default=1024, help="--workload: the MLP's width")
@@ -453,6 +462,15 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
             raise SystemExit(f"ringcoll-bench: {flag} must be >= 0, got {value}")
     if options.iters == 0:
         raise SystemExit("ringcoll-bench: -n/--iters must be >= 1")
+    if options.simulate:
+        from .simulated import run as run_simulated
+
+        if options.nodes < 1:
+            raise SystemExit(f"ringcoll-bench: --nodes must be >= 1, got {options.nodes}")
+        try:
+            return run_simulated(options)
+        except OptionError as error:
+            raise SystemExit(f"ringcoll-bench: {error}")
     if options.workload:
         from .workloads import run as run_workload
 

@@ -63,3 +63,29 @@ def test_simulate_nccl_runs_the_picked_schedule_and_predicts_nccls_time():
     assert (one.nccl.algorithm, one.nccl.protocol, one.algorithm.name) == ("ring", "LL", "nccl_ring")
     with pytest.raises(ValueError, match="algorithm='nccl' runs all_reduce"):
         ringcoll.simulate("broadcast", "nccl", 8, numel=256, machine=two, src=0)
+
+
+def test_bench_simulate_writes_the_tables_against_nccls_model(tmp_path, capsys):
+    """``ringcoll-bench --simulate dgx-h100 --nodes 2``: per size NCCL's model's row (vs NCCL
+    1.00) and every all_reduce algorithm's simulated time against it, in the text, JSON and
+    CSV a real run writes; the busbw of NCCL's row is its model's."""
+    import json
+
+    from ringcoll.bench.cli import main
+
+    assert main(["--simulate", "dgx-h100", "--nodes", "2", "-b", "1M", "-e", "1M", "--algorithms",
+                 "ring,hierarchical", "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "vs NCCL" in out and "NCCL picks 1048576 B: tree/LL128/16 channels" in out
+    (result,) = tmp_path.glob("*_np16_sim_dgx-h100.json")
+    rows = json.loads(result.read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["NCCL (model)", "ring", "hierarchical"]
+    model = nccl.choose("all_reduce", 1 << 20, 16, ringcoll.Machine.preset("dgx-h100", nodes=2))
+    assert rows[0]["time_us"] == pytest.approx(model.time * 1e6) and rows[0]["vs_builtin"] == 1.0
+    assert rows[0]["busbw"] == pytest.approx(model.busbw / 1e9)
+    ring = ringcoll.simulate("all_reduce", "ring", 16, numel=1 << 18, dtype=torch.float32,
+                             machine=ringcoll.Machine.preset("dgx-h100", nodes=2), data=False)
+    assert rows[1]["vs_builtin"] == pytest.approx(ring.stats.time / model.time)
+    assert len(list(tmp_path.glob("*.csv"))) == 1 and len(list(tmp_path.glob("*.txt"))) == 1
+    with pytest.raises(SystemExit):
+        main(["--simulate", "dgx-h1000"])
