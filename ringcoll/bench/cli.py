@@ -463,14 +463,16 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     if options.iters == 0:
         raise SystemExit("ringcoll-bench: -n/--iters must be >= 1")
     if options.simulate:
-        from .simulated import run as run_simulated
+        from .simulated import MODELLED, run as run_simulated
 
+        try:
+            chosen = choose_collectives(options.collective, {name: () for name in MODELLED})
+        except OptionError as error:
+            raise SystemExit(f"ringcoll-bench: --simulate prices {sorted(MODELLED)} (NCCL's model): {error}")
         if options.nodes < 1:
             raise SystemExit(f"ringcoll-bench: --nodes must be >= 1, got {options.nodes}")
-        try:
-            return run_simulated(options)
-        except OptionError as error:
-            raise SystemExit(f"ringcoll-bench: {error}")
+        return run_simulated(options, chosen, size_range(options.minbytes, options.maxbytes, options.stepfactor,
+                                                         options.stepbytes))
     if options.workload:
         from .workloads import run as run_workload
 

@@ -58,19 +58,14 @@ def rows_for(spec_name: str, machine, world: int, sizes: List[int], algorithms=N
     return rows, picks
 
 
-def run(options) -> int:
-    """The ``--simulate`` run: tables printed and written as a real run's; exit status 0."""
+def run(options, chosen: List[str], sizes: List[int]) -> int:
+    """The ``--simulate`` run of collectives ``chosen`` (of :data:`MODELLED`) at ``sizes``:
+    tables printed and written as a real run's; exit status 0."""
     import ringcoll
-    from .cli import OptionError, choose_collectives, size_range
     from .report import geomean, plot, table_header, table_lines, write_csv, write_json
 
     machine = ringcoll.Machine.preset(options.simulate, nodes=options.nodes)
     world = len(machine.nodes(machine.network.hosts))
-    chosen = choose_collectives(options.collective, {name: () for name in MODELLED})
-    unknown = [name for name in chosen if name not in MODELLED]
-    if unknown:
-        raise OptionError(f"--simulate prices {sorted(MODELLED)} (NCCL's model), got {unknown}")
-    sizes = size_range(options.minbytes, options.maxbytes, options.stepfactor, options.stepbytes)
     wanted = None if not options.algorithms else [a.strip() for a in options.algorithms.split(",")]
     context = f"{world} ranks, simulated {options.simulate} x {options.nodes}: {machine.describe()}"
     printed = [f"# ringcoll-bench --simulate {options.simulate} --nodes {options.nodes}  {context}",
