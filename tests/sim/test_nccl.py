@@ -89,3 +89,21 @@ def test_bench_simulate_writes_the_tables_against_nccls_model(tmp_path, capsys):
     assert len(list(tmp_path.glob("*.csv"))) == 1 and len(list(tmp_path.glob("*.txt"))) == 1
     with pytest.raises(SystemExit):
         main(["--simulate", "dgx-h1000"])
+
+
+def test_the_committed_validation_table_is_what_the_model_gives_today():
+    """bench/results/study/nccl_validation.{md,json} (python -m experiments.nccl_validation):
+    every cell's prediction is the model's today, and the ring cells of one H100 node, where
+    NCCL's own constants speak, are within 2 % of the published 365-370 GB/s."""
+    import json
+    import os
+
+    from experiments.nccl_validation import OUT, cells, markdown, summary
+
+    rows = cells()
+    with open(os.path.join(OUT, "nccl_validation.json")) as f:
+        assert json.load(f) == {"summary": summary(rows), "cells": rows}
+    with open(os.path.join(OUT, "nccl_validation.md")) as f:
+        assert f.read() == markdown(rows, summary(rows))
+    ring = [r for r in rows if r["system"] == "H100 x8 (1 node)" and r["nccl_algo"] == "ring"]
+    assert ring and all(abs(r["ratio"] - 1) < 0.02 for r in ring)
