@@ -4,8 +4,11 @@ A GPU cluster is ``nodes`` nodes of ``gpus_per_node`` GPUs. Inside a node every 
 every other through an NVSwitch over its NVLinks (``nvlink_bandwidth`` bytes/s per direction,
 all of one GPU's links together); between nodes each GPU sends through its rail's NIC (GPU g of
 ``nics_per_node`` NICs on rail g·K // G, ``nic_bandwidth`` bytes/s per direction), NIC k of
-every node on rail k's leaf switch, the leaves joined by a spine with ``oversubscription``:1
-(ringcoll.sim.network, kind "gpu_cluster"). A message costs α (``alpha``: the per-message
+every ``nodes_per_leaf`` nodes on one leaf switch of rail k, the leaves joined by a spine with
+``oversubscription``:1
+(ringcoll.sim.network, kind "gpu_cluster"); a message between nodes travels on the
+destination GPU's rail, through another GPU's NIC over NVLink when the sender's rail differs
+(NCCL's PXN). A message costs α (``alpha``: the per-message
 software latency at the ends) + the latencies of its route's links (``nic_latency`` once for a
 message between nodes, ``fabric_latency`` more through the spine) + n·β of its slowest link.
 
@@ -79,12 +82,16 @@ def gpu_cluster(cls, nodes: int, gpus_per_node: int, *, nvlink_bandwidth: float,
                 nic_bandwidth: float, alpha: float = NCCL_NVLINK_STEP,
                 nic_latency: float = NCCL_NET_STEP - NCCL_NVLINK_STEP, nvlink_latency: float = 0.0,
                 oversubscription: float = 1.0, fabric_latency: float = 0.0, gamma: float = 0.0,
-                ports: int = 1, arch: str = "hopper", nvlinks: Optional[int] = None, placement=None):
+                ports: int = 1, arch: str = "hopper", nvlinks: Optional[int] = None,
+                nodes_per_leaf: Optional[int] = None, placement=None):
     """The :class:`ringcoll.Machine` of a GPU cluster (see the module docstring). ``gamma``
     defaults to 0: NCCL reduces in registers as data arrives, so reductions never add to the
     link time at these rates. ``arch`` ("volta", "ampere", "hopper", "blackwell") and
     ``nvlinks`` (NVLink links per GPU) are what NCCL's tuner model reads
-    (:mod:`ringcoll.sim.nccl`)."""
+    (:mod:`ringcoll.sim.nccl`). ``nodes_per_leaf``: the nodes whose NICs share one leaf
+    switch per rail (default: all; more nodes go through the spine, ``oversubscription``:1).
+    A DGX SuperPOD scalable unit puts 32 nodes on its rail leaves:
+    https://docs.nvidia.com/dgx-superpod/reference-architecture-scalable-infrastructure-h100/latest/network-fabrics.html"""
     from .network import network
 
     for name, value in (("nvlink_bandwidth", nvlink_bandwidth), ("nic_bandwidth", nic_bandwidth)):
@@ -95,7 +102,7 @@ def gpu_cluster(cls, nodes: int, gpus_per_node: int, *, nvlink_bandwidth: float,
     net = network("gpu_cluster", placement=placement, nodes=nodes, gpus=gpus_per_node, nics=nics_per_node,
                   nvlink=(nvlink_latency, 1 / nvlink_bandwidth), nic=(nic_latency, 1 / nic_bandwidth),
                   oversubscription=oversubscription, fabric_latency=fabric_latency, arch=arch,
-                  nvlinks=nvlinks)
+                  nvlinks=nvlinks, nodes_per_leaf=nodes_per_leaf)
     return cls(alpha=alpha, beta=0.0, gamma=gamma, ports=ports, network=net)
 
 

@@ -16,8 +16,9 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
 - any graph (:meth:`Network.from_graph`): the routes given, else a shortest path in hops,
   ties broken towards the smallest node ids (breadth-first search from the destination);
 - a GPU cluster ("gpu_cluster", :meth:`ringcoll.Machine.gpu_cluster`): inside a node GPU →
-  NVSwitch → GPU; between nodes GPU → its rail's NIC → that rail's leaf switch (→ the spine →
-  the destination's rail's leaf when the rails differ) → the destination node's NIC → GPU;
+  NVSwitch → GPU; between nodes on the destination GPU's rail: the sender's NIC when it is on
+  that rail, else NVSwitch → that rail's NIC (PXN), → the rail's leaf switch (→ the spine →
+  the destination's leaf when the nodes are on different leaves) → NIC → GPU;
 - a 2-level machine's nodes ("nodes", :meth:`ringcoll.Machine.network_for`): inside a node no
   link, between nodes the source node's NIC up-link then the destination node's down-link,
   both held per message like ports (``Link.hold``), priced at the inter-node α and β.
@@ -149,7 +150,7 @@ class Network:
         elif self.kind == "gpu_cluster":
             what = (f"GPU cluster of {p['nodes']} node{'s' if p['nodes'] != 1 else ''} x {p['gpus']} GPUs "
                     f"(NVSwitch), {p['nics']} NIC{'s' if p['nics'] != 1 else ''} per node on rails, "
-                    f"{p['oversubscription']:g}:1 spine")
+                    f"{p.get('nodes_per_leaf') or p['nodes']} nodes per leaf, {p['oversubscription']:g}:1 spine")
         elif self.kind == "nodes":
             count = len(self.links) // 2
             return (f"2-level: {self.hosts} ranks on {count} node{'s' if count != 1 else ''}, "
@@ -311,20 +312,23 @@ class Network:
                         self._add(v, u, global_latency, g_beta, 1, "global")
 
     def _build_gpu_cluster(self, nodes, gpus, nics, nvlink, nic, oversubscription=1.0, fabric_latency=0.0,
-                           arch="hopper", nvlinks=None):
+                           arch="hopper", nvlinks=None, nodes_per_leaf=None):
         """A rail-optimised GPU cluster: ``nodes`` nodes of ``gpus`` GPUs (hosts, node-major),
         each node an NVSwitch (node ``hosts + n``) joined to each of its GPUs by a link each way
         at ``nvlink = (latency, β)`` (β per direction of one GPU's NVLinks together); ``nics``
         NICs per node (node ``hosts + nodes + n·nics + k``), GPU g on rail k = g·nics // gpus,
-        a link each way GPU ↔ its NIC and NIC ↔ rail k's leaf switch at ``nic = (latency, β)``;
-        one spine joined to every leaf by ``nodes`` lanes each way at β · ``oversubscription``
-        and ``fabric_latency`` (a rail's traffic stays on its leaf; crossing rails goes through
-        the spine). The NVSwitch never limits beyond each GPU's own NVLinks. ``arch`` and
-        ``nvlinks`` are facts for NCCL's tuner model (ringcoll.sim.nccl), not for routes."""
+        a link each way GPU ↔ its NIC, one NVSwitch → NIC (PXN: a GPU sends through another
+        GPU's NIC over NVLink) and NIC ↔ its leaf, all at ``nic = (latency, β)`` (the latency on
+        the NIC → leaf link); rail k of every ``nodes_per_leaf`` nodes (default: all) on one leaf
+        switch, the leaves joined by a spine with ``nodes_per_leaf`` lanes each way at β ·
+        ``oversubscription`` and ``fabric_latency``. The NVSwitch never limits beyond each GPU's
+        own NVLinks. ``arch`` and ``nvlinks`` are facts for NCCL's tuner model
+        (ringcoll.sim.nccl), not for routes."""
         for name, v in (("nodes", nodes), ("gpus", gpus), ("nics", nics)):
             _positive_int(name, v)
         if nics > gpus:
             raise ValueError(f"nics must be at most gpus ({gpus}) per node, got {nics!r}")
+        per_leaf = nodes if nodes_per_leaf is None else _positive_int("nodes_per_leaf", nodes_per_leaf)
         if isinstance(oversubscription, bool) or not isinstance(oversubscription, (int, float)) \
                 or oversubscription < 1:
             raise ValueError(f"oversubscription must be a number >= 1, got {oversubscription!r}")
@@ -338,7 +342,8 @@ class Network:
         self.hosts = nodes * gpus
         switch0, nic0 = self.hosts, self.hosts + nodes
         leaf0 = nic0 + nodes * nics
-        spine = leaf0 + nics
+        groups = -(-nodes // per_leaf)
+        spine = leaf0 + groups * nics
         self.links, self.position = [], {}
         self.group = tuple(h // gpus for h in range(self.hosts))
         for h in range(self.hosts):
@@ -352,27 +357,36 @@ class Network:
         for n in range(nodes):
             self.position[switch0 + n] = (n * gpus + (gpus - 1) / 2, 1)
             for k in range(nics):
-                card = nic0 + n * nics + k
+                card, leaf = nic0 + n * nics + k, leaf0 + (n // per_leaf) * nics + k
                 self.position[card] = (n * gpus + (k + 0.5) * gpus / nics - 0.5, 2)
-                self._add(card, leaf0 + k, nic[0], nic[1], 1, "rail")
-                self._add(leaf0 + k, card, 0.0, nic[1], 1, "rail")
-        for k in range(nics):
-            self.position[leaf0 + k] = ((k + 0.5) * self.hosts / nics - 0.5, 3)
-            self._add(leaf0 + k, spine, fabric_latency, nic[1] * oversubscription, nodes, "spine")
-            self._add(spine, leaf0 + k, 0.0, nic[1] * oversubscription, nodes, "spine")
+                self._add(switch0 + n, card, 0.0, nic[1], 1, "pxn")
+                self._add(card, leaf, nic[0], nic[1], 1, "rail")
+                self._add(leaf, card, 0.0, nic[1], 1, "rail")
+        for leaf in range(groups * nics):
+            self.position[leaf0 + leaf] = ((leaf + 0.5) * self.hosts / (groups * nics) - 0.5, 3)
+            if groups > 1:
+                self._add(leaf0 + leaf, spine, fabric_latency, nic[1] * oversubscription, per_leaf, "spine")
+                self._add(spine, leaf0 + leaf, 0.0, nic[1] * oversubscription, per_leaf, "spine")
         self.position[spine] = ((self.hosts - 1) / 2, 4)
 
     def _gpu_route(self, a, b):
+        """GPU ``a`` to GPU ``b`` (:meth:`_build_gpu_cluster`): through the NVSwitch inside a
+        node; between nodes on the destination's rail, from ``a``'s own NIC when it is on that
+        rail, else over NVLink to the NIC of that rail (PXN), through the spine only between
+        leaves."""
         p = self.params
         gpus, nics, nodes = p["gpus"], p["nics"], p["nodes"]
+        per_leaf = p.get("nodes_per_leaf") or nodes
         na, nb = a // gpus, b // gpus
         switch0, nic0 = self.hosts, self.hosts + nodes
         if na == nb:
             return self._path([a, switch0 + na, b])
         ka, kb = (a % gpus) * nics // gpus, (b % gpus) * nics // gpus
         leaf0 = nic0 + nodes * nics
-        middle = [leaf0 + ka] if ka == kb else [leaf0 + ka, leaf0 + nics, leaf0 + kb]
-        return self._path([a, nic0 + na * nics + ka, *middle, nic0 + nb * nics + kb, b])
+        la, lb = leaf0 + (na // per_leaf) * nics + kb, leaf0 + (nb // per_leaf) * nics + kb
+        start = [a] if ka == kb else [a, switch0 + na]
+        middle = [la] if la == lb else [la, leaf0 + -(-nodes // per_leaf) * nics, lb]
+        return self._path([*start, nic0 + na * nics + kb, *middle, nic0 + nb * nics + kb, b])
 
     def _build_nodes(self, nodes, intra, inter, nic_ports):
         """A 2-level machine (:meth:`ringcoll.Machine.hierarchical`) as a network: host h is

@@ -560,27 +560,31 @@ def test_a_two_level_machine_gives_its_nodes_to_every_schedule_and_to_predicted(
 
 
 def test_gpu_cluster_routes_nvlink_inside_a_node_and_rails_between_nodes():
-    """``Machine.gpu_cluster``: GPU → NVSwitch → GPU inside a node; between nodes GPU → its
-    rail's NIC → the rail's leaf (→ spine → the other rail's leaf when the rails differ) →
-    NIC → GPU. One message of n bytes: α + 2 NVLink latencies + n/NVLink bandwidth inside a
-    node, α + NIC latency + n/NIC bandwidth between nodes on one rail, plus the fabric latency
-    through the spine. The machine gives its nodes to the node-aware schedules and round-trips
-    through JSON; a preset is the gpu_cluster of its cited constants."""
-    machine = ringcoll.Machine.gpu_cluster(2, 4, nvlink_bandwidth=400e9, nics_per_node=2, nic_bandwidth=50e9,
-                                           alpha=2e-6, nic_latency=5e-6, nvlink_latency=1e-7,
-                                           fabric_latency=1e-6, oversubscription=2)
-    net = machine.network
+    """``Machine.gpu_cluster``: GPU → NVSwitch → GPU inside a node; between nodes on the
+    destination's rail: from the sender's own NIC when it is on that rail, else NVSwitch →
+    that rail's NIC (PXN); through the spine only between leaves. One message of n bytes:
+    α + 2 NVLink latencies + n/NVLink bandwidth inside a node, α + NIC latency + n/NIC
+    bandwidth on one rail and leaf, + one NVLink latency through PXN, + the fabric latency
+    and the 2:1 spine's halved bandwidth between leaves. The machine gives its nodes to the
+    node-aware schedules and round-trips through JSON; a preset is the gpu_cluster of its
+    cited constants."""
+    kw = dict(nvlink_bandwidth=400e9, nics_per_node=2, nic_bandwidth=50e9, alpha=2e-6, nic_latency=5e-6,
+              nvlink_latency=1e-7, fabric_latency=1e-6, oversubscription=2)
+    machine = ringcoll.Machine.gpu_cluster(2, 4, **kw)
+    apart = ringcoll.Machine.gpu_cluster(2, 4, nodes_per_leaf=1, **kw)
     assert machine.nodes(8) == (0,) * 4 + (1,) * 4
-    assert ringcoll.Machine.from_dict(machine.to_dict()) == machine
-    levels = lambda a, b: [net.links[i].level for i in net.route(a, b)]        # noqa: E731
-    assert levels(0, 3) == ["nvlink", "nvlink"]
-    assert levels(1, 5) == ["pcie", "rail", "rail", "pcie"]                    # GPU 1 and GPU 5: rail 0
-    assert levels(1, 6) == ["pcie", "rail", "spine", "spine", "rail", "pcie"]  # rail 0 to rail 1
+    assert ringcoll.Machine.from_dict(apart.to_dict()) == apart
     n = 1 << 20
-    for peer, want in ((3, 2e-6 + 2e-7 + n / 400e9), (5, 2e-6 + 5e-6 + n / 50e9),
-                       (6, 2e-6 + 6e-6 + n * 2 / 50e9)):        # the 2:1 spine halves the bandwidth
-        alpha, beta = net.price(net.route(1, peer), machine.alpha, machine.beta)
-        assert alpha + n * beta == pytest.approx(want, rel=1e-12)
+    cases = [(machine, 3, ["nvlink", "nvlink"], 2e-6 + 2e-7 + n / 400e9),
+             (machine, 5, ["pcie", "rail", "rail", "pcie"], 2e-6 + 5e-6 + n / 50e9),      # GPUs 1, 5: rail 0
+             (machine, 6, ["nvlink", "pxn", "rail", "rail", "pcie"], 2e-6 + 1e-7 + 5e-6 + n / 50e9),  # to rail 1
+             (apart, 5, ["pcie", "rail", "spine", "spine", "rail", "pcie"], 2e-6 + 6e-6 + n * 2 / 50e9)]
+    for on, peer, levels, want in cases:
+        net = on.network
+        path = net.route(1, peer)
+        assert [net.links[i].level for i in path] == levels, peer
+        alpha, beta = net.price(path, on.alpha, on.beta)
+        assert alpha + n * beta == pytest.approx(want, rel=1e-12), peer
     h100 = ringcoll.Machine.preset("dgx-h100", nodes=2)
     assert h100 == ringcoll.Machine.gpu_cluster(2, 8, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=8,
                                                 nic_bandwidth=50e9, arch="hopper")
