@@ -18,7 +18,7 @@ import functools
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from . import all_reduce  # noqa: F401 - the classic algorithms register (and are listed) first
-from .hierarchical import _nodes, members_of
+from .hierarchical import _nodes, _rows_period, members_of
 from .registry import Cost, register
 from .trees import Phase, Tree, TreePipeline, halves, nccl_dtree, pipeline, pipelined_tree_cost, port_split, \
     segment_count, segment_numel
@@ -42,6 +42,17 @@ def _ring_channels(world: int, local_size: Optional[int]) -> int:
     return 1 if local >= world else local
 
 
+def _ring_period(world: int, layout: Layout):
+    """``symmetry`` of nccl_ring: on one node the ring's rotation; on nodes of L consecutive
+    ranks, all alike, a shift by whole nodes maps every channel's ring onto itself (period L);
+    both when every channel's chunks are equal (numel a multiple of channels × world)."""
+    nodes = layout.get("nodes") or (0,) * world
+    channels = len(channel_rings(tuple(nodes)))
+    if layout.numel % (world * channels):
+        return None
+    return _rows_period(nodes, world, layout.numel, True)
+
+
 def _nccl_ring_cost(world: int, nbytes: int, segment=None, local_size: Optional[int] = None) -> Cost:
     channels = _ring_channels(world, local_size)
     share = (world - 1) / world * nbytes
@@ -49,7 +60,7 @@ def _nccl_ring_cost(world: int, nbytes: int, segment=None, local_size: Optional[
     return Cost(2 * (world - 1) * k * channels, 2 * share, share)
 
 
-@register("all_reduce", "nccl_ring", cost=_nccl_ring_cost, auto=False)
+@register("all_reduce", "nccl_ring", cost=_nccl_ring_cost, symmetry=_ring_period, auto=False)
 @needs_nodes
 def all_reduce_nccl_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """NCCL's ring all-reduce on channels: the vector cut into one part per channel

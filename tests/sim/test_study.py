@@ -137,7 +137,7 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
     flat = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
     mirrored = 0
     for world in WORLDS:
-        layouts = [None] + ([2, 4] if algorithm == "hierarchical" else [])
+        layouts = [None] + ([2, 4] if algorithm in ("hierarchical", "nccl_ring") else [])
         for local_size in layouts:
             if local_size and world % local_size:
                 continue
