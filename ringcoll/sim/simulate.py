@@ -188,8 +188,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         record = world <= 256
     nodes, nodes_from = run_nodes(world, local_size, chosen_on)
     ctx = functools.partial(Context, world=world, nodes=nodes, nodes_from=nodes_from, machine=chosen_on)
-    def build(name):
-        return _plans(collective, name, world, inputs, numel, dtype, call, data, check, kwargs, ctx)
+    build = functools.partial(_plans, collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx)
     if algorithm == "nccl":
         (plans, before, after), choice = _nccl(collective, world, machine, build)
     else:
@@ -265,8 +264,9 @@ def _nccl(collective, world, machine, build) -> tuple:
     return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
 
 
-def _plans(collective, algorithm, world, inputs, numel, dtype, call, data, check, kwargs, ctx) -> tuple:
-    """Every rank's plan, and with ``check`` each rank's arguments before and after the run."""
+def _plans(collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx, algorithm) -> tuple:
+    """Every rank's plan of ``algorithm``, and with ``check`` each rank's arguments before and
+    after the run."""
     plans, before, after = [], [], []
     build = BUILDERS[collective]
     by_numel = numel is not None and call is None and inputs is None
