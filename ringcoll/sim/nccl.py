@@ -121,7 +121,6 @@ class Facts:
     nodes: int
     nvlink: float           # a GPU's NVLink bandwidth as NCCL counts it (links × per-link)
     net: float              # NIC bandwidth per GPU, GB/s
-    nvswitch: bool
 
     @classmethod
     def of(cls, machine: Machine, world: int) -> "Facts":
@@ -134,7 +133,7 @@ class Facts:
         links = p.get("nvlinks")
         per_gpu = links * NVLINK_BW[p["arch"]] if links else 1 / net.params["nvlink"][1] / 1e9
         nic = 1 / p["nic"][1] / 1e9 * p["nics"] / p["gpus"]
-        return cls(p["arch"], world, nodes, per_gpu, nic, True)
+        return cls(p["arch"], world, nodes, per_gpu, nic)
 
 
 def _graph_bw(f: Facts) -> float:
