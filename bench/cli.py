@@ -100,6 +100,11 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _presets() -> List[str]:
+    from ..cost.gpu import presets
+    return presets()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringcoll-bench", description=__doc__.split("\n\n")[0].replace("``", ""),
@@ -149,6 +154,10 @@ def parser() -> argparse.ArgumentParser:
                         "collective and size band the fastest algorithm measured (default file: "
                         "<stem>_tuning.csv in the results directory)")
     p.add_argument("--list", action="store_true", help="list the benchmarkable collectives and exit")
+    p.add_argument("--simulate", metavar="MACHINE", choices=_presets(),
+                   help=f"no ranks: every algorithm on the simulator's clock on this GPU cluster against "
+                        f"NCCL's model (ringcoll.bench.simulated), one of {', '.join(_presets())}")
+    p.add_argument("--nodes", type=int, default=1, help="--simulate: nodes of the machine")
     p.add_argument("--workload", choices=("ddp", "fsdp"),
                    help="time a training step (DDP or FSDP2) on backend 'ringcoll' vs 'gloo' instead")
     p.add_argument("--width", type=int, default=1024, help="--workload: the MLP's width")
@@ -458,6 +467,17 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
             raise SystemExit(f"ringcoll-bench: {flag} must be >= 0, got {value}")
     if options.iters == 0:
         raise SystemExit("ringcoll-bench: -n/--iters must be >= 1")
+    if options.simulate:
+        from .simulated import MODELLED, run as run_simulated
+
+        try:
+            chosen = choose_collectives(options.collective, {name: () for name in MODELLED})
+        except OptionError as error:
+            raise SystemExit(f"ringcoll-bench: --simulate prices {sorted(MODELLED)} (NCCL's model): {error}")
+        if options.nodes < 1:
+            raise SystemExit(f"ringcoll-bench: --nodes must be >= 1, got {options.nodes}")
+        return run_simulated(options, chosen, size_range(options.minbytes, options.maxbytes, options.stepfactor,
+                                                         options.stepbytes))
     if options.workload:
         from .workloads import run as run_workload
 

@@ -29,7 +29,8 @@ def ddp_comm_hook(algorithm: str = "auto") -> Callable:
             ``ringcoll.algorithms("all_reduce")``: ``ring``, ``recursive_doubling``,
             ``rabenseifner``, ``double_binary_tree``, ``swing_latency``, ``swing_bandwidth``,
             ``swing_torus_bandwidth``, ``swing_torus_latency``, ``bine``, ``direct``,
-            ``hierarchical``, ``torus2d``, ``bucket_torus``, ``rabenseifner_far``.
+            ``hierarchical``, ``torus2d``, ``bucket_torus``, ``rabenseifner_far``, ``nccl_ring``,
+            ``nccl_tree``.
 
     Returns:
         ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``, which resolves to the

@@ -155,6 +155,32 @@ class Machine:
                    network=_network("graph", placement=placement, hop_latency=hop_latency,
                                     links=[tuple(link) for link in links], hosts=hosts, routes=routes))
 
+    @classmethod
+    def gpu_cluster(cls, nodes: int, gpus_per_node: int, **kwargs) -> "Machine":
+        """``nodes`` nodes of ``gpus_per_node`` GPUs on an NVSwitch, ``nics_per_node`` NICs
+        per node on rails into a spine (``oversubscription``:1), per-level latency and
+        bandwidth (:func:`ringcoll.cost.gpu.gpu_cluster` lists the keywords).
+
+        >>> ringcoll.Machine.gpu_cluster(2, 8, nvlink_bandwidth=450e9, nics_per_node=8, nic_bandwidth=50e9)"""
+        from .gpu import gpu_cluster
+        return gpu_cluster(cls, nodes, gpus_per_node, **kwargs)
+
+    @classmethod
+    def preset(cls, name: str, nodes: int = 1, nics_per_node: Optional[int] = None, **overrides) -> "Machine":
+        """A published system's :meth:`gpu_cluster` from its spec sheets (every constant
+        cited in :mod:`ringcoll.cost.gpu`): ``nodes`` nodes of preset ``name``
+        (:meth:`presets`), ``nics_per_node`` NICs each (default: the system's).
+
+        >>> ringcoll.Machine.preset("dgx-h100", nodes=2)"""
+        from .gpu import preset
+        return preset(cls, name, nodes, nics_per_node, **overrides)
+
+    @staticmethod
+    def presets() -> list:
+        """The names :meth:`preset` takes."""
+        from .gpu import presets
+        return presets()
+
     @property
     def flat(self) -> bool:
         """No nodes (a network machine is flat in this sense: its links are in ``network``)."""
@@ -199,8 +225,11 @@ class Machine:
         return max(self.alpha, self.inter_alpha), max(self.beta, self.inter_beta)
 
     def nodes(self, world: int) -> Optional[Tuple[int, ...]]:
-        """The node of each of ``world`` ranks on this machine (None on a flat one): the
-        layout its node-aware schedules take when the caller gives none."""
+        """The node of each of ``world`` ranks on this machine (a 2-level machine's, a GPU
+        cluster's; None on any other): the layout its node-aware schedules take when the
+        caller gives none."""
+        if self.network is not None and self.network.kind == "gpu_cluster":
+            return tuple(self.network.groups_of(self.network.hosts_of(world)))
         if self.ranks_per_node is None:
             return None
         return tuple(self.node_of(rank) for rank in range(world))

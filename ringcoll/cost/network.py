@@ -15,6 +15,10 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
   links, the i-th with i = source host mod their number;
 - any graph (:meth:`Network.from_graph`): the routes given, else a shortest path in hops,
   ties broken towards the smallest node ids (breadth-first search from the destination);
+- a GPU cluster ("gpu_cluster", :meth:`ringcoll.Machine.gpu_cluster`): inside a node GPU →
+  NVSwitch → GPU; between nodes on the destination GPU's rail: the sender's NIC when it is on
+  that rail, else NVSwitch → that rail's NIC (PXN), → the rail's leaf switch (→ the spine →
+  the destination's leaf when the nodes are on different leaves) → NIC → GPU;
 - a 2-level machine's nodes ("nodes", :meth:`ringcoll.Machine.network_for`): inside a node no
   link, between nodes the source node's NIC up-link then the destination node's down-link,
   both held per message like ports (``Link.hold``), priced at the inter-node α and β.
@@ -35,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-KINDS = ("torus", "mesh", "fat_tree", "dragonfly", "graph", "nodes")
+KINDS = ("torus", "mesh", "fat_tree", "dragonfly", "graph", "nodes", "gpu_cluster")
 
 #: how a link is held: for the message's wire time n·β_path, in the earliest gap of a lane
 #: ("wire"), or like a port for the message's whole time α + n·β, a message taking the
@@ -143,6 +147,10 @@ class Network:
         elif self.kind == "dragonfly":
             what = (f"dragonfly of {p['groups']} groups x {p['routers']} routers x {p['hosts']} hosts, "
                     f"{p['global_links']} global links per router")
+        elif self.kind == "gpu_cluster":
+            what = (f"GPU cluster of {p['nodes']} node{'s' if p['nodes'] != 1 else ''} x {p['gpus']} GPUs "
+                    f"(NVSwitch), {p['nics']} NIC{'s' if p['nics'] != 1 else ''} per node on rails, "
+                    f"{p.get('nodes_per_leaf') or p['nodes']} nodes per leaf, {p['oversubscription']:g}:1 spine")
         elif self.kind == "nodes":
             count = len(self.links) // 2
             return (f"2-level: {self.hosts} ranks on {count} node{'s' if count != 1 else ''}, "
@@ -302,6 +310,83 @@ class Network:
                         v = router0 + t * routers + k // global_links
                         self._add(u, v, global_latency, g_beta, 1, "global")
                         self._add(v, u, global_latency, g_beta, 1, "global")
+
+    def _build_gpu_cluster(self, nodes, gpus, nics, nvlink, nic, oversubscription=1.0, fabric_latency=0.0,
+                           arch="hopper", nvlinks=None, nodes_per_leaf=None):
+        """A rail-optimised GPU cluster: ``nodes`` nodes of ``gpus`` GPUs (hosts, node-major),
+        each node an NVSwitch (node ``hosts + n``) joined to each of its GPUs by a link each way
+        at ``nvlink = (latency, β)`` (β per direction of one GPU's NVLinks together); ``nics``
+        NICs per node (node ``hosts + nodes + n·nics + k``), GPU g on rail k = g·nics // gpus,
+        a link each way GPU ↔ its NIC, one NVSwitch → NIC (PXN: a GPU sends through another
+        GPU's NIC over NVLink) and NIC ↔ its leaf, all at ``nic = (latency, β)`` (the latency on
+        the NIC → leaf link); rail k of every ``nodes_per_leaf`` nodes (default: all) on one leaf
+        switch, the leaves joined by a spine with ``nodes_per_leaf`` lanes each way at β ·
+        ``oversubscription`` and ``fabric_latency``. The NVSwitch never limits beyond each GPU's
+        own NVLinks. ``arch`` and ``nvlinks`` are facts for NCCL's tuner model
+        (ringcoll.cost.nccl), not for routes."""
+        for name, v in (("nodes", nodes), ("gpus", gpus), ("nics", nics)):
+            _positive_int(name, v)
+        if nics > gpus:
+            raise ValueError(f"nics must be at most gpus ({gpus}) per node, got {nics!r}")
+        per_leaf = nodes if nodes_per_leaf is None else _positive_int("nodes_per_leaf", nodes_per_leaf)
+        if isinstance(oversubscription, bool) or not isinstance(oversubscription, (int, float)) \
+                or oversubscription < 1:
+            raise ValueError(f"oversubscription must be a number >= 1, got {oversubscription!r}")
+        nvlink, nic = tuple(nvlink), tuple(nic)
+        for name, pair in (("nvlink", nvlink), ("nic", nic)):
+            if len(pair) != 2:
+                raise ValueError(f"{name} must be (latency, beta), got {pair!r}")
+            _seconds(f"{name} latency", pair[0]), _seconds(f"{name} beta", pair[1])
+        _seconds("fabric_latency", fabric_latency)
+        self.params.update(nvlink=nvlink, nic=nic)
+        self.hosts = nodes * gpus
+        switch0, nic0 = self.hosts, self.hosts + nodes
+        leaf0 = nic0 + nodes * nics
+        groups = -(-nodes // per_leaf)
+        spine = leaf0 + groups * nics
+        self.links, self.position = [], {}
+        self.group = tuple(h // gpus for h in range(self.hosts))
+        for h in range(self.hosts):
+            n, g = divmod(h, gpus)
+            self.position[h] = (h, 0)
+            self._add(h, switch0 + n, nvlink[0], nvlink[1], 1, "nvlink")
+            self._add(switch0 + n, h, nvlink[0], nvlink[1], 1, "nvlink")
+            card = nic0 + n * nics + g * nics // gpus
+            self._add(h, card, 0.0, nic[1], 1, "pcie")
+            self._add(card, h, 0.0, nic[1], 1, "pcie")
+        for n in range(nodes):
+            self.position[switch0 + n] = (n * gpus + (gpus - 1) / 2, 1)
+            for k in range(nics):
+                card, leaf = nic0 + n * nics + k, leaf0 + (n // per_leaf) * nics + k
+                self.position[card] = (n * gpus + (k + 0.5) * gpus / nics - 0.5, 2)
+                self._add(switch0 + n, card, 0.0, nic[1], 1, "pxn")
+                self._add(card, leaf, nic[0], nic[1], 1, "rail")
+                self._add(leaf, card, 0.0, nic[1], 1, "rail")
+        for leaf in range(groups * nics):
+            self.position[leaf0 + leaf] = ((leaf + 0.5) * self.hosts / (groups * nics) - 0.5, 3)
+            if groups > 1:
+                self._add(leaf0 + leaf, spine, fabric_latency, nic[1] * oversubscription, per_leaf, "spine")
+                self._add(spine, leaf0 + leaf, 0.0, nic[1] * oversubscription, per_leaf, "spine")
+        self.position[spine] = ((self.hosts - 1) / 2, 4)
+
+    def _gpu_route(self, a, b):
+        """GPU ``a`` to GPU ``b`` (:meth:`_build_gpu_cluster`): through the NVSwitch inside a
+        node; between nodes on the destination's rail, from ``a``'s own NIC when it is on that
+        rail, else over NVLink to the NIC of that rail (PXN), through the spine only between
+        leaves."""
+        p = self.params
+        gpus, nics, nodes = p["gpus"], p["nics"], p["nodes"]
+        per_leaf = p.get("nodes_per_leaf") or nodes
+        na, nb = a // gpus, b // gpus
+        switch0, nic0 = self.hosts, self.hosts + nodes
+        if na == nb:
+            return self._path([a, switch0 + na, b])
+        ka, kb = (a % gpus) * nics // gpus, (b % gpus) * nics // gpus
+        leaf0 = nic0 + nodes * nics
+        la, lb = leaf0 + (na // per_leaf) * nics + kb, leaf0 + (nb // per_leaf) * nics + kb
+        start = [a] if ka == kb else [a, switch0 + na]
+        middle = [la] if la == lb else [la, leaf0 + -(-nodes // per_leaf) * nics, lb]
+        return self._path([*start, nic0 + na * nics + kb, *middle, nic0 + nb * nics + kb, b])
 
     def _build_nodes(self, nodes, intra, inter, nic_ports):
         """A 2-level machine (:meth:`ringcoll.Machine.hierarchical`) as a network: host h is
@@ -473,6 +558,8 @@ class Network:
             core = up * half + (b // half) % half
             return self._path([a, leaf0 + la, agg0 + pa * half + up, core0 + core,
                                agg0 + pb * half + up, leaf0 + lb, b])
+        if kind == "gpu_cluster":
+            return self._gpu_route(a, b)
         if kind == "nodes":
             na, nb = self.group[a], self.group[b]
             return [] if na == nb else [2 * na, 2 * nb + 1]

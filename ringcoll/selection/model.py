@@ -86,8 +86,9 @@ def model_nodes(world: int, on: Machine, nodes=None) -> Optional[tuple]:
         if len(nodes) != world:
             raise ValueError(f"nodes must give the node of each of the {world} ranks, got {len(nodes)}")
         return nodes
-    if not on.flat:
-        return on.nodes(world)
+    own = on.nodes(world)       # a 2-level machine's, a GPU cluster's: what simulate runs on
+    if own is not None:
+        return own
     size = local_size_from_env()
     return even_nodes(world, size) if size is not None else None
 

@@ -13,9 +13,9 @@ from ..api.common import Context
 from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.registry import BUILDER_OF, COLLECTIVE_OF, Algorithm, Cost, model  # noqa: F401 - the study's names
-from ..schedules.vocabulary import Send, Step
+from ..schedules.vocabulary import SEGMENT, Send, Step
 from .engine import SimStats, run_plans
-from ..runtime.nodes import even_nodes, model_local_size
+from ..runtime.nodes import describe_placement, even_nodes, model_local_size
 
 
 @dataclass
@@ -30,6 +30,8 @@ class Simulation:
     machine: Machine = field(default_factory=Machine)
     nbytes: int = 0               # the n of the cost model
     dtype: Optional[torch.dtype] = None   # the element type of the run (numel=: int64 unless dtype= says)
+    #: ``algorithm="nccl"``: what NCCL's tuner picks and its model's time (ringcoll.cost.nccl.Choice)
+    nccl: Optional[Any] = None
 
     @property
     def schedules(self) -> List[Sequence[Step]]:
@@ -40,18 +42,20 @@ class Simulation:
     def predicted(self) -> float:
         """The model's time on this machine, without link sharing.
 
-        On a flat or hierarchical machine: the algorithm's α-β-γ cost (``cost.on(machine)``,
-        every message at the slowest link's α and β on a hierarchical one; on a flat
-        single-port machine it is the clock's time). On a network machine
-        (``Machine.torus`` ...): the **contention-free time** of this run's messages, the
-        same schedules on the same ports with each message taking what its route costs
-        alone, α + Σ its links' latencies + hops · hop latency + n·β_path (β_path its
-        slowest link, or the machine's β), but no link ever shared; so it grows with hops
-        and placement, and ``stats.time - predicted`` is what link sharing costs. (A run
-        on the network with every message given a link of its own:
-        :func:`contention_free_time`; computed on first use.)
+        On a flat machine: the algorithm's α-β-γ cost (``cost.on(machine)``; on a
+        single-port machine it is the clock's time). On a machine with links (a 2-level
+        machine's NICs, ``Machine.torus`` ..., ``Machine.gpu_cluster``): the
+        **contention-free time** of this run's messages, the same schedules on the same ports
+        with each message taking what its route costs alone (the 2-level machine's intra- or
+        inter-node α and β; on a network α + Σ its links' latencies + hops · hop latency +
+        n·β_path, β_path its slowest link, or the machine's β), but no link ever shared; so
+        it grows with hops and placement, and ``stats.time - predicted`` is what link sharing
+        costs. (:func:`contention_free_time`; computed on first use.) With
+        ``algorithm="nccl"``: NCCL's own model's time of what its tuner picks (``sim.nccl``).
         """
-        if self.machine.network is None:
+        if self.nccl is not None:
+            return self.nccl.time
+        if self.machine.network_for(self.world) is None:
             return self.cost.on(self.machine)
         return contention_free_time(self.plans, self.machine)
 
@@ -88,29 +92,28 @@ class Simulation:
 
 
 def contention_free_time(plans: Sequence[Plan], machine: Machine) -> float:
-    """The clock's time of ``plans`` on network machine ``machine`` with no link shared: the
-    run again on a machine whose network joins each pair of ranks that exchange a message by
-    one link of its own (as many lanes as the machine has ports), with latency Σ the route's
-    link latencies + hops · hop latency and β the route's slowest (at least the machine's
-    β), so every message takes α + latencies + hops + n·β_path as on ``machine`` and waits
-    only for its ports and its step's dependencies."""
-    net = machine.network
+    """The clock's time of ``plans`` on ``machine`` (one with links: a network, or a 2-level
+    machine's NICs) with no link shared: the run again on a machine whose network joins each
+    pair of ranks that exchange a message by one link of its own (as many lanes as the
+    machine has ports) priced as the pair's route is priced on ``machine``
+    (:meth:`Network.price`: α + Σ the route's link latencies + hops · hop latency, β the
+    route's slowest, at least the machine's β; between a 2-level machine's nodes its
+    inter-node α and β), so every message takes what its route costs and waits only for its
+    ports and its step's dependencies."""
     world = len(plans)
+    net = machine.network_for(world)
     host = net.hosts_of(world)
     pairs = set()
     for plan in plans:
         for st in plan.algorithm.schedule(plan.rank, plan.world, plan.layout):
             pairs.update((plan.rank, c.peer) for c in st.comms if isinstance(c, Send) and c.peer != plan.rank)
-    links = []
-    for a, b in sorted(pairs):
-        path = net.route(host[a], host[b])
-        latency = sum(net.links[i].latency for i in path) + len(path) * net.hop_latency
-        beta = max([machine.beta] + [net.links[i].beta for i in path])
-        links.append((a, b, latency, beta, machine.ports))
+    # each pair's whole price on its own link; the hosts add nothing (α = β = 0)
+    links = [(a, b, *net.price(net.route(host[a], host[b]), machine.alpha, machine.beta), machine.ports)
+             for a, b in sorted(pairs)]
     alone = Machine(alpha=machine.alpha, beta=machine.beta, gamma=machine.gamma, ports=machine.ports)
     if links:
-        alone = Machine.from_graph(links, {(a, b): (a, b) for a, b, *_ in links}, hosts=world, alpha=machine.alpha,
-                                   beta=machine.beta, gamma=machine.gamma, ports=machine.ports)
+        alone = Machine.from_graph(links, {(a, b): (a, b) for a, b, *_ in links}, hosts=world, alpha=0.0,
+                                   beta=0.0, gamma=machine.gamma, ports=machine.ports)
     with torch.no_grad():
         return run_plans(plans, alone, data=False, record=False, symmetry=False).time
 
@@ -152,7 +155,12 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     naming the rank and the first wrong element. ``record`` (default: on up to 256 ranks)
     keeps the timeline that :meth:`Simulation.trace` and :meth:`Simulation.plot` draw.
     ``local_size`` puts the ranks on nodes for the node-aware algorithms (ringcoll.runtime.nodes):
-    an int for nodes of that many consecutive ranks, or a tuple giving each rank's node.
+    an int for nodes of that many consecutive ranks, or a tuple giving each rank's node; by
+    default the machine's own nodes (a 2-level machine's, a GPU cluster's: :func:`run_nodes`),
+    so every node-aware schedule, ``auto``'s model and the clock see one layout.
+    ``algorithm="nccl"`` (all_reduce on a GPU cluster): NCCL's tuner's pick by its own cost
+    formulas in ``sim.nccl`` (:mod:`ringcoll.cost.nccl`), its time ``sim.predicted``, run as
+    nccl_ring or nccl_tree (nccl_ring for NVLS) on the clock.
     ``symmetry`` (default on) lets a run without data and timeline run only the
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
@@ -171,35 +179,102 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     >>> sim.outputs[0][0]           # rank 0's reduced tensor
     >>> ringcoll.simulate("all_reduce", "ring", world=4096, numel=1 << 20, data=False).stats.time
     """
-    if collective not in BUILDERS:
-        raise ValueError(f"collective must be one of {sorted(BUILDERS)}, got {collective!r}")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world must be a positive int, got {world!r}")
-    if machine is not None and not isinstance(machine, Machine):
-        raise TypeError(f"machine must be a ringcoll.Machine, got {type(machine).__name__}")
-    # auto weighs the algorithms on the machine the caller named, as a group's Options does;
-    # the clock runs on the default machine when none was named
-    chosen_on, machine = machine, machine if machine is not None else Machine()
-    if not isinstance(symmetry, bool):
-        raise TypeError(f"symmetry must be a bool, got {type(symmetry).__name__} {symmetry!r}")
+    chosen_on, machine = _checked(collective, world, machine, symmetry)
     if check is None:
         check = data
     if check and not data:
         raise ValueError("check=True needs data=True (a run without data has no results to check)")
     if record is None:
         record = world <= 256
-    build = BUILDERS[collective]
-    nodes = local_size if local_size is None or isinstance(local_size, tuple) else even_nodes(world, local_size)
-    if nodes is not None and len(nodes) != world:
+    nodes, nodes_from = run_nodes(world, local_size, chosen_on)
+    ctx = functools.partial(Context, world=world, nodes=nodes, nodes_from=nodes_from, machine=chosen_on)
+    build = functools.partial(_plans, collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx)
+    if algorithm == "nccl":
+        (plans, before, after), choice = _nccl(collective, world, machine, build)
+    else:
+        (plans, before, after), choice = build(algorithm), None
+    with torch.no_grad():
+        stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
+    first = plans[0]
+    nbytes, cost = _cost(first, world, nodes)
+    sim = Simulation(collective, first.algorithm, world,
+                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype,
+                     choice)
+    if check:
+        from .check import check_results
+        check_results(collective, before, after)
+    return sim
+
+
+def _cost(first: Plan, world: int, nodes) -> tuple:
+    """(n, the α-β-γ cost at n) of a run whose rank 0 has plan ``first``."""
+    itemsize = torch.empty((), dtype=first.dtype).element_size()
+    nbytes = first.layout.numel * itemsize
+    segment = first.layout.get(SEGMENT)
+    return nbytes, model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
+                         local_size=model_local_size(nodes))
+
+
+def _checked(collective: str, world: int, machine: Optional[Machine], symmetry) -> tuple:
+    """simulate's arguments checked; (the machine auto weighs, None when none was named; the
+    machine the clock runs on: the default one when none was named)."""
+    if collective not in BUILDERS:
+        raise ValueError(f"collective must be one of {sorted(BUILDERS)}, got {collective!r}")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world must be a positive int, got {world!r}")
+    if machine is not None and not isinstance(machine, Machine):
+        raise TypeError(f"machine must be a ringcoll.Machine, got {type(machine).__name__}")
+    if not isinstance(symmetry, bool):
+        raise TypeError(f"symmetry must be a bool, got {type(symmetry).__name__} {symmetry!r}")
+    return machine, machine if machine is not None else Machine()
+
+
+def run_nodes(world: int, local_size, machine: Optional[Machine]) -> tuple:
+    """(nodes, where they came from) of a simulated run: ``local_size``'s (an int: nodes of
+    that many consecutive ranks; a tuple: each rank's node), else the machine's own
+    (:meth:`Machine.nodes`: a 2-level machine's, a GPU cluster's), else None (the
+    environment's RINGCOLL_LOCAL_SIZE, else one node). A ``local_size`` that puts the ranks on
+    other nodes than the machine's is refused: the schedule would run on one layout and the
+    clock price another."""
+    own = machine.nodes(world) if machine is not None else None
+    if local_size is None:
+        return own, (None if own is None else "the machine's nodes")
+    nodes = local_size if isinstance(local_size, tuple) else even_nodes(world, local_size)
+    if len(nodes) != world:
         raise ValueError(f"local_size as a tuple must give the node of each of the {world} ranks, got {len(nodes)}")
+    if own is not None and tuple(nodes) != own:
+        raise ValueError(f"local_size puts the ranks on nodes {describe_placement(nodes)}, the machine on "
+                         f"{describe_placement(own)}: give one placement (leave local_size out to take the machine's)")
+    return tuple(nodes), "simulate's local_size"
+
+
+def _nccl(collective, world, machine, build) -> tuple:
+    """``algorithm="nccl"``: the plans of the ringcoll schedule that runs the messages of
+    NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`:
+    nccl_ring or nccl_tree; NCCL's ring where NVLS, which reduces in the switch, is picked),
+    and the pick."""
+    from ..cost.nccl import choose
+
+    if COLLECTIVE_OF.get(collective, collective) != "all_reduce":
+        raise ValueError(f"algorithm='nccl' runs all_reduce (NCCL's ring and tree schedules), got {collective!r}")
+    built = build("nccl_ring")
+    first = built[0][0]
+    nbytes = first.layout.numel * torch.empty((), dtype=first.dtype).element_size()
+    choice = choose("all_reduce", nbytes, world, machine)
+    return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
+
+
+def _plans(collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx, algorithm) -> tuple:
+    """Every rank's plan of ``algorithm``, and with ``check`` each rank's arguments before and
+    after the run."""
     plans, before, after = [], [], []
+    build = BUILDERS[collective]
     by_numel = numel is not None and call is None and inputs is None
     if by_numel and (isinstance(numel, bool) or not isinstance(numel, int) or numel < 0):
         raise ValueError(f"numel must be a non-negative int, got {numel!r}")
     if by_numel and not data:
         # without data: one builder call serves every rank
-        plans = uniform_plans(collective, world, numel, dtype, {"algorithm": algorithm, **kwargs},
-                              Context(0, world, nodes=nodes, machine=chosen_on))
+        plans = uniform_plans(collective, world, numel, dtype, {"algorithm": algorithm, **kwargs}, ctx(0))
     for rank in range(len(plans), world):
         if call is not None:
             args, extra = call(rank)
@@ -218,18 +293,5 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
             before.append((_clone(args), dict(extra)))
         args = _clone(args) if data else args
         after.append(args)
-        plans.append(build(Context(rank, world, nodes=nodes, machine=chosen_on), *args, **extra))
-    with torch.no_grad():
-        stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
-    first = plans[0]
-    itemsize = torch.empty((), dtype=first.dtype).element_size()
-    nbytes = first.layout.numel * itemsize
-    segment = first.layout.get("segment")
-    cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
-                 local_size=model_local_size(nodes))
-    sim = Simulation(collective, first.algorithm, world,
-                     [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype)
-    if check:
-        from .check import check_results
-        check_results(collective, before, after)
-    return sim
+        plans.append(build(ctx(rank), *args, **extra))
+    return plans, before, after

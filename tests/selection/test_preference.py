@@ -1,6 +1,7 @@
 """``auto``'s ties and each collective's list follow the ``preference`` every registration
 declares (ringcoll.schedules.registry.register), not the order modules were imported in: the
-classic algorithms first (0-9), then Swing, Bine, direct, the node-aware and torus ones, PAT;
+classic algorithms first (0-9), then Swing, Bine, direct, the node-aware and torus ones, PAT,
+NCCL's;
 a user's algorithm without one after every built-in."""
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ringcoll.schedules import registry
 BANDS = {"swing_latency": range(10, 20), "swing_bandwidth": range(10, 20), "swing_torus_bandwidth": range(10, 20),
          "swing_torus_latency": range(10, 20), "bine": range(20, 30), "bine_near": range(20, 30),
          "direct": range(30, 40), "hierarchical": range(40, 50), "torus2d": range(40, 50),
-         "bucket_torus": range(40, 50), "pat": range(50, 60)}
+         "bucket_torus": range(40, 50), "pat": range(50, 60), "nccl_ring": range(60, 70),
+         "nccl_tree": range(60, 70)}
 CLASSIC = range(0, 10)
 
 

@@ -14,10 +14,10 @@ from ringcoll.sim.simulate import BUILDER_OF, rank_data
 from _util import SIM_WORLDS
 from ringcoll.sim.check import ResultError
 
-#: the pipelined trees' cost takes its critical path message times first, so where a path of
+#: the pipelined trees' cost (double_binary_tree, nccl_tree) takes its critical path message times first, so where a path of
 #: fewer messages but more reductions is longer on the clock it is a little short (0.003 % at
 #: most seen); every other algorithm's closed form is exact
-TOLERANCE = {"double_binary_tree": 0.01}
+TOLERANCE = {"double_binary_tree": 0.01, "nccl_tree": 0.01}
 KiB = 1024
 
 
@@ -137,7 +137,7 @@ def test_declared_symmetry_holds_on_every_rank(small_segments, collective, algor
     flat = ringcoll.Machine(alpha=2e-6, beta=1e-10, gamma=3e-11, ports=1)
     mirrored = 0
     for world in SIM_WORLDS:
-        layouts = [None] + ([2, 4] if algorithm == "hierarchical" else [])
+        layouts = [None] + ([2, 4] if algorithm in ("hierarchical", "nccl_ring") else [])
         for local_size in layouts:
             if local_size and world % local_size:
                 continue

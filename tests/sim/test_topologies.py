@@ -192,7 +192,8 @@ def test_predicted_is_the_contention_free_time_and_grows_with_hops():
     message is 1 hop and nothing is shared, so predicted is the clock and the α-β-γ cost with
     α + latency + hop latency; placed with stride 3 (rank r on host 3r mod 8) every message is
     3 hops, so predicted is the cost with α + 3(latency + hop latency), and three messages
-    share each link, so the clock is later still. Flat and 2-level machines: the cost model."""
+    share each link, so the clock is later still. A flat machine: the cost model (2-level
+    machines: test_a_two_level_machine_gives_its_nodes_to_every_schedule_and_to_predicted)."""
     kw = dict(alpha=2e-6, beta=1e-9, gamma=5e-10, latency=3e-7, hop_latency=1e-7)
     a, hop = kw["alpha"], kw["latency"] + kw["hop_latency"]
 
@@ -212,11 +213,9 @@ def test_predicted_is_the_contention_free_time_and_grows_with_hops():
     torus = ringcoll.Machine.torus((8,), **kw)
     far, near = run(torus, "rabenseifner_far"), run(torus, "rabenseifner")
     assert far.predicted == near.predicted and far.stats.time > near.stats.time > near.predicted
-    # flat and 2-level machines: the α-β-γ cost, as before
-    for machine in (ringcoll.Machine(**{k: kw[k] for k in ("alpha", "beta", "gamma")}),
-                    ringcoll.Machine.hierarchical(4, intra=(1e-6, 1e-10), inter=(5e-6, 1e-9))):
-        sim = run(machine)
-        assert sim.predicted == sim.cost.on(machine)
+    # a flat machine: the α-β-γ cost, as before
+    flat = ringcoll.Machine(**{k: kw[k] for k in ("alpha", "beta", "gamma")})
+    assert run(flat).predicted == run(flat).cost.on(flat)
 
 
 def two_level_graph(nodes, per_node, a, b, nic_latency, b2, lanes, gamma, hold="message"):
@@ -523,3 +522,77 @@ def test_every_all_reduce_ran_on_the_64x64_torus_within_a_minute(tag):
     for name, row in rows.items():
         assert not row.get("unfinished") and row["cpu_s"] <= 60, (name, row)
     assert rows["direct"]["clock"] == "compiled" and rows["direct"]["messages"] == 4096 * 4095
+
+
+def test_a_two_level_machine_gives_its_nodes_to_every_schedule_and_to_predicted():
+    """``simulate(machine=<2 nodes of 8>)`` runs the node-aware schedules on the machine's
+    nodes (the hierarchical all_reduce was one flat ring of 16 before), refuses a local_size
+    that puts the ranks elsewhere, and auto's model prices the candidates on those same nodes
+    (its time is the clock's). ``predicted`` there is the contention-free time: with a NIC
+    lane per rank nothing is shared and it is the clock; a ring of 2 nodes of 2 crosses each
+    NIC once per step, so every step costs the inter-node α + n/p·β (the α-β-γ cost at the
+    inter-node link)."""
+    from ringcoll.schedules.registry import algorithms
+    from ringcoll.selection import modelled_times
+
+    wide = ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9), inter=(5e-6, 1 / 20e9), nic_ports=8)
+    run = dict(world=16, numel=1 << 18, dtype=torch.float32, machine=wide, data=False)
+    two_level = ringcoll.simulate("all_reduce", "hierarchical", **run)
+    assert two_level.plans[0].layout["nodes"] == (0,) * 8 + (1,) * 8
+    assert two_level.stats.time == ringcoll.simulate("all_reduce", "hierarchical", local_size=8, **run).stats.time
+    assert two_level.predicted == pytest.approx(two_level.stats.time, rel=1e-12)
+    with pytest.raises(ValueError, match="local_size puts the ranks on nodes .* the machine on"):
+        ringcoll.simulate("all_reduce", "hierarchical", local_size=4, **run)
+    chosen = ringcoll.simulate("all_reduce", "auto", **run)
+    ranked = modelled_times("all_reduce", 4 << 18, 16, algorithms("all_reduce"), given=wide)
+    assert chosen.algorithm.name == ranked[0][1]
+    assert chosen.stats.time == pytest.approx(ranked[0][0], rel=1e-9)
+    assert dict((name, t) for t, name in ranked)["hierarchical"] == pytest.approx(two_level.stats.time, rel=1e-9)
+
+    machine = ringcoll.Machine.hierarchical(2, intra=(1e-6, 1 / 200e9), inter=(5e-6, 1 / 20e9))
+    ring = ringcoll.simulate("all_reduce", "ring", world=4, numel=4000, dtype=torch.float32, machine=machine)
+    assert ring.predicted == pytest.approx(ring.cost.time(5e-6, 1 / 20e9, machine.gamma), rel=1e-12)
+    assert ring.predicted == pytest.approx(ring.stats.time, rel=1e-12)
+    shared = ringcoll.simulate("all_reduce", "hierarchical", world=16, numel=1 << 18, dtype=torch.float32,
+                               machine=ringcoll.Machine.hierarchical(8, intra=(1e-6, 1 / 200e9),
+                                                                     inter=(5e-6, 1 / 20e9)), data=False)
+    assert shared.predicted < shared.stats.time         # 8 ranks share one NIC lane
+
+
+def test_gpu_cluster_routes_nvlink_inside_a_node_and_rails_between_nodes():
+    """``Machine.gpu_cluster``: GPU → NVSwitch → GPU inside a node; between nodes on the
+    destination's rail: from the sender's own NIC when it is on that rail, else NVSwitch →
+    that rail's NIC (PXN); through the spine only between leaves. One message of n bytes:
+    α + 2 NVLink latencies + n/NVLink bandwidth inside a node, α + NIC latency + n/NIC
+    bandwidth on one rail and leaf, + one NVLink latency through PXN, + the fabric latency
+    and the 2:1 spine's halved bandwidth between leaves. The machine gives its nodes to the
+    node-aware schedules and round-trips through JSON; a preset is the gpu_cluster of its
+    cited constants."""
+    kw = dict(nvlink_bandwidth=400e9, nics_per_node=2, nic_bandwidth=50e9, alpha=2e-6, nic_latency=5e-6,
+              nvlink_latency=1e-7, fabric_latency=1e-6, oversubscription=2)
+    machine = ringcoll.Machine.gpu_cluster(2, 4, **kw)
+    apart = ringcoll.Machine.gpu_cluster(2, 4, nodes_per_leaf=1, **kw)
+    assert machine.nodes(8) == (0,) * 4 + (1,) * 4
+    assert ringcoll.Machine.from_dict(apart.to_dict()) == apart
+    n = 1 << 20
+    cases = [(machine, 3, ["nvlink", "nvlink"], 2e-6 + 2e-7 + n / 400e9),
+             (machine, 5, ["pcie", "rail", "rail", "pcie"], 2e-6 + 5e-6 + n / 50e9),      # GPUs 1, 5: rail 0
+             (machine, 6, ["nvlink", "pxn", "rail", "rail", "pcie"], 2e-6 + 1e-7 + 5e-6 + n / 50e9),  # to rail 1
+             (apart, 5, ["pcie", "rail", "spine", "spine", "rail", "pcie"], 2e-6 + 6e-6 + n * 2 / 50e9)]
+    for on, peer, levels, want in cases:
+        net = on.network
+        path = net.route(1, peer)
+        assert [net.links[i].level for i in path] == levels, peer
+        alpha, beta = net.price(path, on.alpha, on.beta)
+        assert alpha + n * beta == pytest.approx(want, rel=1e-12), peer
+    h100 = ringcoll.Machine.preset("dgx-h100", nodes=2)
+    assert h100 == ringcoll.Machine.gpu_cluster(2, 8, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=8,
+                                                nic_bandwidth=50e9, arch="hopper")
+    assert ringcoll.Machine.preset("dgx-h100", nodes=2, nics_per_node=4).network.params["nics"] == 4
+    assert set(ringcoll.Machine.presets()) >= {"dgx-h100", "hgx-h100", "dgx-h200", "dgx-a100"}
+    with pytest.raises(ValueError, match="preset name must be one of"):
+        ringcoll.Machine.preset("dgx-h1000")
+    # the hierarchical all_reduce on the machine's nodes: its node-aware layout, not one flat ring
+    sim = ringcoll.simulate("all_reduce", "hierarchical", 16, numel=1 << 16, dtype=torch.float32,
+                            machine=h100, data=False)
+    assert sim.plans[0].layout["nodes"] == (0,) * 8 + (1,) * 8

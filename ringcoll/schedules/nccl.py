@@ -1,0 +1,169 @@
+"""NCCL's all-reduce algorithms as ringcoll schedules: its ring over channels and its tree.
+
+NCCL (github.com/NVIDIA/nccl, read at commit 5067397c) runs a collective on **channels**:
+the vector is cut into one part per channel and each part runs the algorithm on its own ring
+or tree, so that every channel crosses the node boundary on its own GPU and NIC
+(``src/graph/search.cc`` builds one ring per NIC; PXN sends over NVLink to the GPU beside
+the NIC). Its **tree** (``src/graph/trees.cc``, ``connect.cc``) is a chain through the GPUs
+of each node whose first GPU joins a double binary tree over the nodes. The protocols (LL,
+LL128, Simple) change what a byte costs on the wire, not which messages go where: they are in
+NCCL's tuner model (:mod:`ringcoll.cost.nccl`), not here.
+
+Both read the node of every rank from ``layout[NODES]`` (:mod:`ringcoll.runtime.nodes`; on a
+simulated GPU cluster the machine's nodes). A node's **members** are its ranks in rank order.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from . import all_reduce  # noqa: F401 - the classic algorithms register (and are listed) first
+from .hierarchical import _nodes, _rows_period, members_of
+from .registry import Cost, register
+from .trees import Phase, Tree, TreePipeline, halves, nccl_dtree, pipeline, pipelined_tree_cost, port_split, \
+    segment_count, segment_numel
+from .vocabulary import NODES, SEGMENT, Buf, Layout, Nodes, Step, chunks, needs_nodes, reduce, segmented, sendrecv, step
+
+
+def channel_rings(nodes: Nodes) -> List[Tuple[int, ...]]:
+    """NCCL's rings, one per channel: on one node a single ring in rank order; on several,
+    as many channels as the largest node has ranks, channel c visiting the nodes in order and
+    each node's members from its c-th on (``members[(c + j) % L]``), so each channel leaves a
+    node from a different GPU (onto a different rail) and every GPU starts one channel."""
+    members = members_of(nodes)
+    if len(members) == 1:
+        return [tuple(members[0])]
+    count = max(len(m) for m in members)
+    return [tuple(m[(c + j) % len(m)] for m in members for j in range(len(m))) for c in range(count)]
+
+
+def _ring_channels(world: int, local_size: Optional[int]) -> int:
+    local = local_size or world
+    return 1 if local >= world else local
+
+
+def _ring_period(world: int, layout: Layout):
+    """``symmetry`` of nccl_ring: on one node the ring's rotation; on nodes of L consecutive
+    ranks, all alike, a shift by whole nodes maps every channel's ring onto itself (period L);
+    both when every channel's chunks are equal (numel a multiple of channels × world)."""
+    nodes = layout.get(NODES) or (0,) * world
+    channels = len(channel_rings(tuple(nodes)))
+    if layout.numel % (world * channels):
+        return None
+    return _rows_period(nodes, world, layout.numel, True)
+
+
+def _nccl_ring_cost(world: int, nbytes: int, segment=None, local_size: Optional[int] = None) -> Cost:
+    channels = _ring_channels(world, local_size)
+    share = (world - 1) / world * nbytes
+    k = segment_count(-(-nbytes // (world * channels)), segment)
+    return Cost(2 * (world - 1) * k * channels, 2 * share, share)
+
+
+@register("all_reduce", "nccl_ring", cost=_nccl_ring_cost, symmetry=_ring_period, auto=False, preference=60)
+@needs_nodes
+def all_reduce_nccl_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """NCCL's ring all-reduce on channels: the vector cut into one part per channel
+    (:func:`channel_rings`: one on a single node, as many as a node has ranks on several),
+    each part a ring all-reduce around its channel's ring, one chunk per rank cut into
+    segments (``layout[SEGMENT]`` elements at most) that are pipelined; a step carries
+    every channel's segment, as NCCL's channels run side by side. Scatter-reduce: at step s
+    the rank at ring position m sends chunk m - s to its right and reduces chunk m - s - 1,
+    received from its left, into its own; all-gather: the reduced chunks travel p - 1 steps
+    further. Every chunk is reduced once, in ring order, and copied: bitwise identical.
+
+    Cost: C channels (C = 1 on one node, L on nodes of L ranks), k segments per channel's
+    chunk: 2(p-1)kC·α + 2(p-1)/p·nβ + (p-1)/p·nγ on a flat machine (the channels share the
+    rank's port there); on a GPU cluster each channel crosses the node boundary on its own
+    rail, so the inter-node bytes per NIC fall by the channels per NIC.
+    """
+    if world == 1:
+        return
+    rings = channel_rings(_nodes(layout, world))
+    parts = chunks("data", layout.numel, len(rings))
+    segs = [segmented(chunks("data", part.numel, world, part.start), layout.get(SEGMENT)) for part in parts]
+    count = max(len(s[0]) for s in segs)
+    slot_size = max(s[0][0].numel for s in segs)
+    where = [ring.index(rank) for ring in rings]
+    slot = 0
+    for phase in (0, 1):                                 # scatter-reduce, then all-gather
+        for s in range(world - 1):
+            for k in range(count):
+                comms, local = [], []
+                for c, (ring, m) in enumerate(zip(rings, where)):
+                    if k >= len(segs[c][0]):
+                        continue
+                    send_idx, recv_idx = (m - s + phase) % world, (m - s - 1 + phase) % world
+                    right, left = ring[(m + 1) % world], ring[(m - 1) % world]
+                    target = segs[c][recv_idx][k]
+                    recv_buf = target
+                    if phase == 0:
+                        start = (2 * c + slot) * slot_size
+                        recv_buf = Buf("scratch", start, start + target.numel)
+                        local.append(reduce(target, recv_buf))
+                    comms.extend(sendrecv(right, segs[c][send_idx][k], left, recv_buf))
+                slot = 1 - slot if phase == 0 else slot
+                yield step(comms, local)
+
+
+@functools.lru_cache(maxsize=32)
+def nccl_trees(nodes: Nodes) -> Tuple[Tree, Tree]:
+    """NCCL's two trees over ranks on ``nodes``: inside each node a chain through its
+    members in rank order; across nodes NCCL's double binary tree over the nodes
+    (:func:`ringcoll.schedules.trees.nccl_dtree`), a node's first member joining its parent
+    node's first member and its child nodes' first members."""
+    members = members_of(nodes)
+    count, world = len(members), len(nodes)
+    across = [nccl_dtree(count, n) for n in range(count)]
+    trees = []
+    for which in (0, 1):
+        def node(rank: int, which=which) -> Tuple[Optional[int], Sequence[int]]:
+            mine = members[nodes[rank]]
+            i = mine.index(rank)
+            below = [mine[i + 1]] if i + 1 < len(mine) else []
+            if i:
+                return mine[i - 1], below
+            parent, children = across[nodes[rank]][which]
+            return (None if parent is None else members[parent][0]), below + [members[c][0] for c in children]
+        trees.append(Tree.build(world, node))
+    return trees[0], trees[1]
+
+
+@functools.lru_cache(maxsize=32)
+def nccl_tree_pipeline(nodes: Nodes) -> TreePipeline:
+    """The NCCL tree all-reduce's four pipelines: each tree up, then down from its top's step."""
+    first, second = nccl_trees(nodes)
+    return TreePipeline(((first, True, 0), (first, False, first.height),
+                         (second, True, 0), (second, False, second.height)))
+
+
+def _nccl_tree_cost(world: int, nbytes: int, segment=None, local_size: Optional[int] = None) -> Cost:
+    local = local_size or world
+    nodes = tuple(rank // local for rank in range(world))
+    return pipelined_tree_cost(nccl_tree_pipeline(nodes), nbytes, segment)
+
+
+@register("all_reduce", "nccl_tree", cost=_nccl_tree_cost, auto=False, preference=61)
+@needs_nodes
+def all_reduce_nccl_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """NCCL's tree all-reduce: a chain through each node's ranks whose first rank joins NCCL's
+    double binary tree over the nodes (:func:`nccl_trees`); the first tree carries the first
+    half of the vector, the second the other, each in segments pipelined up (a rank reduces
+    its children's segment into its own, ``data (op) chain child (op) tree children``, and
+    sends it up) then down from the top, on one clock as ``double_binary_tree`` runs
+    (:func:`ringcoll.schedules.trees.pipeline`). Each segment of the result is reduced once,
+    at a top, and copied everywhere: bitwise identical.
+
+    Cost: on one node a chain of p: ≈ (2k + 2p)(α + sβ) per tree pipeline; across N nodes of L
+    the critical path is 2(L - 1 + lg N) message times for the first segment and each further
+    one adds the busiest rank's messages, k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree,
+    ≈ 2nβ + nγ for large k (``TreePipeline.time``: the clock's time on a flat machine).
+    """
+    if world == 1:
+        return
+    segs_a, segs_b = halves(layout.numel, segment_numel(layout))
+    slot = max(s.numel for s in segs_a + segs_b)
+    pipe = nccl_tree_pipeline(_nodes(layout, world))
+    phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
+              in zip(pipe.phases, (segs_a, segs_a, segs_b, segs_b), (0, 0, 3, 3))]
+    yield from pipeline(rank, phases, slot, port_split(pipe, layout))

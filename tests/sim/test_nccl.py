@@ -1,0 +1,109 @@
+"""NCCL's tuner model (ringcoll.cost.nccl) and ``simulate(..., algorithm="nccl")``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ringcoll
+from ringcoll.cost import nccl
+
+
+def test_tuner_table_follows_ncclTopoTuneModel_by_hand():
+    """One DGX H100 node, all_reduce, p = 8 (nsteps 14): the ring's Simple latency is its base
+    8.4 µs + 14 NVLink steps of 3.4 µs; its bandwidth a GPU's 18 NVLinks at 20.6 GB/s turned
+    into algorithm bandwidth by p / nsteps; LL halves it, at most llMaxBw 141, LL128 × 0.92; the
+    tree all_reduce × 0.92 then × 0.5; NVLS 0.85 · 15/16 · 2 of it, × p / nsteps."""
+    facts = nccl.Facts.of(ringcoll.Machine.preset("dgx-h100"), 8)
+    table = nccl.tuner_table("all_reduce", facts)
+    bus = 18 * 20.6
+    assert table["ring", "Simple"][:2] == pytest.approx((8.4 + 14 * 3.4, bus * 8 / 14))
+    assert table["ring", "LL"][:2] == pytest.approx((6.6 + 14 * 0.6, min(141.0, bus * 0.5) * 8 / 14))
+    assert table["ring", "LL128"][1] == pytest.approx(bus * 0.92 * 8 / 14)
+    assert table["tree", "Simple"][:2] == pytest.approx((8.4 + 2 * 7 * 4.0, bus * 0.92 * 0.5))
+    assert table["nvls", "Simple"][:2] == pytest.approx((25.0, bus * 0.85 * 15 / 16 * 2 * 8 / 14))
+    assert ("nvls_tree", "Simple") not in table                  # one node: no NVLS tree
+    two = nccl.tuner_table("all_reduce", nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2), 16))
+    # 2 nodes: 2 of the 30 steps cross the network (14 µs each), the others at least 3 µs
+    assert two["ring", "Simple"][0] == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
+    assert two["tree", "Simple"][0] == pytest.approx(8.4 + 2 * (7 * 4.0 + 1 * 14))
+    assert ("nvls", "Simple") not in two and ("nvls_tree", "Simple") in two
+
+
+def test_choice_by_size_protocol_and_channels():
+    """Small messages take LL on few channels (a channel needs bytes for its threads), large
+    ones Simple or NVLS on all; an A100 node has no NVLS, so the ring carries large ones; the
+    time is NCCL's latency + bytes / bandwidth."""
+    h100, a100 = ringcoll.Machine.preset("dgx-h100"), ringcoll.Machine.preset("dgx-a100")
+    small = nccl.choose("all_reduce", 1024, 8, h100)
+    assert (small.algorithm, small.protocol, small.channels) == ("ring", "LL", 1)
+    big = nccl.choose("all_reduce", 1 << 30, 8, h100)
+    assert (big.algorithm, big.protocol, big.channels) == ("nvls", "Simple", 16)
+    ring = nccl.choose("all_reduce", 1 << 30, 8, a100)
+    assert (ring.algorithm, ring.protocol, ring.channels) == ("ring", "Simple", 24)
+    assert ring.time == pytest.approx((8.4 + 14 * 3.4 + (1 << 30) / (1000 * 12 * 20.0 * 8 / 14)) * 1e-6)
+    assert ring.busbw == pytest.approx((1 << 30) / ring.time * 2 * 7 / 8)
+    only_ring = nccl.choose("all_reduce", 1 << 30, 8, h100, algorithms=["ring"])
+    assert only_ring.algorithm == "ring" and only_ring.time > big.time
+    with pytest.raises(ValueError, match="NCCL's model needs a GPU cluster"):
+        nccl.choose("all_reduce", 1024, 8, ringcoll.Machine())
+    with pytest.raises(ValueError, match="collective must be one of"):
+        nccl.choose("all_to_all", 1024, 8, h100)
+
+
+def test_simulate_nccl_runs_the_picked_schedule_and_predicts_nccls_time():
+    """``algorithm="nccl"``: NCCL's pick in ``sim.nccl``, its time as ``predicted``, and the
+    ringcoll schedule of that algorithm on the clock (the tree on 2 nodes at 64 KiB, the
+    ring on one node at 1 KiB), with exact results."""
+    two = ringcoll.Machine.preset("dgx-h100", nodes=2)
+    sim = ringcoll.simulate("all_reduce", "nccl", 16, numel=1 << 14, dtype=torch.float32, machine=two)
+    assert (sim.nccl.algorithm, sim.algorithm.name) == ("tree", "nccl_tree")
+    assert sim.predicted == sim.nccl.time == nccl.choose("all_reduce", 1 << 16, 16, two).time
+    one = ringcoll.simulate("all_reduce", "nccl", 8, numel=256, dtype=torch.float32,
+                            machine=ringcoll.Machine.preset("dgx-h100"))
+    assert (one.nccl.algorithm, one.nccl.protocol, one.algorithm.name) == ("ring", "LL", "nccl_ring")
+    with pytest.raises(ValueError, match="algorithm='nccl' runs all_reduce"):
+        ringcoll.simulate("broadcast", "nccl", 8, numel=256, machine=two, src=0)
+
+
+def test_bench_simulate_writes_the_tables_against_nccls_model(tmp_path, capsys):
+    """``ringcoll-bench --simulate dgx-h100 --nodes 2``: per size NCCL's model's row (vs NCCL
+    1.00) and every all_reduce algorithm's simulated time against it, in the text, JSON and
+    CSV a real run writes; the busbw of NCCL's row is its model's."""
+    import json
+
+    from ringcoll.bench.cli import main
+
+    assert main(["--simulate", "dgx-h100", "--nodes", "2", "-b", "1M", "-e", "1M", "--algorithms",
+                 "ring,hierarchical", "--out", str(tmp_path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "vs NCCL" in out and "NCCL picks 1048576 B: tree/LL128/16 channels" in out
+    (result,) = tmp_path.glob("*_np16_sim_dgx-h100.json")
+    rows = json.loads(result.read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["NCCL (model)", "ring", "hierarchical"]
+    model = nccl.choose("all_reduce", 1 << 20, 16, ringcoll.Machine.preset("dgx-h100", nodes=2))
+    assert rows[0]["time_us"] == pytest.approx(model.time * 1e6) and rows[0]["vs_builtin"] == 1.0
+    assert rows[0]["busbw"] == pytest.approx(model.busbw / 1e9)
+    ring = ringcoll.simulate("all_reduce", "ring", 16, numel=1 << 18, dtype=torch.float32,
+                             machine=ringcoll.Machine.preset("dgx-h100", nodes=2), data=False)
+    assert rows[1]["vs_builtin"] == pytest.approx(ring.stats.time / model.time)
+    assert len(list(tmp_path.glob("*.csv"))) == 1 and len(list(tmp_path.glob("*.txt"))) == 1
+    with pytest.raises(SystemExit):
+        main(["--simulate", "dgx-h1000"])
+
+
+def test_the_committed_validation_table_is_what_the_model_gives_today():
+    """bench/results/study/nccl_validation.{md,json} (python -m experiments.nccl_validation):
+    every cell's prediction is the model's today, and the ring cells of one H100 node, where
+    NCCL's own constants speak, are within 2 % of the published 365-370 GB/s."""
+    import json
+    import os
+
+    from experiments.nccl_validation import OUT, cells, markdown, summary
+
+    rows = cells()
+    with open(os.path.join(OUT, "nccl_validation.json")) as f:
+        assert json.load(f) == {"summary": summary(rows), "cells": rows}
+    with open(os.path.join(OUT, "nccl_validation.md")) as f:
+        assert f.read() == markdown(rows, summary(rows))
+    ring = [r for r in rows if r["system"] == "H100 x8 (1 node)" and r["nccl_algo"] == "ring"]
+    assert ring and all(abs(r["ratio"] - 1) < 0.02 for r in ring)
