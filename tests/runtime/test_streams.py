@@ -1271,6 +1271,55 @@ def test_a_numba_cpu_kernel_is_device_work_in_the_emulator():
     assert held and torch.equal(dst, data(9, 0) + data(9, 1))
 
 
+def numba_compile_order():
+    """A ring all_reduce with the numba kernels and none compiled yet: the events of the rank's
+    call in order, "compile <signatures>" when the kernel is compiled and "post <signatures>" at
+    each batch posted (the kernel's compiled signatures then); and the result."""
+    from ringcoll import kernels
+    from ringcoll.kernels import _lowering, _numba
+    from ringcoll.runtime.transport.stream import EmulatedNccl
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    ringcoll.all_reduce(data(4, rank), group=group)           # the group's transport set up
+    kind, op = _lowering.lower(torch.int64, "sum")
+    _numba.cpu_kernel.cache_clear()                           # this process compiled nothing yet
+    events, start, compiled = [], EmulatedNccl.start, _numba.cpu_compiled
+
+    def compiling(kind_, op_):
+        kernel = compiled(kind_, op_)
+        events.append(f"compile {len(kernel.signatures)}")
+        return kernel
+
+    def posting(self, ops):
+        events.append(f"post {len(_numba.cpu_kernel(kind, op).signatures)}")
+        return start(self, ops)
+
+    kernels.set_backend("numba")
+    EmulatedNccl.start, _numba.cpu_compiled = posting, compiling
+    try:
+        x = data(1001, rank)
+        ringcoll.all_reduce(x, group=group, algorithm="ring")
+    finally:
+        EmulatedNccl.start, _numba.cpu_compiled = start, compiled
+        kernels.set_backend(None)
+    events.append(f"after {len(_numba.cpu_kernel(kind, op).signatures)}")
+    return events, torch.equal(x, sum(data(1001, r) for r in range(world)))
+
+
+def test_numba_kernels_are_compiled_before_the_first_transfer(streamed):
+    """#37 item 5: a call whose reductions take numba's kernels has them compiled (for the types
+    its launches pass: no second compile at the launch) before its first batch is posted.
+    Old code: prepare_reduction only made numba's lazy dispatcher; the compile ran at the first
+    launch, on the stream, after transfers of the call were posted."""
+    pytest.importorskip("numba")
+    for rank, (events, right) in enumerate(streamed.run(numba_compile_order)):
+        assert right, rank
+        posts = [event for event in events if event.startswith("post")]
+        assert events[0] == "compile 1" and posts and set(posts) == {"post 1"}, (rank, events)
+        assert events[-1] == "after 1", (rank, events)          # the launches compiled nothing more
+
+
 def watchdog_query_fails():
     """Rank 0's event queries of one call on group A raise (a sticky CUDA error's stand-in):
     what each rank sees of that call, of a call on group B meanwhile and after, and of the next
