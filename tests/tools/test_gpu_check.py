@@ -250,6 +250,21 @@ def test_at_the_time_limit_the_report_is_written_and_children_end(gpu_check, mon
     assert "TIME LIMIT: stopped" in report.text_path.read_text()
 
 
+def test_docs_name_every_runtime_check_and_the_first_command():
+    """docs/gpu.md's table of runtime checks has one row per check, in CHECKS' order, and the
+    command for the first GPU run writes under $OUT within a timeout longer than the run's limit."""
+    import re
+    from tools import gpu_runtime
+    from tools.gpu_check import main  # noqa: F401 - the documented module exists
+
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    section = text[text.index("## gpu_check: the first command on a GPU"):]
+    rows = re.findall(r"^\| `(\w+)` \|", section.split("The kernel sections")[0], re.M)
+    assert rows == list(gpu_runtime.CHECKS)
+    command = 'timeout 480 python -m tools.gpu_check --out "$OUT"'
+    assert command in text[:text.index("## What runs on CUDA tensors")] and command in section
+
+
 def test_shares_of_the_budget_add_up(gpu_check):
     assert abs(sum(share for _, _, share in gpu_check.SHARES) - 1.0) < 1e-9
     assert [name for name, _, _ in gpu_check.SHARES] == ["correctness", "streams", "bandwidth",
