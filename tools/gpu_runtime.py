@@ -8,7 +8,8 @@ Without CUDA every check is skipped with the reason, and no subprocess starts.
 The checks, in order:
 
 - ``kernels_prepare``: ``ringcoll.kernels.prepare("cuda:0", ...)`` probes the kernel backends on
-  the device and compiles the float kinds' one-source modules; a second call is cached.
+  the device and compiles the float kinds' one-source modules; a second call is cached; a Numba
+  kernel compiled ahead (``_numba.cuda_compiled``) is not compiled again by its first launch.
 - ``nccl_self_batch``: a self send/recv batch through ``ringcoll.runtime.transport.NcclComm`` on a real
   ProcessGroupNCCL of world 1, both as a raw Backend (what the ``"ringcoll"`` backend's inner
   group is: ``_start_coalescing()`` without a device) and as a registered ProcessGroup
@@ -103,6 +104,18 @@ def check_kernels_prepare() -> dict:
     again = kernels.prepare(device, [torch.float32, torch.bfloat16, torch.float16])
     cached = time.perf_counter() - start
     details = {"prepared": first, "seconds": round(seconds, 3), "again_seconds": round(cached, 6)}
+    if "numba" not in first["unavailable"]:       # compiled ahead for the launch's very types?
+        from ringcoll.kernels import _numba
+        kernel = _numba.cuda_compiled("f32", "sum", device.index)
+        before = len(kernel.overloads)
+        dst = torch.ones(4099, device=device)
+        kernels.reduce_into(dst, dst.clone(), "sum", backend="numba")
+        torch.cuda.synchronize(device)
+        details["numba_overloads"] = [before, len(kernel.overloads)]
+        if len(kernel.overloads) != before or not torch.equal(dst, torch.full_like(dst, 2.0)):
+            return _result("fail", f"numba's first launch after cuda_compiled compiled again "
+                                   f"(overloads {before} -> {len(kernel.overloads)}: _numba.signature is "
+                                   f"not the launch's types) or computed wrong", **details)
     if again is not first:
         return _result("fail", "a second prepare() of the same device compiled again", **details)
     if first["error"]:
