@@ -82,7 +82,6 @@ class StreamRuntime:
     def _create_stream(self, device: torch.device):
         raise NotImplementedError
 
-
     def launch(self, stream, fn: Callable[[], None], on_error: Optional[Callable] = None,
                touched: Optional[list] = None) -> None:
         """Enqueue ``fn``'s work on ``stream``: ``fn`` runs now, on the calling thread (its
