@@ -22,10 +22,12 @@ recorded, that backend stops for the section, the others go on; an error in one 
 stop the next.
 1. environment: versions, GPU, NVRTC, which kernel backends pass the availability probe;
 1b. runtime: the checks of ``tools/gpu_runtime.py`` (kernels.prepare, an NCCL self send/recv
-   batch through NcclComm, the "ringcoll" backend at world 1 and with two ranks on one GPU, a
-   call under a side stream, event/poll/future latencies, CUDA graph capture, host time per
-   synchronous call), each in its own process within ``--timeout-per-check``, each recorded as
-   pass, fail or skip with its reason (every one skipped, with the reason, without CUDA);
+   batch through NcclComm, the "ringcoll" backend at world 1, 2-4 in-process ranks on the GPU
+   over a loopback communicator (every all_reduce algorithm, the allocator's safety, µs per
+   ring step and host time per call), a call under a side stream, event/poll/future latencies,
+   CUDA graph capture refused with CaptureError), each in its own process within
+   ``--timeout-per-check``, each recorded as pass, fail or skip with its reason (every one
+   skipped, with the reason, without CUDA);
 2. correctness: every backend (cupy, numba, torch) on CUDA tensors, every op x dtype, one/several/
    more-than-eight sources, fused out, pointers misaligned alike (scalar head, then packs) and
    differently (scalar path), numel 0; exact data (integers, halves, subnormals) against closed
