@@ -392,7 +392,8 @@ def prepare_reduction(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch
                       *, out: torch.Tensor | None = None, backend: str | None = None) -> str:
     """The host's part of :func:`reduce_into` on these tensors, now, without reducing: the
     checks, the backend's choice, and its kernel modules compiled and loaded (CuPy: one module
-    per source count of each pass; numba: the kind's kernel). The stream-ordered path calls it
+    per source count of each pass; numba: the kind's kernel, compiled for its launches' types
+    and, on CUDA, loaded on the tensors' device). The stream-ordered path calls it
     for every reduction of a call before the call's first transfer is posted, so that a
     compile or load that fails leaves no transfer of the call behind. Returns the backend."""
     sources = [src] if isinstance(src, torch.Tensor) else list(src)
@@ -412,10 +413,10 @@ def prepare_reduction(dst: torch.Tensor, src: Union[torch.Tensor, Sequence[torch
             _cupy.load(kind, len(chunk), dst.device.index)
     elif dst.is_cuda:
         from . import _numba
-        _numba.cuda_kernel(kind, lowered)
+        _numba.cuda_compiled(kind, lowered, dst.device.index)
     else:
         from . import _numba
-        _numba.cpu_kernel(kind, lowered)
+        _numba.cpu_compiled(kind, lowered)
     return name
 
 

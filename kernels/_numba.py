@@ -139,6 +139,24 @@ def cpu_kernel(kind: str, op: str):
     return _compile("cpu", kind, op, {"np": np, **_cpu_helpers()}, numba.njit(nogil=True))
 
 
+def signature(target: str, kind: str) -> tuple:
+    """The argument types of every launch of a kind's kernel (:func:`launch`'s: ``dst``, ``out``
+    and eight sources, 1-D C-contiguous arrays of the kind's storage dtype on ``target``, then
+    the source count and ``fused``): what the kernel is compiled for ahead of its first launch."""
+    import numba
+
+    array = numba.types.Array(numba.from_dtype((_CPU_DTYPE if target == "cpu" else _CUDA_DTYPE)[kind]), 1, "C")
+    return (array,) * (2 + MAX_SOURCES) + (numba.int64, numba.boolean)
+
+
+def cpu_compiled(kind: str, op: str):
+    """The CPU kernel of (kind, op), compiled now for :func:`signature` (``njit`` compiles at the
+    first call otherwise: on the emulator, on the stream's thread, in the middle of a call)."""
+    kernel = cpu_kernel(kind, op)
+    kernel.compile(signature("cpu", kind))
+    return kernel
+
+
 def _host_array(t: torch.Tensor, kind: str) -> np.ndarray:
     return t.detach().view(torch.uint8).numpy().view(_CPU_DTYPE[kind])
 
@@ -153,7 +171,7 @@ def cpu_launch(dst: torch.Tensor, sources: list[torch.Tensor], op: str, out: tor
     """:func:`reduce_into_cpu` split as a GPU splits it: the kernel compiled now (the host's
     part), the computation returned as a function to run (the device's)."""
     kind, op, _ = plan(dst, sources, out, op)
-    kernel = cpu_kernel(kind, op)
+    kernel = cpu_compiled(kind, op)
     arrays = (_host_array(dst, kind), [_host_array(s, kind) for s in sources],
               None if out is None else _host_array(out, kind))
     return lambda: launch(kernel, *arrays)
@@ -190,6 +208,19 @@ def cuda_kernel(kind: str, op: str):
     return _compile("cuda", kind, op, {"np": np, "cuda": cuda, **_cuda_helpers()}, cuda.jit)
 
 
+def cuda_compiled(kind: str, op: str, device: int):
+    """The CUDA kernel of (kind, op), compiled through NVVM for :func:`signature` and its module
+    loaded on cuda:``device`` now (``cuda.jit`` does both at the first launch otherwise: inside
+    a collective, after its first transfer was posted). The simulator
+    (``NUMBA_ENABLE_CUDASIM=1``) has nothing to compile or load."""
+    from numba import cuda
+    kernel = cuda_kernel(kind, op)
+    if hasattr(kernel, "compile"):
+        with cuda.gpus[device]:
+            kernel.compile(signature("cuda", kind)).bind()   # bind: loaded in this device's context
+    return kernel
+
+
 def cuda_dtype(kind: str):
     """Element dtype of device arrays for ``kind`` (what cuda_kernel expects)."""
     return _CUDA_DTYPE[kind]
@@ -219,12 +250,12 @@ def reduce_into_cuda(dst: torch.Tensor, sources: list[torch.Tensor], op: str,
     """dst = dst (op) sources..., out = dst if given; flat contiguous CUDA tensors, numel > 0."""
     from numba import cuda
     kind, op, n = plan(dst, sources, out, op)
-    kernel = cuda_kernel(kind, op)
+    device = dst.device.index
+    kernel = cuda_compiled(kind, op, device)
 
     def device_array(t):
         return cuda.as_cuda_array(t.detach().view(torch.uint8)).view(_CUDA_DTYPE[kind])
 
-    device = dst.device.index
     blocks = max(1, min(-(-n // THREADS), _max_blocks(device)))
     with cuda.gpus[device]:
         # torch's default stream is the legacy default stream, handle 0: Numba's default_stream()

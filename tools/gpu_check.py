@@ -1,17 +1,20 @@
 #!/usr/bin/env python
 """GPU check: ringcoll's local-reduction kernels and collectives on CUDA tensors, in one run.
 
-    python -m tools.gpu_check [--out bench/results] [--budget 240] [--worlds 2,4]
-                              [--backends cupy,numba,torch] [--timeout-per-check 30]
+    python -m tools.gpu_check --out DIR [--time-limit 450] [--budget 220] [--worlds 2,4]
+                              [--backends cupy,numba,torch] [--timeout-per-check 40]
                               [--runtime-budget 180] [--dry-run]
 
-The first thing to run when a GPU is lent (one GPU is enough): it fits 8 minutes on one H200
-(``--runtime-budget`` seconds for the runtime checks, ``--budget`` for the other sections,
-about 20 s of start-up on top), prints its plan before it starts, and writes one timestamped JSON
-(and its text) to ``--out`` after every section (a killed run still leaves what it had).
+The first thing to run when a GPU is lent (one GPU is enough): its defaults fit 8 minutes on one
+H100 with start-up included (``--runtime-budget`` seconds for the runtime checks, then
+``--budget`` for the other sections, never past ``--time-limit`` seconds from its start: at that
+limit it writes what it has, says so, ends its children and exits, status 3). It prints its
+plan before it starts and writes one timestamped JSON (and its text) under ``--out`` after every
+section (a killed run still leaves what it had): give the folder the machine hands back
+(``--out "$OUT"``).
 
-Works from a plain checkout (no install needed: ``kernels/`` is loaded as ``ringcoll.kernels``
-when the package mapping of pyproject.toml is not installed) or after ``pip install -e .``.
+Works from a plain checkout (the checkout's root is put on ``sys.path``) or after
+``pip install -e .``.
 
 Sections, each inside its own share of the budget (a section that would overrun is cut short and
 says so). Every section and every backend in it is independent: an error in one backend is
@@ -19,10 +22,12 @@ recorded, that backend stops for the section, the others go on; an error in one 
 stop the next.
 1. environment: versions, GPU, NVRTC, which kernel backends pass the availability probe;
 1b. runtime: the checks of ``tools/gpu_runtime.py`` (kernels.prepare, an NCCL self send/recv
-   batch through NcclComm, the "ringcoll" backend at world 1 and with two ranks on one GPU, a
-   call under a side stream, event/poll/future latencies, CUDA graph capture, host time per
-   synchronous call), each in its own process within ``--timeout-per-check``, each recorded as
-   pass, fail or skip with its reason (every one skipped, with the reason, without CUDA);
+   batch through NcclComm, the "ringcoll" backend at world 1, 2-4 in-process ranks on the GPU
+   over a loopback communicator (every all_reduce algorithm, the allocator's safety, µs per
+   ring step and host time per call), a call under a side stream, event/poll/future latencies,
+   CUDA graph capture refused with CaptureError), each in its own process within
+   ``--timeout-per-check``, each recorded as pass, fail or skip with its reason (every one
+   skipped, with the reason, without CUDA);
 2. correctness: every backend (cupy, numba, torch) on CUDA tensors, every op x dtype, one/several/
    more-than-eight sources, fused out, pointers misaligned alike (scalar head, then packs) and
    differently (scalar path), numel 0; exact data (integers, halves, subnormals) against closed
@@ -46,7 +51,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -57,38 +61,17 @@ import sys
 import time
 import traceback
 
+#: when this process started (the time limit counts from here, torch's import included)
+STARTED = time.monotonic()
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def import_ringcoll_kernels():
-    """ringcoll.kernels, installed or loaded from this checkout's kernels/ under that name."""
-    try:
-        return importlib.import_module("ringcoll.kernels")
-    except ImportError as exc:  # no ringcoll, or a ringcoll whose `from . import kernels` failed
-        if exc.name not in ("ringcoll", "ringcoll.kernels") and "kernels" not in str(exc):
-            raise
-    for name in [m for m in sys.modules if m == "ringcoll" or m.startswith("ringcoll.")]:
-        del sys.modules[name]  # what a failed import of ringcoll left half-initialised
-    spec = importlib.util.spec_from_file_location(
-        "ringcoll.kernels", REPO / "kernels" / "__init__.py",
-        submodule_search_locations=[str(REPO / "kernels")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ringcoll.kernels"] = module
-    spec.loader.exec_module(module)
-    try:
-        import ringcoll
-        ringcoll.kernels = module  # the attribute an installed package would have
-    except Exception:  # noqa: BLE001 - no usable ringcoll: the collectives section says why
-        pass
-    return module
-
-
-# At import: spawned rank processes import this file as their main module and need it too.
+# spawned rank processes import this file as their main module and need the checkout too
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-kernels = import_ringcoll_kernels()
 
 import torch  # noqa: E402
+from ringcoll import kernels  # noqa: E402
 from tests.kernels.kernel_data import (FLOATS, PAIRS, exact_case, first_difference,  # noqa: E402
                                        random_float_case, subnormal_case)
 from tools import gpu_runtime  # noqa: E402
@@ -671,17 +654,44 @@ def plan_lines(ctx: dict, budget_s: float) -> list:
     return lines
 
 
+def stop_at_the_limit(report: Report, limit: Budget) -> None:
+    """At ``limit``'s deadline, whatever runs: the report says so and is written, child
+    processes (a runtime check, the collectives' ranks) are ended, and the process exits with
+    status 3 (the machine's own timeout would lose the report's last section)."""
+    import multiprocessing
+    import threading
+
+    def stop():
+        report.say(f"\nTIME LIMIT: stopped {time.monotonic() - STARTED:.0f} s after the start; "
+                   f"the sections not marked done above did not finish")
+        report.data["time_limit_reached"] = True
+        report.save()
+        for child in multiprocessing.active_children():
+            child.kill()
+        for proc in list(gpu_runtime.RUNNING):
+            proc.kill()
+        os._exit(3)
+
+    timer = threading.Timer(max(limit.left(), 0), stop)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results")
-    parser.add_argument("--budget", type=float, default=240.0,
-                        help="seconds for all sections (start-up and imports, ~20 s, come on "
-                             "top): the default fits a 5-minute window")
+    parser.add_argument("--out", type=pathlib.Path, default=REPO / "bench" / "results",
+                        help="the folder every file of the run is written under")
+    parser.add_argument("--time-limit", type=float, default=450.0,
+                        help="seconds from the start after which the run writes what it has and "
+                             "exits (status 3), whatever is still running")
+    parser.add_argument("--budget", type=float, default=220.0,
+                        help="seconds for the sections after the runtime checks (cut to what the "
+                             "time limit leaves)")
     parser.add_argument("--worlds", default="2,4", help="world sizes for the collectives")
     parser.add_argument("--backends", default=None,
                         help="comma-separated kernel backends to check (default: every installed "
                              "one for the device)")
-    parser.add_argument("--timeout-per-check", type=float, default=30.0,
+    parser.add_argument("--timeout-per-check", type=float, default=40.0,
                         help="seconds each runtime check may take in its own process (a hang "
                              "is killed and recorded as a failure)")
     parser.add_argument("--runtime-budget", type=float, default=180.0,
@@ -690,7 +700,7 @@ def main(argv=None) -> int:
                         help="CPU tensors and small sizes, to exercise the script without a GPU")
     args = parser.parse_args(argv)
 
-    budget = Budget(args.budget)
+    limit = Budget(args.time_limit - (time.monotonic() - STARTED))
     cuda = torch.cuda.is_available() and not args.dry_run
     device = "cuda" if cuda else "cpu"
     name = torch.cuda.get_device_name(0) if cuda else "no-gpu-dry-run"
@@ -709,17 +719,21 @@ def main(argv=None) -> int:
            "why_no_cuda": "--dry-run" if args.dry_run else "no CUDA device (torch.cuda."
                                                           "is_available() is False)"}
     plan = plan_lines(ctx, args.budget)
+    plan.append(f"  the whole run stops at {args.time_limit:.0f} s from its start (--time-limit)")
     for line in plan:
         report.say(line)
     report.data["plan"] = plan
+    stop_at_the_limit(report, limit)
 
     run_section(report, "environment", section_environment, ctx)
+    ctx["runtime_budget"] = min(ctx["runtime_budget"], max(limit.left() - 60, 0))
     run_section(report, "runtime", section_runtime, ctx)
-    budget = Budget(args.budget)             # the runtime checks have a budget of their own
+    # the runtime checks had a budget of their own; the sections get theirs, within the limit
+    seconds = min(args.budget, max(limit.left() - 10, 0))
     start, total = time.monotonic(), 0.0
     for section, fn, share in SHARES:
         total += share
-        ctx["deadline"] = min(budget.deadline, start + total * args.budget)
+        ctx["deadline"] = start + total * seconds
         run_section(report, section, fn, ctx)
 
     statuses = {k: v["status"] for k, v in report.data["sections"].items()}

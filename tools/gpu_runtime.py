@@ -8,7 +8,8 @@ Without CUDA every check is skipped with the reason, and no subprocess starts.
 The checks, in order:
 
 - ``kernels_prepare``: ``ringcoll.kernels.prepare("cuda:0", ...)`` probes the kernel backends on
-  the device and compiles the float kinds' one-source modules; a second call is cached.
+  the device and compiles the float kinds' one-source modules; a second call is cached; a Numba
+  kernel compiled ahead (``_numba.cuda_compiled``) is not compiled again by its first launch.
 - ``nccl_self_batch``: a self send/recv batch through ``ringcoll.runtime.transport.NcclComm`` on a real
   ProcessGroupNCCL of world 1, both as a raw Backend (what the ``"ringcoll"`` backend's inner
   group is: ``_start_coalescing()`` without a device) and as a registered ProcessGroup
@@ -18,10 +19,6 @@ The checks, in order:
   reduce_scatter_single through ``dist.*``; ``ringcoll.all_reduce`` on the same group; an async
   call's ``Work.get_future()`` value. A world of one moves nothing over NCCL: the transport is
   exercised by ``nccl_self_batch`` and ``backend_two_ranks_one_gpu``.
-- ``backend_two_ranks_one_gpu``: two processes on GPU 0 over the ``"ringcoll"`` backend (so its
-  NCCL inner group). NCCL refuses two ranks on one device in its init ("Duplicate GPU
-  detected", NCCL >= 2.8 or so); that refusal is recorded as a skip with NCCL's message, any
-  other failure as a fail; if NCCL accepts, all_reduce results are checked.
 - ``side_stream``: a backend call issued under a side stream, behind work already queued on that
   stream (``torch.cuda._sleep`` then a fill), compared with the same call on the default
   stream: both must see the fill (PREMUL_SUM by 2 on world 1 makes the call's own kernel
@@ -29,37 +26,48 @@ The checks, in order:
 - ``event_poll_latency``: host-side latencies: ``Event.query()`` per call, an empty event's
   turnaround, and for an async ``dist.all_reduce`` on the ringcoll group the time until
   ``is_completed()``, until ``get_future()``'s callback runs and until ``wait()`` returns.
-- ``graph_capture``: one ``dist.all_reduce`` on the ringcoll group inside
-  ``torch.cuda.graph``: either it is captured (and a replay gives the right result) or it is
-  refused with a clear error naming capture or graphs; a crash, a hang or a wrong replay fails.
-- ``host_time_per_call``: host time of a synchronous call issued behind ~50 ms of queued GPU
-  work: stream-ordered (enqueue-only) calls return in far less (pass below 20 %); a call that
-  blocks the host until the GPU is done takes the whole 50 ms (fail, with the numbers).
+- ``graph_capture``: ``ringcoll.all_reduce`` (world 1, CUDA) inside ``torch.cuda.graph`` must
+  raise ringcoll's ``CaptureError`` itself (its type, not a message naming capture) before
+  anything is enqueued, and a call right after the capture must work; what ``dist.all_reduce``
+  on the ringcoll group raises there is recorded.
+- ``loopback_ranks``: 2, 3 and 4 ranks of this process on the one GPU (``tools/loopback.py``:
+  copies between the ranks' buffers on a communication stream, ordered by events, where NCCL
+  would move them) driving ringcoll's real executor: every all_reduce algorithm on float32 and
+  bfloat16 exact data, with two calls in flight before the host synchronises; each rank's
+  stream is ringcoll's own (an ExternalStream, none of torch's pool, distinct per rank), the
+  reductions run on it with the kernels ``auto`` picks (CuPy on a GPU), ``RINGCOLL_WINDOW``
+  steps in flight, every call settled by the watchdog without failure, the scratch buffers
+  from the caching allocator on ringcoll's stream.
+- ``allocator_safety``: on the loopback ranks, an async all_reduce whose input every rank but
+  rank 0 drops at once; a tensor of the same size allocated and overwritten on the caller's
+  stream while the call still runs must neither get the dropped tensor's memory while the call
+  uses it nor be written by the call, and rank 0's result must be exact.
+- ``ring_step_time``: a ring all_reduce of 4 loopback ranks at 4 sizes: the GPU time per call
+  (CUDA events on the caller's stream), **µs per step** (the call's steps, never 0: the world-1
+  measurement this replaced had none) and the host time per call (enqueue, including waiting
+  for the other ranks' threads to enqueue their matching sends).
 
 Entry points used: ``dist.*`` on a ringcoll group, ``ringcoll.all_reduce``,
-``Work.get_future()``, ``ringcoll.kernels.prepare``, ``ringcoll.runtime.transport.NcclComm``.
+``Work.get_future()``, ``ringcoll.kernels.prepare``, ``ringcoll.runtime.transport.NcclComm``, and
+for the multi-rank checks ``ringcoll.runtime.executor.P2PExecutor`` itself (``tools/loopback.py``).
+The loopback checks take a ``device``: ``"cpu"`` runs them on the stream emulator (CI's rehearsal,
+``tests/tools/test_gpu_check.py``).
 """
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 #: the checks, in the order they run (each a function below named check_<name>)
-CHECKS = ("kernels_prepare", "nccl_self_batch", "backend_world1", "backend_two_ranks_one_gpu",
-          "side_stream", "event_poll_latency", "graph_capture", "host_time_per_call")
-
-DEFAULT_TIMEOUT = 45.0
-
+CHECKS = ("kernels_prepare", "nccl_self_batch", "backend_world1", "loopback_ranks", "allocator_safety",
+          "ring_step_time", "side_stream", "event_poll_latency", "graph_capture")
 
 def _result(status: str, reason: str, **details) -> dict:
     return {"status": status, "reason": reason, **details}
@@ -96,6 +104,18 @@ def check_kernels_prepare() -> dict:
     again = kernels.prepare(device, [torch.float32, torch.bfloat16, torch.float16])
     cached = time.perf_counter() - start
     details = {"prepared": first, "seconds": round(seconds, 3), "again_seconds": round(cached, 6)}
+    if "numba" not in first["unavailable"]:       # compiled ahead for the launch's very types?
+        from ringcoll.kernels import _numba
+        kernel = _numba.cuda_compiled("f32", "sum", device.index)
+        before = len(kernel.overloads)
+        dst = torch.ones(4099, device=device)
+        kernels.reduce_into(dst, dst.clone(), "sum", backend="numba")
+        torch.cuda.synchronize(device)
+        details["numba_overloads"] = [before, len(kernel.overloads)]
+        if len(kernel.overloads) != before or not torch.equal(dst, torch.full_like(dst, 2.0)):
+            return _result("fail", f"numba's first launch after cuda_compiled compiled again "
+                                   f"(overloads {before} -> {len(kernel.overloads)}: _numba.signature is "
+                                   f"not the launch's types) or computed wrong", **details)
     if again is not first:
         return _result("fail", "a second prepare() of the same device compiled again", **details)
     if first["error"]:
@@ -206,79 +226,6 @@ def check_backend_world1() -> dict:
                            f"(no transfers at world 1)", outcomes=outcomes)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def two_ranks_child(rank: int, port: int, timeout: float) -> dict:
-    """One of two ranks on GPU 0: a ringcoll group, all_reduce of rank-valued CUDA tensors."""
-    import datetime
-    torch, device = _cuda()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch.distributed as dist
-    import ringcoll
-    dist.init_process_group("ringcoll", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=timeout))
-    results = {}
-    for algorithm in ("ring", "recursive_doubling"):
-        t = torch.arange(1003, device=device, dtype=torch.float32) + rank
-        ringcoll.all_reduce(t, algorithm=algorithm)
-        torch.cuda.synchronize(device)
-        expected = 2 * torch.arange(1003, device=device, dtype=torch.float32) + 1
-        results[algorithm] = bool(torch.equal(t, expected))
-    t = torch.full((4099,), float(rank + 1), device=device)
-    dist.all_reduce(t)
-    torch.cuda.synchronize(device)
-    results["dist.all_reduce"] = bool(torch.equal(t, torch.full_like(t, 3.0)))
-    dist.destroy_process_group()
-    return results
-
-
-#: how NCCL words its refusal of two ranks on one device (NCCL_DEBUG=WARN prints it)
-_REFUSAL = ("duplicate gpu", "both on cuda device", "same cuda device")
-
-
-def check_backend_two_ranks_one_gpu(timeout: float = DEFAULT_TIMEOUT) -> dict:
-    _cuda()
-    port, limit = _free_port(), max(5.0, timeout - 5)
-    env = {**os.environ, "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN")}
-    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tools.gpu_runtime", "_two_ranks_child",
-                               str(rank), str(port), str(limit / 2)], cwd=REPO, env=env,
-                              stdout=out, stderr=err, text=True)
-             for rank, (out, err) in enumerate(files)]
-    deadline, timed_out = time.monotonic() + limit, False
-    while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for proc in procs:
-        if proc.poll() is None:
-            timed_out = True
-            proc.kill()
-    outputs = []
-    for proc, (out, err) in zip(procs, files):
-        code = proc.wait()
-        out.seek(0)
-        err.seek(0)
-        outputs.append((code, out.read(), err.read()))
-    text = "\n".join(out + err for _, out, err in outputs)
-    refusal = next((line.strip() for line in text.splitlines()
-                    if any(marker in line.lower() for marker in _REFUSAL)), None)
-    if refusal is not None:
-        return _result("skip", f"NCCL refuses two ranks on one GPU: {refusal[:500]}")
-    if timed_out:
-        return _result("fail", f"two ranks on one GPU did not finish in {limit:.0f} s: "
-                               f"{text[-1500:]}")
-    if all(code == 0 for code, _, _ in outputs):
-        results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs]
-        if all(all(r.values()) for r in results):
-            return _result("pass", "NCCL accepted two ranks on one GPU; all_reduce exact on both",
-                           results=results)
-        return _result("fail", f"wrong results: {results}", results=results)
-    return _result("fail", f"exit codes {[c for c, _, _ in outputs]}: {text[-2000:]}")
-
-
 def check_side_stream() -> dict:
     torch, device = _cuda()
     dist = _ringcoll_world1()
@@ -351,92 +298,264 @@ def check_event_poll_latency() -> dict:
     return _result("pass", ", ".join(f"{k} {v}" for k, v in details.items()), **details)
 
 
-_CLEAR = ("captur", "graph")
-
-
 def check_graph_capture() -> dict:
     torch, device = _cuda()
     dist = _ringcoll_world1()
+    import ringcoll
+    from ringcoll.runtime.transport.stream_ordered import CaptureError
     t = torch.full((4096,), 3.0, device=device)
-    dist.all_reduce(t, op=_premul(dist, 2.0))       # warm-up outside the capture
+    ringcoll.all_reduce(t, op=_premul(dist, 2.0))   # warm-up outside the capture
     torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream(device)
-    try:
-        with torch.cuda.graph(graph, stream=stream):
-            dist.all_reduce(t, op=_premul(dist, 2.0))
-    except Exception as exc:  # noqa: BLE001 - a refusal is an acceptable outcome if it is clear
-        message = f"{type(exc).__name__}: {exc}"
+    refused = {}
+    for label, call in (("ringcoll.all_reduce", lambda: ringcoll.all_reduce(t, op=_premul(dist, 2.0))),
+                        ("dist.all_reduce", lambda: dist.all_reduce(t, op=_premul(dist, 2.0)))):
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
+                call()
+            refused[label] = None
+        except Exception as exc:  # noqa: BLE001 - what it raised is the finding
+            refused[label] = exc
         torch.cuda.synchronize(device)
-        if any(word in message.lower() for word in _CLEAR):
-            return _result("pass", f"refused clearly: {message[:500]}", captured=False)
-        return _result("fail", f"refused without naming capture: {message[:1000]}", captured=False)
+    seen = {label: None if exc is None else f"{type(exc).__module__}.{type(exc).__name__}: {str(exc)[:200]}"
+            for label, exc in refused.items()}
     t.fill_(5.0)
-    graph.replay()
+    ringcoll.all_reduce(t, op=_premul(dist, 2.0))   # after the refused capture: must work
+    dist.all_reduce(t, op=_premul(dist, 3.0))
     torch.cuda.synchronize(device)
-    if torch.equal(t, torch.full_like(t, 10.0)):
-        return _result("pass", "captured; a replay scaled the tensor as the call does", captured=True)
-    return _result("fail", f"captured, but a replay gave {t[0].item()} instead of 10.0",
-                   captured=True)
+    after = t[0].item()
+    details = {"raised": seen, "after_capture": after}
+    if not isinstance(refused["ringcoll.all_reduce"], CaptureError):
+        return _result("fail", f"ringcoll.all_reduce under capture raised {seen['ringcoll.all_reduce']}, "
+                               f"not ringcoll's CaptureError", **details)
+    if not torch.equal(t, torch.full_like(t, 30.0)):
+        return _result("fail", f"calls after the refused capture gave {after}, expected 30.0", **details)
+    return _result("pass", f"ringcoll.all_reduce under capture raised CaptureError; dist.all_reduce: "
+                           f"{seen['dist.all_reduce']}; calls after it are right", **details)
 
 
-def check_host_time_per_call() -> dict:
-    torch, device = _cuda()
-    dist = _ringcoll_world1()
-    t = torch.ones(1 << 24, device=device)
-    dist.all_reduce(t)                               # warm-up: plans, kernels, executor
-    torch.cuda.synchronize(device)
-    calibrate_start, calibrate_end = torch.cuda.Event(True), torch.cuda.Event(True)
-    cycles = 20_000_000
-    calibrate_start.record()
-    torch.cuda._sleep(cycles)
-    calibrate_end.record()
-    torch.cuda.synchronize(device)
-    per_cycle_ms = calibrate_start.elapsed_time(calibrate_end) / cycles
-    cycles = int(50 / per_cycle_ms)                  # ~50 ms of queued GPU work
-    host, gpu = [], []
-    for _ in range(5):
-        torch.cuda.synchronize(device)
-        torch.cuda._sleep(cycles)
-        begin, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        begin.record()
-        start = time.perf_counter()
-        dist.all_reduce(t, op=_premul(dist, 1.0))    # synchronous (async_op=False)
-        host.append(time.perf_counter() - start)
-        end.record()
-        torch.cuda.synchronize(device)
-        gpu.append(begin.elapsed_time(end) / 1e3)
-    queued = cycles * per_cycle_ms / 1e3
-    details = {"host_ms_median": round(statistics.median(host) * 1e3, 3),
-               "queued_gpu_ms": round(queued * 1e3, 1),
-               "call_gpu_ms_median": round(statistics.median(gpu) * 1e3, 3)}
-    ratio = statistics.median(host) / queued
-    if ratio < 0.2:
-        return _result("pass", f"a synchronous call returned in {details['host_ms_median']} ms "
-                               f"behind {details['queued_gpu_ms']} ms of queued GPU work: "
-                               f"enqueue-only", **details)
-    return _result("fail", f"a synchronous call took {details['host_ms_median']} ms of host time "
-                           f"behind {details['queued_gpu_ms']} ms of queued GPU work: it waits for "
-                           f"the GPU instead of enqueueing", **details)
+# ---- several ranks on one GPU (tools/loopback.py) ----
+
+def _exact(numel: int, rank: int, dtype):
+    """Small integers, exact in every float dtype and in any order of summation."""
+    import torch
+    return ((torch.arange(numel) % 13) + 1 + 2 * rank).to(dtype)
+
+
+def _loopback(device):
+    """(torch, device) for the loopback checks: CUDA device 0, or the CPU (the emulator)."""
+    import torch
+    if device == "cuda":
+        return _cuda()
+    return torch, torch.device(device)
+
+
+def check_loopback_ranks(device: str = "cuda") -> dict:
+    torch, device = _loopback(device)
+    import ringcoll
+    from ringcoll import kernels
+    from tools.loopback import run_ranks
+    algorithms = ringcoll.algorithms("all_reduce")
+    numel = 4099                                  # not a multiple of any world or pack width
+
+    def rank_fn(rank):
+        wrong, calls, seen = [], [], {}
+        for dtype in (torch.float32, torch.bfloat16):
+            pending = []
+            for algorithm in algorithms:
+                with rank.current():              # written on the caller's stream, which the call follows
+                    x = _exact(numel, rank.rank, dtype).to(device)
+                calls.append(rank.call("all_reduce", x, algorithm=algorithm))
+                pending.append((algorithm, x))
+                if len(pending) == 2:             # two calls in flight, then the host reads
+                    rank.synchronize()
+                    for name, got in pending:
+                        want = sum(_exact(numel, r, torch.float64) for r in range(rank.hub.world)).to(dtype)
+                        if not torch.equal(got.cpu(), want):
+                            wrong.append(f"rank {rank.rank} {name} {dtype}")
+                    pending = []
+            rank.synchronize()
+            for name, got in pending:
+                want = sum(_exact(numel, r, torch.float64) for r in range(rank.hub.world)).to(dtype)
+                if not torch.equal(got.cpu(), want):
+                    wrong.append(f"rank {rank.rank} {name} {dtype}")
+        deadline = time.monotonic() + 10
+        while not all(call.finished for call in calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        transport = rank.executor.transport(device)
+        seen["stream"] = transport.stream
+        seen["unsettled"] = sum(not call.finished for call in calls)
+        seen["failed"] = [str(call.failure)[:200] for call in calls if call.failure is not None]
+        seen["steps"] = sum(call.total for call in calls)
+        seen["window"] = rank.executor.window
+        seen["scratch_on_device"] = all(b.device == device for b in rank.executor._scratch.values())
+        return wrong, seen
+
+    worlds, wrong, problems = {}, [], []
+    for world in (2, 3, 4):
+        results = run_ranks(world, device, rank_fn, timeout=60)
+        found = [seen for _, seen in results]
+        wrong += [w for w, _ in results for w in w]
+        stream_ids = {id(seen["stream"]) for seen in found}
+        if len(stream_ids) != world:
+            problems.append(f"world {world}: ranks share a stream")
+        if device.type == "cuda":
+            handles = {seen["stream"].cuda_stream for seen in found}
+            pool = {torch.cuda.Stream(device).cuda_stream for _ in range(64)}     # torch's pool, all of it
+            if not all(isinstance(seen["stream"], torch.cuda.ExternalStream) for seen in found) or handles & pool:
+                problems.append(f"world {world}: a rank's stream is one of torch's pool")
+        for seen in found:
+            if seen["unsettled"] or seen["failed"]:
+                problems.append(f"world {world}: {seen['unsettled']} calls not settled by the watchdog, "
+                                f"failed: {seen['failed'][:2]}")
+            if not seen["scratch_on_device"]:
+                problems.append(f"world {world}: a scratch buffer off the device")
+        worlds[world] = {"steps": sum(seen["steps"] for seen in found), "window": found[0]["window"]}
+    details = {"worlds": worlds, "algorithms": len(algorithms), "kernels": kernels.backend_for(device),
+               "wrong": wrong[:20]}
+    if wrong or problems:
+        return _result("fail", "; ".join(problems + [f"{len(wrong)} wrong results: {wrong[:5]}"])[:2000], **details)
+    return _result("pass", f"{len(algorithms)} all_reduce algorithms x float32, bfloat16 at worlds 2, 3, 4 on "
+                           f"one {device.type} device: exact; ringcoll's own stream per rank; kernels "
+                           f"{details['kernels']}; window {worlds[2]['window']}; every call settled", **details)
+
+
+def check_allocator_safety(device: str = "cuda") -> dict:
+    torch, device = _loopback(device)
+    from ringcoll.runtime import stream_runtime as streams
+    from tools.loopback import run_ranks
+    numel, world = 1 << 20 if device.type == "cuda" else 4096, 3
+    emulated = device.type != "cuda"
+    runtime = streams.emulated()
+    saved = runtime.allocator
+    if emulated:                                  # the emulator's caching allocator, unforgiving
+        runtime.allocator = streams.ReusingAllocator()
+
+    def empty():
+        if emulated:
+            return runtime.allocator.empty(numel, dtype=torch.float32)
+        return torch.empty(numel, dtype=torch.float32, device=device)
+
+    def hold(rank):
+        """the caller's stream busy for a while: the call cannot have run when the host goes on"""
+        if emulated:
+            rank.on_caller(lambda: streams.device_work(lambda: time.sleep(0.3)))
+        else:
+            rank.on_caller(lambda: torch.cuda._sleep(100_000_000))
+
+    def rank_fn(rank):
+        with rank.current():
+            x = empty()
+        rank.on_caller(lambda: x.copy_(_exact(numel, rank.rank, torch.float32).to(device)))
+        hold(rank)
+        call = rank.call("all_reduce", x, algorithm="ring", async_op=True)
+        if rank.rank == 0:
+            rank.wait(call)
+            rank.synchronize()
+            want = sum(_exact(numel, r, torch.float64) for r in range(world)).to(torch.float32)
+            return {"exact": bool(torch.equal(x.cpu(), want))}
+        address = x.data_ptr()
+        del x                                     # dropped while the call runs
+        with rank.current():
+            y = empty()
+        rank.on_caller(lambda: y.fill_(-7.0))
+        rank.wait(call)
+        rank.synchronize()
+        return {"reused_while_in_flight": y.data_ptr() == address,
+                "overwritten_kept": bool(torch.all(y.cpu() == -7.0))}
+
+    try:
+        results = run_ranks(world, device, rank_fn, timeout=60)
+    finally:
+        runtime.allocator = saved
+    problems = []
+    if not results[0]["exact"]:
+        problems.append("rank 0's result is wrong: a dropped input was overwritten before it was sent")
+    for r, result in enumerate(results[1:], start=1):
+        if result["reused_while_in_flight"]:
+            problems.append(f"rank {r}: the allocator handed the dropped input's memory out while the call used it")
+        if not result["overwritten_kept"]:
+            problems.append(f"rank {r}: the call wrote into memory reallocated after it was dropped")
+    details = {"results": results}
+    if problems:
+        return _result("fail", "; ".join(problems), **details)
+    return _result("pass", f"inputs dropped during an async all_reduce at world {world}: their memory "
+                           f"not reused while in flight, the reallocated tensor untouched, the result exact",
+                   **details)
+
+
+def check_ring_step_time(device: str = "cuda") -> dict:
+    torch, device = _loopback(device)
+    from tools.loopback import run_ranks
+    world = 4
+    cuda = device.type == "cuda"
+    sizes = (1 << 10, 1 << 16, 1 << 20, 1 << 24) if cuda else (1 << 8, 1 << 10, 1 << 12, 1 << 14)
+    reps = 20 if cuda else 3
+
+    def rank_fn(rank):
+        rows = []
+        for numel in sizes:
+            with rank.current():
+                x = _exact(numel, rank.rank, torch.float32).to(device)
+            for _ in range(2):                    # warm-up: plans, kernels, scratch
+                rank.call("all_reduce", x, algorithm="ring")
+            rank.synchronize()
+            host, device_s, steps = [], [], 0
+            for _ in range(reps):
+                if cuda:
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record(rank.caller)
+                start = time.perf_counter()
+                call = rank.call("all_reduce", x, algorithm="ring")
+                host.append(time.perf_counter() - start)
+                steps = call.total
+                if cuda:
+                    end.record(rank.caller)
+                    end.synchronize()
+                    device_s.append(begin.elapsed_time(end) / 1e3)
+                else:
+                    rank.synchronize()
+                    device_s.append(time.perf_counter() - start)
+            rows.append({"bytes": numel * 4, "steps": steps,
+                         "host_us_per_call": round(statistics.median(host) * 1e6, 1),
+                         "us_per_call": round(statistics.median(device_s) * 1e6, 1),
+                         "us_per_step": round(statistics.median(device_s) * 1e6 / max(steps, 1), 1)})
+        return rows
+
+    results = run_ranks(world, device, rank_fn, timeout=120)
+    rows = results[0]
+    details = {"world": world, "rows": rows, "timing": "CUDA events on the caller's stream" if cuda
+               else "host wall time to a synchronisation (the emulator: no device timing)"}
+    if any(row["steps"] <= 0 for row in rows):
+        return _result("fail", f"a ring all_reduce of world {world} reported no steps: {rows}", **details)
+    return _result("pass", "; ".join(f"{row['bytes']} B: {row['us_per_step']} us/step x {row['steps']}, "
+                                     f"host {row['host_us_per_call']} us/call" for row in rows), **details)
 
 
 # ---- running them ----
 
+#: the check processes running now (gpu_check ends them at its time limit)
+RUNNING: set = set()
+
+
 def run_one(name: str, timeout: float) -> dict:
     """``name`` in a subprocess of its own, within ``timeout`` seconds."""
     start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tools.gpu_runtime", name], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    RUNNING.add(proc)
     try:
-        proc = subprocess.run([sys.executable, "-m", "tools.gpu_runtime", name,
-                               "--timeout", str(timeout)], cwd=REPO, capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-1500:]
-        tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
-        return _result("fail", f"timed out after {timeout:.0f} s (a hang?) {tail}".strip(),
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate()
+        return _result("fail", f"timed out after {timeout:.0f} s (a hang?) {stderr[-1500:]}".strip(),
                        seconds=round(time.monotonic() - start, 1))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    finally:
+        RUNNING.discard(proc)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return _result("fail", f"exit {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}",
+        return _result("fail", f"exit {proc.returncode}: {(stdout + stderr)[-2000:]}",
                        seconds=round(time.monotonic() - start, 1))
     result = json.loads(lines[-1])
     result["seconds"] = round(time.monotonic() - start, 1)
@@ -465,16 +584,11 @@ def run_all(cuda: bool, timeout: float, budget: float, say=print,
 
 def _main(argv) -> int:
     name = argv[0]
-    if name == "_two_ranks_child":
-        print(json.dumps(two_ranks_child(int(argv[1]), int(argv[2]), float(argv[3]))),
-              flush=True)
-        return 0
     if name not in CHECKS:
         raise SystemExit(f"unknown check {name!r}; the checks are {', '.join(CHECKS)}")
-    timeout = float(argv[argv.index("--timeout") + 1]) if "--timeout" in argv else DEFAULT_TIMEOUT
     fn = globals()[f"check_{name}"]
     try:
-        result = fn(timeout) if name == "backend_two_ranks_one_gpu" else fn()
+        result = fn()
     except Exception as exc:  # noqa: BLE001 - recorded as the check's failure
         result = _result("fail", f"{type(exc).__name__}: {exc}"[:2000],
                          traceback=traceback.format_exc()[-4000:])

@@ -6,7 +6,7 @@ all of one GPU's links together); between nodes each GPU sends through its rail'
 ``nics_per_node`` NICs on rail g·K // G, ``nic_bandwidth`` bytes/s per direction), NIC k of
 every ``nodes_per_leaf`` nodes on one leaf switch of rail k, the leaves joined by a spine with
 ``oversubscription``:1
-(ringcoll.sim.network, kind "gpu_cluster"); a message between nodes travels on the
+(ringcoll.cost.network, kind "gpu_cluster"); a message between nodes travels on the
 destination GPU's rail, through another GPU's NIC over NVLink when the sender's rail differs
 (NCCL's PXN). A message costs α (``alpha``: the per-message
 software latency at the ends) + the latencies of its route's links (``nic_latency`` once for a

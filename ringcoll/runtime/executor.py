@@ -172,12 +172,16 @@ class P2PExecutor:
         key = (device.type, device.index)
         transport = self._transports.get(key)
         if transport is None:
-            group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
-            transport = self._transports[key] = make_transport(
-                device, group, device_backends=self.device_backends, mode=self.transport_mode,
-                store=self._store, rank=self.rank, world=self.world,
-                seconds=get_timeout() or group_timeout(self.group, device), notice=self._notice)
+            transport = self._transports[key] = self._make_transport(device)
         return transport
+
+    def _make_transport(self, device: torch.device) -> Transport:
+        """The factory's transport for ``device`` on this group (an executor over a
+        communicator of its own, tools/loopback.py's, overrides this)."""
+        group = weakref.proxy(self.group) if self._weak else self.group   # kept: not owning
+        return make_transport(device, group, device_backends=self.device_backends, mode=self.transport_mode,
+                              store=self._store, rank=self.rank, world=self.world,
+                              seconds=get_timeout() or group_timeout(self.group, device), notice=self._notice)
 
     def stream_ordered(self, device: torch.device) -> bool:
         """Whether calls on ``device`` take the stream-ordered path, told without making its

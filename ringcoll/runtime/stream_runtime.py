@@ -45,6 +45,10 @@ class StreamRuntime:
     #: how many times the host blocked on a stream or event through this runtime
     host_waits = 0
 
+    def __init__(self):
+        self._free_streams: dict = {}    # released streams per (device type, index)
+        self._streams_lock = threading.Lock()
+
     def current(self, device: torch.device):
         """The calling thread's current stream on ``device``."""
         raise NotImplementedError
@@ -54,7 +58,28 @@ class StreamRuntime:
         return contextlib.nullcontext()
 
     def new_stream(self, device: torch.device):
-        """A stream of ringcoll's own on ``device``."""
+        """A stream of ringcoll's own on ``device``, used by no one else until
+        :meth:`release_stream` gives it back: one a released transport left (after its last
+        call), else a new one (:meth:`_create_stream`)."""
+        key = (device.type, device.index)
+        with self._streams_lock:
+            free = self._free_streams.get(key)
+            if free:
+                return free.pop()
+        return self._create_stream(device)
+
+    def release_stream(self, stream) -> None:
+        """``stream`` back to ringcoll's pool once nothing of its user's remains to run on it (its
+        transport shut down, its last call settled): a later transport may take it. Never
+        destroyed while the process lives: the caching allocator records an event on the stream
+        of every tensor ``record_stream`` named it for when that tensor is freed, which may be
+        any time later (a user's tensor), and an event recorded on a destroyed stream is a CUDA
+        error inside a free."""
+        key = (stream.device.type, stream.device.index)
+        with self._streams_lock:
+            self._free_streams.setdefault(key, []).append(stream)
+
+    def _create_stream(self, device: torch.device):
         raise NotImplementedError
 
     def launch(self, stream, fn: Callable[[], None], on_error: Optional[Callable] = None,
@@ -136,8 +161,26 @@ class CudaRuntime(StreamRuntime):
     def on_device(self, device):
         return torch.cuda.device(device)
 
-    def new_stream(self, device):
-        return torch.cuda.Stream(device=device)
+    def _create_stream(self, device):
+        """A CUDA stream created for ringcoll (``cudaStreamCreateWithPriority``: non-blocking,
+        as torch's own streams, and priority 0, torch's default), wrapped in
+        ``torch.cuda.ExternalStream``. Not ``torch.cuda.Stream()``: that hands out torch's pool of
+        32 streams per device round robin, from which ProcessGroupNCCL's internal streams and every
+        other ``torch.cuda.Stream()`` come too, so ringcoll's stream could be another group's or
+        NCCL's very stream (their work silently serialised, a false dependency across ranks)."""
+        import ctypes
+
+        create = _cudart_function("cudaStreamCreateWithPriority",
+                                  (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int))
+        if create is None:
+            raise RuntimeError("ringcoll: no CUDA runtime library is loaded in this process (a CPU build of torch?)")
+        handle = ctypes.c_void_p()
+        with torch.cuda.device(device):
+            status = create(ctypes.byref(handle), STREAM_NON_BLOCKING, 0)
+        if status != 0 or not handle.value:
+            raise RuntimeError(f"ringcoll: cudaStreamCreateWithPriority on {device} failed with CUDA "
+                               f"error {status}")
+        return torch.cuda.ExternalStream(handle.value, device=device)
 
     def launch(self, stream, fn, on_error=None, touched=None):
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
@@ -153,6 +196,7 @@ class CudaRuntime(StreamRuntime):
             yield
 
     def __init__(self):
+        super().__init__()
         self._events: list = []          # events free for reuse (see StreamRuntime.reuse)
         self._events_lock = threading.Lock()
 
@@ -222,12 +266,15 @@ class CudaRuntime(StreamRuntime):
 
 #: cudaStreamCaptureMode's values (driver_types.h)
 CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
+#: cudaStreamNonBlocking (driver_types.h): no implicit order with the legacy default stream
+STREAM_NON_BLOCKING = 1
 
 
 @functools.lru_cache(maxsize=None)
-def _capture_mode_exchange():
-    """``cudaThreadExchangeStreamCaptureMode`` of the CUDA runtime library this process loaded
-    (torch's), or None where none is loaded (a CPU build)."""
+def _cudart_function(name: str, argtypes: tuple = ()):
+    """The function ``name`` of the CUDA runtime library this process loaded (torch's: the
+    same runtime, so its streams and the current device are torch's), returning an int status;
+    None where none is loaded (a CPU build)."""
     import ctypes
 
     candidates = [None]
@@ -238,13 +285,20 @@ def _capture_mode_exchange():
         pass
     for library in candidates:
         try:
-            function = ctypes.CDLL(library).cudaThreadExchangeStreamCaptureMode
+            function = getattr(ctypes.CDLL(library), name)
         except (OSError, AttributeError):
             continue
-        function.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        function.argtypes = list(argtypes)
         function.restype = ctypes.c_int
         return function
     return None
+
+
+def _capture_mode_exchange():
+    """``cudaThreadExchangeStreamCaptureMode`` of torch's CUDA runtime, or None (a CPU build)."""
+    import ctypes
+
+    return _cudart_function("cudaThreadExchangeStreamCaptureMode", (ctypes.POINTER(ctypes.c_int),))
 
 
 # -- what a launch touches, and the emulator's deferral ----------------------------------------
@@ -445,6 +499,7 @@ class EmulatedRuntime(StreamRuntime):
     the watchdog has seen the call end, so a callback runs only once the data is there."""
 
     def __init__(self):
+        super().__init__()
         self._defaults: dict = {}
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -482,7 +537,7 @@ class EmulatedRuntime(StreamRuntime):
         finally:
             streams[key] = saved
 
-    def new_stream(self, device):
+    def _create_stream(self, device):
         with self._lock:
             self._count += 1
             return EmulatedStream(f"{device}-{self._count}", device)

@@ -367,9 +367,10 @@ def compare_data_movement() -> list:
             if dtype != torch.bool:
                 inputs = [data(10 * rank + r, numel, like).to(x.dtype) for r in range(world)]
                 ours = [torch.empty_like(x) for _ in range(world)]
-                ref = [wire(torch.empty_like(x)) for _ in range(world)]
                 dist.all_to_all(ours, inputs, group=group)
-                dist.all_to_all(ref, [wire(t) for t in inputs])
+                # known values, not gloo's list all_to_all (torch 2.11's gloo has none): rank j
+                # sends rank r its inputs[r], data(10 * j + r)
+                ref = [wire(data(10 * j + rank, numel, like).to(x.dtype)) for j in range(world)]
                 check(f"all_to_all {dtype} {numel}", ours, ref)
     # all_to_all_single with uneven splits (rank r sends r + j + 1 rows to rank j)
     send_splits = [rank + j + 1 for j in range(world)]

@@ -403,6 +403,46 @@ def test_probe_falls_back_when_the_kernels_do_not_compile(probe_env, monkeypatch
         kernels.backend_for("cuda", backend="cupy")
 
 
+def test_numba_cuda_kernels_are_compiled_and_loaded_on_their_device_before_launch(monkeypatch):
+    """#37 item 5: cuda_compiled compiles a kernel for its launches' argument types (the types
+    test_numba_cuda_kernels_compile_to_ptx compiles through NVVM) and binds it (loads its
+    module) with the tensors' device current. Old code: numba.cuda.jit's lazy dispatcher,
+    compiled and loaded at the first launch, inside a collective (after the call's first
+    transfer: tests/runtime/test_streams.py shows the order through the executor)."""
+    import numba
+    from numba import cuda
+    from ringcoll.kernels import _numba
+
+    events, device = [], []
+
+    class Kernel:
+        def bind(self):
+            events.append(("bind", device[-1] if device else None))
+
+    class Dispatcher:
+        def compile(self, signature):
+            events.append(("compile", signature, device[-1] if device else None))
+            return Kernel()
+
+    class Gpu:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            device.append(self.index)
+
+        def __exit__(self, *exc):
+            device.pop()
+
+    monkeypatch.setattr(cuda, "gpus", type("Gpus", (), {"__getitem__": lambda self, i: Gpu(i)})())
+    monkeypatch.setattr(_numba, "cuda_kernel", lambda kind, op: Dispatcher())
+    assert isinstance(_numba.cuda_compiled("bf16", "max", 3), Dispatcher)
+    assert events == [("compile", _numba.signature("cuda", "bf16"), 3), ("bind", 3)]
+    assert str(_numba.signature("cuda", "f16")[0]) == "array(float16, 1d, C)"
+    assert str(_numba.signature("cpu", "f16")[0]) == "array(uint16, 1d, C)"
+    assert _numba.signature("cuda", "f32")[-2:] == (numba.int64, numba.boolean)
+
+
 def test_probe_falls_back_on_a_wrong_result(probe_env, monkeypatch):
     """A kernel that compiles and runs but computes garbage (e.g. a stale binary for another
     architecture) is not used either; the next backend that passes is."""
@@ -741,7 +781,6 @@ def _cudasim_dispatch_failures() -> list:
 def _numba_ptx_main() -> dict:
     """Compile every Numba CUDA kernel to PTX for sm_90 through NVVM, without a GPU: the real
     compiler catches what the simulator (plain Python) cannot, e.g. unsupported typing."""
-    import numba
     from numba import cuda
     from numba.cuda import dispatcher
     from ringcoll.kernels import _numba
@@ -752,8 +791,7 @@ def _numba_ptx_main() -> dict:
     dispatcher.get_current_device = lambda: _NoGpu()
     failures, compiled = [], 0
     for kind, ops in _lowering.KIND_OPS.items():
-        array = numba.types.Array(numba.from_dtype(_numba.cuda_dtype(kind)), 1, "C")
-        signature = (array,) * 10 + (numba.int64, numba.boolean)
+        signature = _numba.signature("cuda", kind)        # what cuda_compiled compiles for
         for op in ops:
             try:
                 ptx, _ = cuda.compile_ptx(_numba.cuda_kernel(kind, op).py_func, signature,

@@ -22,6 +22,7 @@ test here fails on that code (most simply because none of it was there).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -684,13 +685,36 @@ def _cuda_fakes(monkeypatch):
         finally:
             cuda.local.stream = saved
 
+    class ExternalStream(Stream):
+        def __new__(cls, stream_ptr, device=None, **kwargs):
+            stream = object.__new__(cls)
+            stream.device, stream.cuda_stream = device, stream_ptr
+            return stream
+
+    def create_stream(pointer, flags, priority):   # cudaStreamCreateWithPriority(cudaStream_t*, unsigned, int)
+        cuda.created.append((flags, priority, cuda.device))
+        pointer._obj.value = 0x1000 + len(cuda.created)
+        return 0
+
+    @contextlib.contextmanager
+    def device(index):
+        saved, cuda.device = cuda.device, index
+        try:
+            yield
+        finally:
+            cuda.device = saved
+
+    cuda.created, cuda.device, cuda.looked_up = [], None, []
+    monkeypatch.setattr(stream_runtime, "_cudart_function",
+                        lambda name, argtypes=(): cuda.looked_up.append((name, argtypes)) or create_stream)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "ExternalStream", ExternalStream)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "stream", stream_context)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", device)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: cuda.current())
     monkeypatch.setattr(torch.futures, "Future", Future)
-    cuda.Stream, cuda.Event, cuda.Future = Stream, Event, Future
+    cuda.Stream, cuda.ExternalStream, cuda.Event, cuda.Future = Stream, ExternalStream, Event, Future
     return cuda
 
 
@@ -699,11 +723,12 @@ def test_the_cuda_fakes_take_the_real_signatures(monkeypatch):
 
     real = {"Stream.wait_event": torch.cuda.Stream.wait_event, "Event.record": torch.cuda.Event.record,
             "Event.__new__": torch.cuda.Event.__new__, "Stream.__new__": torch.cuda.Stream.__new__,
-            "Future.__init__": torch.futures.Future.__init__}
+            "Future.__init__": torch.futures.Future.__init__,
+            "ExternalStream.__new__": torch.cuda.ExternalStream.__new__}
     cuda = _cuda_fakes(monkeypatch)
     fake = {"Stream.wait_event": cuda.Stream.wait_event, "Event.record": cuda.Event.record,
             "Event.__new__": cuda.Event.__new__, "Stream.__new__": cuda.Stream.__new__,
-            "Future.__init__": cuda.Future.__init__}
+            "Future.__init__": cuda.Future.__init__, "ExternalStream.__new__": cuda.ExternalStream.__new__}
     for name, function in real.items():
         assert list(inspect.signature(fake[name]).parameters) == list(inspect.signature(function).parameters), name
     with pytest.raises(ValueError, match="indices"):
@@ -741,6 +766,63 @@ def test_a_cuda_work_hands_out_a_stream_aware_future(monkeypatch):
     side = cuda.local.stream = runtime.new_stream(device)          # the caller's side stream
     assert work.wait() is True
     assert cuda.log == [("wait_event", side, call.done)]             # no host wait
+
+
+def test_ringcolls_cuda_streams_are_its_own_never_torchs_pool(monkeypatch):
+    """#37 item 5: a transport's CUDA stream is created for ringcoll (cudaStreamCreateWithPriority
+    of torch's CUDA runtime, non-blocking, priority 0, on the transport's device) and wrapped in
+    ExternalStream; torch.cuda.Stream() (the pool of 32 per device that NCCL's internal streams
+    and every other group's come from) is never asked. Two live transports never share one; a
+    released stream is reused, never destroyed. Old code: torch.cuda.Stream(device), which can
+    be another group's or NCCL's very stream."""
+    import ctypes
+
+    from ringcoll.runtime.stream_runtime import STREAM_NON_BLOCKING, CudaRuntime
+
+    cuda = _cuda_fakes(monkeypatch)
+
+    def pool(*args, **kwargs):
+        raise AssertionError("torch.cuda.Stream(): a stream of torch's pool")
+
+    monkeypatch.setattr(cuda.Stream, "__new__", pool)
+    runtime, one, two = CudaRuntime(), torch.device("cuda", 1), torch.device("cuda", 2)
+    first, second = runtime.new_stream(one), runtime.new_stream(one)
+    assert cuda.looked_up[0] == ("cudaStreamCreateWithPriority",
+                            (ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int))
+    assert isinstance(first, cuda.ExternalStream) and first.device == one
+    assert (first.cuda_stream, second.cuda_stream) == (0x1001, 0x1002)
+    assert cuda.created == [(STREAM_NON_BLOCKING, 0, one), (STREAM_NON_BLOCKING, 0, one)]
+    runtime.release_stream(first)
+    assert runtime.new_stream(two).cuda_stream == 0x1003          # another device: a new one
+    assert runtime.new_stream(one) is first and len(cuda.created) == 3
+    monkeypatch.setattr(stream_runtime, "_cudart_function", lambda name, argtypes=(): None)
+    with pytest.raises(RuntimeError, match="no CUDA runtime library"):
+        runtime.new_stream(one)
+
+
+def test_a_transports_stream_outlives_its_calls_and_serves_one_transport_at_a_time():
+    """#37 item 5: two live transports (two groups) have distinct streams; a transport shut down
+    (aborted) while its call is still on its stream keeps the stream out of the pool until the
+    call has settled, and only then may a new transport take it."""
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport
+
+    runtime = stream_runtime.EmulatedRuntime()
+    gated = GatedComm()
+    a = StreamTransport(gated, runtime, CPU, WATCHDOG, private=False)
+    b = StreamTransport(GatedComm(), runtime, CPU, WATCHDOG, private=False)
+    assert a.stream is not b.stream
+    call = _enqueue_one(a, timeout=30.0)
+    a.shutdown("abort")
+    c = StreamTransport(GatedComm(), runtime, CPU, WATCHDOG, private=False)
+    assert c.stream not in (a.stream, b.stream)         # a's call still runs on a's stream
+    gated.gate.set()
+    assert _settled(call, 10.0) and call.failure is None
+    d = StreamTransport(GatedComm(), runtime, CPU, WATCHDOG, private=False)
+    assert d.stream is a.stream
+    b.shutdown()                                        # no call: released at once
+    c.shutdown()
+    assert {StreamTransport(GatedComm(), runtime, CPU, WATCHDOG, private=False).stream
+            for _ in range(2)} == {b.stream, c.stream}
 
 
 def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
@@ -1128,6 +1210,11 @@ def dropped_before_wait():
             gate = threading.Event()
             on_stream(runtime.current(CPU), lambda: gate.wait(30))     # the call waits behind it
             work, dropped, right = start()
+            # the call is enqueued on the caller's thread, or by the worker when the queue is
+            # busy: read what it keeps once it is enqueued (it then holds the stream's gate)
+            enqueued = time.monotonic() + 10
+            while getattr(work, "_call", None) is None and time.monotonic() < enqueued:
+                time.sleep(0.001)
             call = getattr(work, "_call", None)
             kept = {t.untyped_storage().data_ptr() for t in (call.keep if call is not None else [])}
             missing = [i for i, t in enumerate(dropped) if t.untyped_storage().data_ptr() not in kept]
@@ -1194,6 +1281,55 @@ def test_a_numba_cpu_kernel_is_device_work_in_the_emulator():
     gate.set()
     runtime.synchronize(runtime.record(stream))
     assert held and torch.equal(dst, data(9, 0) + data(9, 1))
+
+
+def numba_compile_order():
+    """A ring all_reduce with the numba kernels and none compiled yet: the events of the rank's
+    call in order, "compile <signatures>" when the kernel is compiled and "post <signatures>" at
+    each batch posted (the kernel's compiled signatures then); and the result."""
+    from ringcoll import kernels
+    from ringcoll.kernels import _lowering, _numba
+    from ringcoll.runtime.transport.stream_ordered import EmulatedNccl
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    ringcoll.all_reduce(data(4, rank), group=group)           # the group's transport set up
+    kind, op = _lowering.lower(torch.int64, "sum")
+    _numba.cpu_kernel.cache_clear()                           # this process compiled nothing yet
+    events, start, compiled = [], EmulatedNccl.start, _numba.cpu_compiled
+
+    def compiling(kind_, op_):
+        kernel = compiled(kind_, op_)
+        events.append(f"compile {len(kernel.signatures)}")
+        return kernel
+
+    def posting(self, ops):
+        events.append(f"post {len(_numba.cpu_kernel(kind, op).signatures)}")
+        return start(self, ops)
+
+    kernels.set_backend("numba")
+    EmulatedNccl.start, _numba.cpu_compiled = posting, compiling
+    try:
+        x = data(1001, rank)
+        ringcoll.all_reduce(x, group=group, algorithm="ring")
+    finally:
+        EmulatedNccl.start, _numba.cpu_compiled = start, compiled
+        kernels.set_backend(None)
+    events.append(f"after {len(_numba.cpu_kernel(kind, op).signatures)}")
+    return events, torch.equal(x, sum(data(1001, r) for r in range(world)))
+
+
+def test_numba_kernels_are_compiled_before_the_first_transfer(streamed):
+    """#37 item 5: a call whose reductions take numba's kernels has them compiled (for the types
+    its launches pass: no second compile at the launch) before its first batch is posted.
+    Old code: prepare_reduction only made numba's lazy dispatcher; the compile ran at the first
+    launch, on the stream, after transfers of the call were posted."""
+    pytest.importorskip("numba")
+    for rank, (events, right) in enumerate(streamed.run(numba_compile_order)):
+        assert right, rank
+        posts = [event for event in events if event.startswith("post")]
+        assert events[0] == "compile 1" and posts and set(posts) == {"post 1"}, (rank, events)
+        assert events[-1] == "after 1", (rank, events)          # the launches compiled nothing more
 
 
 def watchdog_query_fails():

@@ -46,7 +46,7 @@ def test_dry_run_states_its_plan_then_runs_every_section(dry_run):
     # every runtime check is named, skipped, with the reason
     from tools.gpu_runtime import CHECKS
     runtime = sections["runtime"]
-    assert list(runtime["checks"]) == list(CHECKS) and len(CHECKS) == 8
+    assert list(runtime["checks"]) == list(CHECKS) and len(CHECKS) == 9
     for name, check in runtime["checks"].items():
         assert check["status"] == "skip" and check["reason"] == "needs one GPU: --dry-run", name
         assert f"  {name}: SKIP - needs one GPU: --dry-run" in lines
@@ -123,14 +123,25 @@ def test_a_hanging_check_is_a_failure_and_the_budget_holds(monkeypatch):
     from tools import gpu_runtime
     calls = []
 
-    def fake_run(args, **kwargs):
-        calls.append((args[3], kwargs["timeout"]))
-        if args[3] == "nccl_self_batch":
-            raise subprocess.TimeoutExpired(args, kwargs["timeout"], stderr=b"NCCL waiting")
-        return subprocess.CompletedProcess(args, 0, stdout='noise\n{"status": "pass", '
-                                                          '"reason": "fine"}\n', stderr="")
+    class FakePopen:
+        def __init__(self, args, **kwargs):
+            self.args, self.returncode, self.killed = args, None, False
+            calls.append(self)
 
-    monkeypatch.setattr(gpu_runtime.subprocess, "run", fake_run)
+        def communicate(self, timeout=None):
+            if self.args[3] == "nccl_self_batch" and not self.killed:
+                self.timeout = timeout
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = -9 if self.killed else 0
+            if self.killed:
+                return "", "NCCL waiting"
+            self.timeout = timeout
+            return 'noise\n{"status": "pass", "reason": "fine"}\n', ""
+
+        def kill(self):
+            self.killed = True
+
+    monkeypatch.setattr(gpu_runtime.subprocess, "Popen", FakePopen)
     clock = iter(range(0, 1000, 20))
     monkeypatch.setattr(gpu_runtime.time, "monotonic", lambda: next(clock))
     results = gpu_runtime.run_all(True, 30, 200, say=lambda line: None)
@@ -140,7 +151,8 @@ def test_a_hanging_check_is_a_failure_and_the_budget_holds(monkeypatch):
     assert "NCCL waiting" in hung["reason"]
     skipped = [name for name, r in results.items() if r["status"] == "skip"]
     assert skipped and all("budget (200 s) was spent" in results[n]["reason"] for n in skipped)
-    assert all(timeout <= 30 for _, timeout in calls)
+    assert all(call.timeout <= 30 for call in calls) and calls[1].killed
+    assert not gpu_runtime.RUNNING                       # every process it started is done
 
 
 _REHEARSAL = """
@@ -162,6 +174,95 @@ def test_the_world1_backend_check_rehearsed_on_cpu_tensors():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["status"] == "pass", result
     assert len(result["outcomes"]) == 8 and set(result["outcomes"].values()) == {"ok"}
+
+
+def test_the_multi_rank_checks_rehearsed_on_the_stream_emulator():
+    """loopback_ranks, allocator_safety and ring_step_time on CPU tensors through the stream
+    emulator (tools/loopback.py's ranks driving ringcoll's real executor, transport, watchdog
+    and window): what a GPU run will check is right before it runs there."""
+    from tools import gpu_runtime
+
+    ranks = gpu_runtime.check_loopback_ranks("cpu")
+    assert ranks["status"] == "pass", ranks
+    assert set(ranks["worlds"]) == {2, 3, 4} and all(w["steps"] > 0 and w["window"] >= 2 for w in ranks["worlds"].values())
+    safety = gpu_runtime.check_allocator_safety("cpu")
+    assert safety["status"] == "pass", safety
+    timing = gpu_runtime.check_ring_step_time("cpu")
+    assert timing["status"] == "pass", timing
+    assert [row["steps"] for row in timing["rows"]] == [6] * 4            # 2 (world - 1) steps
+    assert all(row["us_per_step"] > 0 and row["host_us_per_call"] > 0 for row in timing["rows"])
+
+
+def test_the_allocator_check_fails_when_a_call_keeps_nothing(monkeypatch):
+    """A transport that drops the tensors a call uses at enqueue (as if nothing kept them until
+    the call ended): the dropped input's memory is reused while the call runs and the check
+    says so."""
+    from ringcoll.runtime.transport.stream_ordered import StreamTransport
+    from tools import gpu_runtime
+
+    close = StreamTransport.close
+
+    def forgetting(self, keep=()):
+        call = close(self, keep)
+        call.keep = []
+        return call
+
+    monkeypatch.setattr(StreamTransport, "close", forgetting)
+    result = gpu_runtime.check_allocator_safety("cpu")
+    assert result["status"] == "fail" and "handed the dropped input's memory out" in result["reason"], result
+
+
+def test_a_short_time_limit_cuts_the_sections_and_writes_only_under_out(tmp_path):
+    """--time-limit 25: the sections share what the limit leaves, the run ends within it, and
+    its two files are the only ones, under --out."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--dry-run", "--time-limit", "25",
+                           "--worlds", "2", "--backends", "torch", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode in (0, 3), (proc.stdout + proc.stderr)[-3000:]
+    assert time.monotonic() - start < 25 + 15          # the interpreter's own start and exit on top
+    (json_path,) = tmp_path.glob("gpu_check_*.json")
+    data = json.loads(json_path.read_text())
+    assert "stops at 25 s" in data["plan"][-1]
+    assert sorted(path.name for path in tmp_path.rglob("*")) == sorted([json_path.name, json_path.with_suffix(".txt").name])
+
+
+def test_at_the_time_limit_the_report_is_written_and_children_end(gpu_check, monkeypatch, tmp_path):
+    """Whatever is running at the limit: the report says so and is written, a running check's
+    process is killed, and the process exits with status 3."""
+    from tools import gpu_runtime
+
+    exited, killed = [], []
+
+    class Running:
+        def kill(self):
+            killed.append(self)
+
+    monkeypatch.setattr(gpu_check.os, "_exit", exited.append)
+    monkeypatch.setattr(gpu_runtime, "RUNNING", {Running()})
+    report = gpu_check.Report(tmp_path, "test", dry_run=True)
+    gpu_check.stop_at_the_limit(report, gpu_check.Budget(0.2))
+    deadline = time.monotonic() + 10
+    while not exited and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exited == [3] and len(killed) == 1
+    assert json.loads(report.json_path.read_text())["time_limit_reached"] is True
+    assert "TIME LIMIT: stopped" in report.text_path.read_text()
+
+
+def test_docs_name_every_runtime_check_and_the_first_command():
+    """docs/gpu.md's table of runtime checks has one row per check, in CHECKS' order, and the
+    command for the first GPU run writes under $OUT within a timeout longer than the run's limit."""
+    import re
+    from tools import gpu_runtime
+    from tools.gpu_check import main  # noqa: F401 - the documented module exists
+
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    section = text[text.index("## gpu_check: the first command on a GPU"):]
+    rows = re.findall(r"^\| `(\w+)` \|", section.split("The kernel sections")[0], re.M)
+    assert rows == list(gpu_runtime.CHECKS)
+    command = 'timeout 480 python -m tools.gpu_check --out "$OUT"'
+    assert command in text[:text.index("## What runs on CUDA tensors")] and command in section
 
 
 def test_shares_of_the_budget_add_up(gpu_check):

@@ -163,7 +163,8 @@ class StreamTransport(Transport):
         self.private = private            # whether comm's group is ringcoll's own (see shutdown)
         self._notice = notice
         self.polled = 0.0                 # when the watchdog last asked whether a peer failed
-        self.stream = runtime.new_stream(device)
+        self.stream = runtime.new_stream(device)     # ringcoll's own until shutdown releases it
+        self._released = False
         self.call: Optional[InFlight] = None
         self.last: Optional[InFlight] = None
         self._ready = False
@@ -250,14 +251,25 @@ class StreamTransport(Transport):
 
     def shutdown(self, how: str = "shutdown") -> None:
         """Close the private communicator (``how``: ``"shutdown"``, after the calls in flight
-        end or fail, or ``"abort"``, at once); a shared one is the user's and stays."""
-        if how == "shutdown" and self.last is not None:
+        end or fail, or ``"abort"``, at once); a shared one is the user's and stays. The stream
+        goes back to the runtime once the last call on it has settled (it outlives every call
+        that used it), and only then may another transport take it."""
+        last = self.last
+        if how == "shutdown" and last is not None:
             try:
-                self.last.host_wait()
+                last.host_wait()
             except Exception:  # noqa: BLE001 - reported to the call's own waiters
                 pass
         if self.private:
             self.comm.close(how)
+        with self._abort_lock:
+            if self._released:
+                return
+            self._released = True
+        if last is None:
+            self.runtime.release_stream(self.stream)
+        else:
+            last.when_settled(lambda call: self.runtime.release_stream(self.stream))
 
     def drop(self) -> None:
         """Forget a call whose enqueueing failed on the host."""
