@@ -13,7 +13,7 @@ The layer order, lowest first (a module may import its own layer and the ones be
    shared rings, trees and folds), MSCCL programs turned into schedules and back.
 3. runtime -- the kernels' dispatch, ``local`` (a rank's own copies and reductions),
    ``transport``, ``work``, ``executor`` (runs a plan), and the simulator's engine
-   (``simulator``: many ranks' plans on a clock beside the runtime).
+   (``simulator``: many ranks' plans on its event clock, ``sim.clock``, beside the runtime).
 4. selection -- ``topology`` (the node layout of a group), ``selection`` (rules, tuning
    table, model), the model's fit.
 5. api -- the drop-ins (``collectives``), the backend (``backend``) and the DDP hook.
@@ -47,7 +47,7 @@ LAYERS = {
     "ringcoll.schedules.registry": 2, "ringcoll.runtime.plan": 2, "ringcoll.schedules": 2,
     "ringcoll.sim.batch": 2, "ringcoll.msccl.to_schedule": 2, "ringcoll.msccl.mapping": 2, "ringcoll.msccl.export": 2,
     "ringcoll.kernels": 3, "ringcoll.kernels._cupy": 3, "ringcoll.runtime.local": 3, "ringcoll.runtime.transport": 3,
-    "ringcoll.runtime": 3, "ringcoll.runtime.work": 3, "ringcoll.runtime.executor": 3, "ringcoll.sim.engine": 3,
+    "ringcoll.runtime": 3, "ringcoll.runtime.work": 3, "ringcoll.runtime.executor": 3, "ringcoll.sim.engine": 3, "ringcoll.sim.clock": 3,
     "ringcoll.runtime.streams": 3, "ringcoll.runtime.transport.stream": 3, "ringcoll.runtime.watchdog": 3,
     "ringcoll.runtime.nodes": 4, "ringcoll.selection": 4, "ringcoll.sim.fit": 4,
     "ringcoll.api": 5, "ringcoll.backend.hooks": 5, "ringcoll.backend": 5,

@@ -14,7 +14,8 @@ from .machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.registry import Algorithm, Cost, model
 from ..schedules.vocabulary import Send, Step
-from .engine import SimStats, run_plans
+from .clock import SimStats
+from .engine import run_plans
 from ..runtime.nodes import even_nodes, model_local_size
 
 
@@ -65,7 +66,7 @@ class Simulation:
 
     def critical_path(self):
         """The recorded run's chain of messages and reductions that ends last, earliest first
-        (:meth:`ringcoll.sim.engine.Timeline.critical_path`; needs ``record``)."""
+        (:meth:`ringcoll.sim.clock.Timeline.critical_path`; needs ``record``)."""
         if self.stats.timeline is None:
             raise ValueError("this run kept no timeline: simulate(..., record=True)")
         return self.stats.timeline.critical_path()
