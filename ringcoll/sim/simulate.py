@@ -124,6 +124,29 @@ def _clone(value):
     return value
 
 
+def _rank_call(collective: str, rank: int, world: int, inputs, numel, dtype, call, data: bool, kwargs) -> tuple:
+    """Rank ``rank``'s call as :func:`simulate` was asked for it: ``(args, kwargs)``."""
+    if call is not None:
+        args, extra = call(rank)
+        return args, {**kwargs, **extra}
+    if inputs is not None:
+        if len(inputs) != world:
+            raise ValueError(f"inputs must hold one entry per rank ({world}), got {len(inputs)}")
+        return (inputs[rank] if isinstance(inputs[rank], tuple) else (inputs[rank],)), kwargs
+    if numel is not None:
+        return numel_call(collective, rank, world, numel, dtype, kwargs, fill=data)
+    raise ValueError("simulate needs inputs=, numel= or call=")
+
+
+def _cost(first: Plan, world: int, nodes) -> tuple:
+    """The cost model's n (bytes) and the algorithm's α-β-γ cost for rank 0's plan."""
+    itemsize = torch.empty((), dtype=first.dtype).element_size()
+    nbytes = first.layout.numel * itemsize
+    segment = first.layout.get("segment")
+    return nbytes, model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
+                         local_size=model_local_size(nodes))
+
+
 def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              inputs: Optional[Sequence[Any]] = None, *, numel: Optional[int] = None,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
@@ -202,18 +225,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         plans = uniform_plans(collective, world, numel, dtype, {"algorithm": algorithm, **kwargs},
                               Context(0, world, nodes=nodes, machine=chosen_on))
     for rank in range(len(plans), world):
-        if call is not None:
-            args, extra = call(rank)
-            extra = {**kwargs, **extra}
-        elif inputs is not None:
-            if len(inputs) != world:
-                raise ValueError(f"inputs must hold one entry per rank ({world}), got {len(inputs)}")
-            args = inputs[rank] if isinstance(inputs[rank], tuple) else (inputs[rank],)
-            extra = kwargs
-        elif numel is not None:
-            args, extra = numel_call(collective, rank, world, numel, dtype, kwargs, fill=data)
-        else:
-            raise ValueError("simulate needs inputs=, numel= or call=")
+        args, extra = _rank_call(collective, rank, world, inputs, numel, dtype, call, data, kwargs)
         extra = {"algorithm": algorithm, **extra}      # a call may give each rank its own
         if check:
             before.append((_clone(args), dict(extra)))
@@ -223,11 +235,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
-    itemsize = torch.empty((), dtype=first.dtype).element_size()
-    nbytes = first.layout.numel * itemsize
-    segment = first.layout.get("segment")
-    cost = model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
-                 local_size=model_local_size(nodes))
+    nbytes, cost = _cost(first, world, nodes)
     sim = Simulation(collective, first.algorithm, world,
                      [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype)
     if check:
