@@ -1,10 +1,11 @@
-"""The compiled clock of :mod:`ringcoll.sim.batch` (numba; imported on first use, its
-machine code cached on disk beside this file): the event clock (:class:`ringcoll.sim.clock.Clock`)
-for a world whose every rank posts one step, its phases stated beside their twins below
-(``posting_order``, ``run``'s release loop, ``take``, ``count_message``, ``unhold``; the per-message path stays in
-one loop of plain arrays, its helpers inlined: state passed in tuples cost a third more time). ``fit``, ``insert`` and ``slot`` mirror the
-event clock's ``_fit``, ``hold`` and ``slot`` operation for operation; tests/sim/test_batch.py
-holds the two clocks to equal statistics."""
+"""The compiled clock of :mod:`ringcoll.sim.batch` (numba; imported on first use, its machine code
+cached on disk beside this file): the event clock (:class:`ringcoll.sim.clock.Clock`) for a
+world whose every rank posts one step, its phases stated beside their twins below
+(``posting_order``, ``run``'s release loop, ``take``, ``count_message``, ``unhold``; the
+per-message path stays in one loop of plain arrays, its helpers inlined: state passed in tuples cost
+a third more time). ``fit``, ``insert`` and ``slot`` mirror the event clock's ``_fit``, ``hold``
+and ``slot`` operation for operation; tests/sim/test_batch.py holds the two clocks to equal
+statistics."""
 from __future__ import annotations
 
 import numba
