@@ -62,6 +62,7 @@ EXCEPTIONS = {
     "ringcoll.sim.engine": (3, "the simulator's clock runs plans beside the runtime, and the api prices "
                                "plans with it (api._calls); a package of its own below the api once the "
                                "clock's rewrite into phases (#39 item 2) has landed"),
+    "ringcoll.sim.clock": (3, "the event clock in its phases, imported by the engine"),
     "ringcoll.sim.batch": (3, "the clock's compiled one-step exchanges, imported by the engine"),
     "ringcoll.sim._batch_clock": (3, "the compiled clock itself, imported by sim.batch"),
 }
@@ -171,7 +172,7 @@ def test_every_package_has_a_layer():
 def test_every_exception_is_still_needed():
     """An exception whose module would keep the layers at its package's layer is taken off."""
     graph = import_graph()
-    for module in EXCEPTIONS:
+    for module in list(EXCEPTIONS):
         kept = EXCEPTIONS.pop(module)
         try:
             upward = upward_edges(graph) - set(DEBT)

@@ -25,7 +25,7 @@ from rank a to rank b follows the deterministic **route** from a's host to b's h
 
 **Placement** maps ranks to hosts: ``None`` or ``"linear"`` (rank r on host r), ``("random",
 seed)`` (a seeded permutation of the hosts), or a sequence giving each rank's host (distinct
-hosts). How the clock uses links (:mod:`ringcoll.sim.engine`): a message holds every link of
+hosts). How the clock uses links (:mod:`ringcoll.sim.clock`): a message holds every link of
 its route for its wire time n·β_path (β_path the slowest of its links and the machine's own β),
 each lane, like a port, taking it in the earliest gap that fits (first come first served, no
 lane idle while a message fits), while the message as a whole takes α + Σ link latencies +
@@ -693,7 +693,7 @@ class Network:
         return math.lcm(period, self.hosts // self.params["dims"][-1])
 
     def representatives(self, count: int, world: int) -> List[int]:
-        """For a mirrored run (:func:`ringcoll.sim.engine.run_schedules`) of ranks 0 .. count
+        """For a mirrored run (:func:`ringcoll.sim.clock.run_schedules`) of ranks 0 .. count
         - 1 standing for a ``world`` of ranks, each shifted by a multiple of ``count`` (which
         :meth:`mirror_period` allows): the link each link is the translate of (the one those
         ranks' clock books). ValueError on a network the shifts do not map onto itself."""

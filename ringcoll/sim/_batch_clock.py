@@ -1,8 +1,11 @@
-"""The compiled clock of :mod:`ringcoll.sim.batch` (numba; imported on first use, its
-machine code cached on disk beside this file). ``fit``, ``insert``, ``slot`` and the release
-loop of ``run`` mirror the event clock's (:func:`ringcoll.sim.engine.run_schedules`: ``_fit``,
-``book``'s interval merges, ``slot``, ``release``) operation for operation; tests/sim/test_batch.py
-holds the two to equal statistics."""
+"""The compiled clock of :mod:`ringcoll.sim.batch` (numba; imported on first use, its machine code
+cached on disk beside this file): the event clock (:class:`ringcoll.sim.clock.Clock`) for a
+world whose every rank posts one step, its phases stated beside their twins below
+(``posting_order``, ``run``'s release loop, ``take``, ``count_message``, ``unhold``; the
+per-message path stays in one loop of plain arrays, its helpers inlined: state passed in tuples cost
+a third more time). ``fit``, ``insert`` and ``slot`` mirror the event clock's ``_fit``, ``hold``
+and ``slot`` operation for operation; tests/sim/test_batch.py holds the two clocks to equal
+statistics."""
 from __future__ import annotations
 
 import numba
@@ -185,22 +188,26 @@ def rows(lanes, width):
     return busy
 
 
+# -- the one-step clock, phase by phase beside the event clock (ringcoll.sim.clock.Clock) ----
+# post: every rank posts its one step at time 0, so there is one due time and nothing to wake
+#   in between; rank r's sends and receives are its representative's (send_pos, recv_index ...).
+# match: a send meets the receive its peer posts for it (recv_pos, recv_index: one_step_clock
+#   pairs them); Clock.run then sorts what matched at time 0 into posting order (send
+#   position, receive position, sender): :func:`posting_order`.
+# release: the stack loop in :func:`run`, Clock.release's stack in its order.
+# book: Clock.book's floor, then :func:`take` (Clock.take and Clock.tables: the tables, the
+#   slot, the interval holds), then :func:`count_message` (Routes.carry, Clock.count).
+# wake: Clock.settle's step ends (in :func:`count_message`); each rank's end adds its γ at
+#   the end of :func:`run`, where Clock.post would find its step done.
+# report: :func:`run`'s return; messages held in a circle are status 1 (the caller declines
+#   them, where the event clock would force the first by sender).
+
 @jit
-def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, send_pos, send_peer,
-        send_numel, recv_pos, recv_index, send_index, path_ptr, path_links, path_alpha, path_beta,
-        link_host, link_kind, host_link, lanes, reduced):
-    """The clock of ``world`` ranks, rank r running representative ``r % count``'s one step
-    with its peers and routes moved by ``r - r % count`` (:func:`ringcoll.sim.batch.one_step_clock`
-    builds each array). Returns (0, or 1 where messages waited on each other in a
-    circle; each rank's end; messages, bytes sent and received per rank; bytes and busy
-    seconds per link; hop-bytes)."""
-    # every message in the event clock's order, (send position, receive position, sender):
-    # the representatives' sends in (send position, receive position, representative) order,
-    # and each run of them with one (send position, receive position) repeated for every
-    # shift k (sender rep + k·L: by k, then by representative, is by sender)
-    total = 0
-    for r in range(world):
-        total += send_count[r % count]
+def posting_order(count, send_count, send_pos, recv_pos):
+    """Each representative send's representative (``rep_of``) and the sends in the event
+    clock's order, (send position, receive position, representative) (``reps``): every
+    message is a run of them with one (send position, receive position) repeated for each
+    shift k (sender rep + k·L: by k, then by representative, is by sender)."""
     sends = send_pos.shape[0]
     rep_of = np.empty(sends, dtype=np.int64)
     j = 0
@@ -211,54 +218,88 @@ def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, sen
     big = 1
     for j in range(sends):
         big = max(big, send_pos[j] + 1, recv_pos[j] + 1)
-    reps = np.argsort((send_pos * big + recv_pos) * count + rep_of, kind="mergesort")
-    # lanes: world·ports send ports, world·ports receive ports, then each link's lanes
-    lane0 = np.empty(lanes.shape[0], dtype=np.int64)
-    nlanes = 2 * world * ports
-    for i in range(lanes.shape[0]):
-        lane0[i] = nlanes
-        nlanes += lanes[i]
+    return rep_of, np.argsort((send_pos * big + recv_pos) * count + rep_of, kind="mergesort")
+
+
+@inline
+def least_floor(world, count, send_count, recv_count, send_head, recv_head, send_floor, recv_floor):
+    """The bound below which no booking starts: every message yet to book starts no earlier
+    than its sender's last booked send (a rank's sends start in order) and its receiver's
+    last receive, so intervals that end by the least of those can no longer move a booking
+    (dropping them, as the event clock drops those that end by now, keeps lanes short)."""
+    least_send, least_recv = np.inf, np.inf
+    for r in range(world):
+        if send_head[r] < send_count[r % count] and send_floor[r] < least_send:
+            least_send = send_floor[r]
+        if recv_head[r] < recv_count[r % count] and recv_floor[r] < least_recv:
+            least_recv = recv_floor[r]
+    bound = max(least_send, least_recv)
+    return 0.0 if bound == np.inf else bound
+
+
+@inline
+def take(busy, width, base, count_of, durations, chosen, hop_link, fits, spans, first, last, lane0, lanes,
+         moved, world, src_port, dst_port, ports, floor, send_after, recv_after, duration, wire, bound,
+         positive, path_links, link_host, link_kind, host_link):
+    """Clock.take over Clock.tables: the sender's send ports and the receiver's receive ports
+    (from ``src_port``, ``dst_port``) for the message's time, its route's link lanes
+    (``path_links[first:last]``, the representative's links moved by ``moved``) for its wire
+    time; the slot from ``floor``, and each table's interval held (a port's intervals that
+    end by ``send_after``/``recv_after`` dropped). Returns the start, the number of tables,
+    the lanes' rows (widened where a lane is full) and their width."""
+    base[0], count_of[0], durations[0] = src_port, ports, duration
+    base[1], count_of[1], durations[1] = dst_port, ports, duration
+    ntab = 2
+    if wire > 0:
+        for h in range(first, last):
+            link = path_links[h]
+            host = link_host[link] + moved
+            link = host_link[host - world if host >= world else host, link_kind[link]]
+            hop_link[ntab] = link
+            base[ntab], count_of[ntab], durations[ntab] = lane0[link], lanes[link], wire
+            ntab += 1
+    start = slot(busy, base, count_of, durations, ntab, floor, chosen, fits, spans)
+    for k in range(ntab):
+        if FIRST + 2 * busy[chosen[k], COUNT] + 2 > width:
+            wider = rows(busy.shape[0], 2 * width)
+            wider[:, :width] = busy
+            busy, width = wider, 2 * width
+    insert(busy, chosen[0], send_after, start, start + duration, positive)
+    insert(busy, chosen[1], recv_after, start, start + duration, positive)
+    for k in range(2, ntab):
+        insert(busy, chosen[k], bound, start, start + durations[k], True)
+    return start, ntab, busy, width
+
+
+@jit
+def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, send_pos, send_peer,
+        send_numel, recv_pos, recv_index, send_index, path_ptr, path_links, path_alpha, path_beta,
+        link_host, link_kind, host_link, lanes, reduced):
+    """The clock of ``world`` ranks, rank r running representative ``r % count``'s one step
+    with its peers and routes moved by ``r - r % count`` (:func:`ringcoll.sim.batch.one_step_clock`
+    builds each array). Returns (0, or 1 where messages waited on each other in a
+    circle; each rank's end; messages, bytes sent and received per rank; bytes and busy
+    seconds per link; hop-bytes)."""
+    sends = send_pos.shape[0]
+    rep_of, reps = posting_order(count, send_count, send_pos, recv_pos)
+    lane0, nlanes, most, longest, total = sizes(world, count, ports, send_count, recv_count, path_ptr, lanes)
     width = 40                          # floats per lane: 16 intervals, then twice as many floats
     busy = rows(nlanes, width)
-    send_floor = np.zeros(world, dtype=np.float64)
-    recv_floor = np.zeros(world, dtype=np.float64)
-    step_end = np.zeros(world, dtype=np.float64)
-    messages = np.zeros(world, dtype=np.int64)
-    sent = np.zeros(world, dtype=np.int64)
-    received = np.zeros(world, dtype=np.int64)
-    net_bytes = np.zeros(lanes.shape[0], dtype=np.int64)
-    net_busy = np.zeros(lanes.shape[0], dtype=np.float64)
-    hop_bytes = 0
-    most = 0
-    for c in range(count):
-        most = max(most, send_count[c], recv_count[c])
-    # the heads of each rank's sends and receives not yet booked, and the message held
-    # back at each position (-1: none)
-    send_head = np.zeros(world, dtype=np.int64)
-    recv_head = np.zeros(world, dtype=np.int64)
-    held_send = np.full((0, 0), -1, dtype=np.int64)     # allocated at the first hold
-    held_recv = np.full((0, 0), -1, dtype=np.int64)
-    longest = 0
-    for j in range(path_ptr.shape[0] - 1):
-        longest = max(longest, path_ptr[j + 1] - path_ptr[j])
-    base = np.empty(longest + 2, dtype=np.int64)      # per table: its first lane, its lanes
-    count_of = np.empty(longest + 2, dtype=np.int64)
-    durations = np.empty(longest + 2, dtype=np.float64)
-    chosen = np.empty(longest + 2, dtype=np.int64)
-    hop_link = np.empty(longest + 2, dtype=np.int64)
-    fits = np.empty(longest + 2, dtype=np.float64)
-    spans = np.empty(longest + 2, dtype=np.float64)
-    stack = np.empty(16, dtype=np.int64)
-    fresh = np.empty(16, dtype=np.bool_)
+    # per rank (Ranks): floors, step end, statistics, the heads of its sends and receives not
+    # yet booked, and the message held back at each position (-1: none; allocated at the first hold)
+    send_floor, recv_floor, step_end = np.zeros(world), np.zeros(world), np.zeros(world)
+    messages, sent, received = (np.zeros(world, dtype=np.int64), np.zeros(world, dtype=np.int64),
+                                np.zeros(world, dtype=np.int64))
+    send_head, recv_head = np.zeros(world, dtype=np.int64), np.zeros(world, dtype=np.int64)
+    held_send, held_recv = np.full((0, 0), -1, dtype=np.int64), np.full((0, 0), -1, dtype=np.int64)
+    net_bytes, net_busy = np.zeros(lanes.shape[0], dtype=np.int64), np.zeros(lanes.shape[0])   # Routes
+    # a booking's tables: first lane, lanes, duration, chosen lane, link, earliest fit, free span
+    base, count_of, durations = np.empty(longest + 2, np.int64), np.empty(longest + 2, np.int64), np.empty(longest + 2)
+    chosen, hop_link = np.empty(longest + 2, np.int64), np.empty(longest + 2, np.int64)
+    fits, spans = np.empty(longest + 2), np.empty(longest + 2)
+    stack, fresh = np.empty(16, dtype=np.int64), np.empty(16, dtype=np.bool_)
     positive = alpha > 0
-    booked = 0
-    held = 0                            # messages held back
-    # every message yet to book starts no earlier than its sender's last booked send
-    # (a rank's sends start in order) and its receiver's last receive: intervals that end
-    # by the least of those can no longer move a booking, and dropping them (as the event
-    # clock drops those that end by now) keeps each lane's list short
-    bound = 0.0
-    number = 0
+    booked, held, hop_bytes, bound, number = 0, 0, 0, 0.0, 0
     run_start = 0
     while run_start < sends:
         run_end = run_start + 1
@@ -268,22 +309,13 @@ def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, sen
         for shift in range(0, world, count):
             for q in range(run_start, run_end):
                 if number % world == 0 and number:
-                    least_send, least_recv = np.inf, np.inf
-                    for r in range(world):
-                        if send_head[r] < send_count[r % count] and send_floor[r] < least_send:
-                            least_send = send_floor[r]
-                        if recv_head[r] < recv_count[r % count] and recv_floor[r] < least_recv:
-                            least_recv = recv_floor[r]
-                    bound = max(least_send, least_recv)
-                    if bound == np.inf:
-                        bound = 0.0
+                    bound = least_floor(world, count, send_count, recv_count, send_head, recv_head, send_floor,
+                                        recv_floor)
                 number += 1
                 j = reps[q]
                 # release: book the entry once it heads both its queues, then the held messages
                 # that this lets through (the event clock's stack, in its order)
-                stack[0] = (rep_of[j] + shift) * sends + j      # a message: its sender, its representative send
-                fresh[0] = True
-                top = 1
+                stack[0], fresh[0], top = (rep_of[j] + shift) * sends + j, True, 1  # sender · sends + its send
                 while top:
                     top -= 1
                     e = stack[top]
@@ -306,71 +338,84 @@ def run(world, count, ports, alpha, gamma, itemsize, send_count, recv_count, sen
                         continue
                     send_head[src] += 1
                     recv_head[dst] += 1
-                    # book: the sender's send ports, the receiver's receive ports for the
-                    # message's time α_path + n·β_path; its route's link lanes for its wire time
+                    # book: the message's time α_path + n·β_path from its floor, on its tables
                     nbytes = send_numel[j] * itemsize
                     wire = nbytes * path_beta[j]
                     duration = path_alpha[j] + wire
-                    floor = max(0.0, send_floor[src], recv_floor[dst])
-                    base[0], count_of[0], durations[0] = src * ports, ports, duration
-                    base[1], count_of[1], durations[1] = (world + dst) * ports, ports, duration
-                    ntab = 2
                     first, last = path_ptr[j], path_ptr[j + 1]
-                    moved = src - src % count          # the route: the representative's, moved
-                    if wire > 0:
-                        for h in range(first, last):
-                            link = path_links[h]
-                            host = link_host[link] + moved
-                            link = host_link[host - world if host >= world else host, link_kind[link]]
-                            hop_link[ntab] = link
-                            base[ntab], count_of[ntab], durations[ntab] = lane0[link], lanes[link], wire
-                            ntab += 1
-                    start = slot(busy, base, count_of, durations, ntab, floor, chosen, fits, spans)
-                    for k in range(ntab):
-                        if FIRST + 2 * busy[chosen[k], COUNT] + 2 > width:
-                            wider = rows(nlanes, 2 * width)
-                            wider[:, :width] = busy
-                            busy, width = wider, 2 * width
-                    # a rank's ports serve its messages alone, each starting no earlier than the
-                    # last one's start (its floor): a port's intervals that end by then can go too
-                    insert(busy, chosen[0], max(bound, send_floor[src]), start,
-                           start + duration, positive)
-                    insert(busy, chosen[1], max(bound, recv_floor[dst]), start,
-                           start + duration, positive)
-                    for k in range(2, ntab):
-                        insert(busy, chosen[k], bound, start, start + durations[k], True)
-                    end = start + duration
-                    for k in range(2, ntab):
-                        net_bytes[hop_link[k]] += nbytes
-                        net_busy[hop_link[k]] += wire
+                    start, ntab, busy, width = take(
+                        busy, width, base, count_of, durations, chosen, hop_link, fits, spans, first, last, lane0,
+                        lanes, src - src % count, world, src * ports, (world + dst) * ports, ports,
+                        max(0.0, send_floor[src], recv_floor[dst]), max(bound, send_floor[src]),
+                        max(bound, recv_floor[dst]), duration, wire, bound, positive, path_links, link_host,
+                        link_kind, host_link)
+                    count_message(src, dst, nbytes, wire, start, start + duration, ntab, hop_link, net_bytes,
+                                  net_busy, send_floor, recv_floor, messages, sent, received, step_end)
                     hop_bytes += nbytes * (last - first)
-                    send_floor[src] = start
-                    recv_floor[dst] = start
-                    messages[src] += 1
-                    sent[src] += nbytes
-                    received[dst] += nbytes
-                    if end > step_end[src]:
-                        step_end[src] = end
-                    if end > step_end[dst]:
-                        step_end[dst] = end
                     booked += 1
                     if top + 2 > stack.shape[0]:
                         stack = np.concatenate((stack, np.empty(stack.shape[0], dtype=np.int64)))
                         fresh = np.concatenate((fresh, np.empty(fresh.shape[0], dtype=np.bool_)))
                     if not held:
                         continue                    # (none held: the common case reads no table)
-                    for side in range(2):       # the message now heading the sender's sends, then the receiver's receives
-                        if side == 0:
-                            rank, head, queued, table = src, send_head[src], send_count[src % count], held_send
-                        else:
-                            rank, head, queued, table = dst, recv_head[dst], recv_count[dst % count], held_recv
-                        if head < queued and table[rank, head] >= 0:
-                            stack[top] = table[rank, head]
-                            fresh[top] = False
-                            top += 1
+                    top = unhold(src, dst, count, send_head, recv_head, send_count, recv_count, held_send,
+                                 held_recv, stack, fresh, top)
         run_start = run_end
-    times = np.empty(world, dtype=np.float64)
+    times = step_end + reduced[np.arange(world) % count] * gamma        # Clock.post at each step's end
+    return (0 if booked == total and not held else 1), times, messages, sent, received, net_bytes, net_busy, hop_bytes
+
+
+@inline
+def count_message(src, dst, nbytes, wire, start, end, ntab, hop_link, net_bytes, net_busy, send_floor, recv_floor,
+                  messages, sent, received, step_end):
+    """A booked message's counts: its links' bytes and busy time (Routes.carry), its ends'
+    floors and statistics (Clock.count), its steps' ends (Clock.settle)."""
+    for k in range(2, ntab):
+        net_bytes[hop_link[k]] += nbytes
+        net_busy[hop_link[k]] += wire
+    send_floor[src] = recv_floor[dst] = start
+    messages[src] += 1
+    sent[src] += nbytes
+    received[dst] += nbytes
+    step_end[src] = max(step_end[src], end)
+    step_end[dst] = max(step_end[dst], end)
+
+
+@jit
+def sizes(world, count, ports, send_count, recv_count, path_ptr, lanes):
+    """The lanes: world·ports send ports, world·ports receive ports, then each link's lanes
+    from ``lane0[link]``; how many; the most sends or receives of one rank; the longest
+    route; the messages in all."""
+    lane0 = np.empty(lanes.shape[0], dtype=np.int64)
+    nlanes = 2 * world * ports
+    for i in range(lanes.shape[0]):
+        lane0[i] = nlanes
+        nlanes += lanes[i]
+    most = 0
+    for c in range(count):
+        most = max(most, send_count[c], recv_count[c])
+    longest = 0
+    for j in range(path_ptr.shape[0] - 1):
+        longest = max(longest, path_ptr[j + 1] - path_ptr[j])
+    total = 0
     for r in range(world):
-        times[r] = step_end[r] + reduced[r % count] * gamma
-    status = 0 if booked == total and not held else 1
-    return status, times, messages, sent, received, net_bytes, net_busy, hop_bytes
+        total += send_count[r % count]
+    return lane0, nlanes, most, longest, total
+
+
+@inline
+def unhold(src, dst, count, send_head, recv_head, send_count, recv_count, held_send, held_recv, stack, fresh,
+           top):
+    """Clock.release's next candidates after a booking: the message held at the head of the
+    sender's sends, then the one at the head of the receiver's receives, pushed on the stack
+    in that order. Returns the stack's new top."""
+    for side in range(2):
+        if side == 0:
+            rank, head, queued, table = src, send_head[src], send_count[src % count], held_send
+        else:
+            rank, head, queued, table = dst, recv_head[dst], recv_count[dst % count], held_recv
+        if head < queued and table[rank, head] >= 0:
+            stack[top] = table[rank, head]
+            fresh[top] = False
+            top += 1
+    return top

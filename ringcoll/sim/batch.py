@@ -1,7 +1,7 @@
 """The clock of a one-step exchange on a torus, compiled: every rank's messages at once.
 
 A schedule of one step per rank (the ``direct`` algorithms, the linear all-to-all) posts all
-its messages at time 0, and the event clock (:func:`ringcoll.sim.engine.run_schedules`) books
+its messages at time 0, and the event clock (:class:`ringcoll.sim.clock.Clock`) books
 them in one batch at that time: in posting order, (send position, receive position, sender),
 each message held back until it heads both its sender's sends and its receiver's receives not
 yet booked. On a torus such messages share links with their own translates, so a mirrored
