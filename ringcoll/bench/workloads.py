@@ -10,8 +10,10 @@ built-in always runs). DDP at a power-of-two world also runs ``p2p-floor``: DDP 
 group with a comm hook that all-reduces each bucket by bare point-to-point from Python
 (recursive halving, then doubling: the exchanges and bytes of ``auto``'s choice above 1 MiB,
 ``rabenseifner``), through the same ProcessGroup send/recv ringcoll's gloo transport calls,
-with no plan, tag, check or worker thread: what an all_reduce built on this transport reaches
-without a library's costs, so ringcoll's ratio to gloo cannot be expected below its ratio.
+on one thread of its own as any Python backend's calls (the hook returns at once, as an
+asynchronous all_reduce does, and backward goes on), with no plan, tag, check or queue: what
+an all_reduce built on this transport from Python reaches without a library's costs, so
+ringcoll's ratio to gloo cannot be expected below its ratio.
 
 Each round times one step (forward, backward, optimiser) of every contestant, the order
 rotated every round, after a barrier; a step's time is the slowest rank's. Reported: the
@@ -62,20 +64,56 @@ def _contestants(workload: str, world: int, algorithms: Optional[str] = None) ->
                                 for name in dict.fromkeys(wanted)]
 
 
-def p2p_floor_hook(state, bucket):
-    """A DDP comm hook: the bucket's mean over the ranks by bare point-to-point on the default
-    group (module docstring), done before it returns. Recursive halving: at step k each rank
-    sends the half of its current span that its peer (rank XOR p/2^k) keeps, receives that
-    peer's copy of the half it keeps and adds it; then recursive doubling sends the spans back
-    in the reverse order. Power-of-two worlds; cost 2 lg p α + 2 (p-1)/p n β + (p-1)/p n γ."""
+class FloorThread:
+    """The p2p-floor hook's state: one thread that all-reduces the buckets in the order DDP
+    hands them over (:func:`halving_doubling`), completing each bucket's future."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self._buckets = queue.Queue()
+        threading.Thread(target=self._run, name="p2p-floor", daemon=True).start()
+
+    def submit(self, tensor):
+        import torch
+
+        future = torch.futures.Future()
+        self._buckets.put((tensor, future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            tensor, future = self._buckets.get()
+            try:
+                halving_doubling(tensor)
+                future.set_result(tensor)
+            except Exception as error:  # noqa: BLE001 - handed to DDP, which waits on it
+                future.set_exception(error)
+
+
+def p2p_floor_hook(state: FloorThread, bucket):
+    """A DDP comm hook: the bucket's mean over the ranks, by bare point-to-point on
+    ``state``'s thread (module docstring); the future completes when it is done."""
+    import torch.distributed as dist
+
+    tensor = bucket.buffer()
+    tensor.div_(dist.get_world_size())
+    return state.submit(tensor)
+
+
+def halving_doubling(tensor) -> None:
+    """Sum ``tensor`` over the ranks of the default group in place, by bare point-to-point.
+    Recursive halving: at step k each rank sends the half of its current span that its peer
+    (rank XOR p/2^k) keeps, receives that peer's copy of the half it keeps and adds it; then
+    recursive doubling sends the spans back in the reverse order. Power-of-two worlds; cost
+    2 lg p α + 2 (p-1)/p n β + (p-1)/p n γ."""
     import torch
     import torch.distributed as dist
 
     from .specs import _exchange
 
-    tensor = bucket.buffer()
     rank, world = dist.get_rank(), dist.get_world_size()
-    tensor.div_(world)
     lo, hi, kept, distance = 0, tensor.numel(), [], world // 2
     scratch = torch.empty((hi + 1) // 2, dtype=tensor.dtype)
     while distance:
@@ -88,9 +126,6 @@ def p2p_floor_hook(state, bucket):
         (lo, hi), distance = keep, distance // 2
     for peer, keep, give in reversed(kept):
         _exchange([(tensor[keep[0]:keep[1]], peer)], [(tensor[give[0]:give[1]], peer)])
-    future = torch.futures.Future()
-    future.set_result(tensor)
-    return future
 
 
 def _wrap(workload: str, model, group):
@@ -123,7 +158,7 @@ def measure_workload(workload: str, width: int, batch: int, iters: int, warmup: 
         group = None if options is None else dist.new_group(backend="ringcoll", pg_options=options)
         model = _wrap(workload, _model(width), group)
         if label == P2P_FLOOR:
-            model.register_comm_hook(None, p2p_floor_hook)
+            model.register_comm_hook(FloorThread(), p2p_floor_hook)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         entries.append((label, model, opt))
     gen = torch.Generator().manual_seed(rank)

@@ -50,7 +50,7 @@ def _hook_against_all_reduce(numel: int):
     values = (torch.arange(numel, dtype=torch.float32) * (rank + 3) + rank) % 1021
     expected = values.clone()
     dist.all_reduce(expected)
-    got = workloads.p2p_floor_hook(None, _Bucket(values.clone())).wait()
+    got = workloads.p2p_floor_hook(workloads.FloorThread(), _Bucket(values.clone())).wait()
     return torch.equal(got, expected / world)
 
 
