@@ -1,7 +1,7 @@
 """``ringcoll-bench --workload ddp|fsdp``: one training step of a real model, backend "ringcoll"
 against "gloo", in the same run.
 
-Every rank builds the same MLP (``--width``, default 1024: about 2.1 M parameters, 8.4 MiB
+Every rank builds the same MLP (``--width``, default 1024: about 2.1 M parameters, 8.1 MiB
 of float32 gradients a step) once per contestant: on the cluster's gloo group (the built-in),
 and on ringcoll groups (``dist.new_group(backend="ringcoll", pg_options=...)``), one with
 ``auto`` and one per algorithm of the collective the workload leans on (DDP: all_reduce;
