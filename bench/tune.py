@@ -10,22 +10,29 @@ size and size band (bytes inclusive)::
 The device column is the run's tensors' device: a table measured on CUDA tensors overrides only
 the CUDA decisions, one measured on CPU tensors only gloo's.
 
-``RINGCOLL_TUNING=table.csv`` makes ``auto`` follow it (ringcoll/selection/__init__.py reads it). At each
-measured size the algorithm is the argmin of the median times of ringcoll's algorithms (``auto``
-and the built-in are not candidates; a row with an error or a wrong element is not either),
-on the collective's first variant (out-of-place where there are two), with hysteresis: going
-up the sizes, the table leaves the algorithm it holds (the incumbent) only for one faster
-beyond the measured spread, whose rounds' p90 is below the incumbent's p10 (:func:`beats`;
-on a 2-core host the p10-p90 of one size spans 2-4x, so a bare argmin of medians switched at
-7 of 8 band boundaries on noise). Each choice holds from its size up to the next measured
-size, the first from 0 bytes, the last up to its own size; neighbouring sizes with the same
-choice merge into one band. The bytes are the ones the
-selection table sees: the message of all_reduce, broadcast and reduce, the total of
-all_gather, reduce_scatter, gather and scatter, the largest block of all_to_all.
+``RINGCOLL_TUNING=table.csv`` makes ``auto`` follow it (ringcoll/selection/__init__.py reads it).
+Each measured size decides its own band from that size's repeated, paired rounds (the
+harness times every contestant once per round, the order rotated, so a round's load is
+shared by all of them): going up the sizes the table keeps the algorithm it holds (the
+incumbent) unless another one beats it there, i.e. is faster in so many of the size's paired
+rounds that a fair coin would give as many with probability at most :data:`LEVEL` (a
+one-sided sign test, :func:`beats`); then the fastest median of those that beat it takes
+over. At the first size, and where the incumbent has no row, the fastest median. Candidates
+are ringcoll's algorithms that ``auto`` weighs (``auto`` and the built-in are not; a row with an
+error or a wrong element is not either), on the collective's first variant (out-of-place
+where there are two). Why paired rounds: on a 2-core shared host one size's rounds span
+2-4x, so a bare argmin of medians switched at 7 of 8 band boundaries on noise, while asking
+the spreads to part (the earlier rule: p90 below the other's p10) held the noisy 1 KiB
+winner at every size even where another algorithm was faster in every round. Each choice
+holds from its size up to the next measured size, the first from 0 bytes, the last up to
+its own size; neighbouring sizes with the same choice merge into one band. The bytes are the
+ones the selection table sees: the message of all_reduce, broadcast and reduce, the total
+of all_gather, reduce_scatter, gather and scatter, the largest block of all_to_all.
 """
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import astuple, dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -82,13 +89,29 @@ def fastest(rows: Sequence[Row]) -> Dict[int, str]:
             for size, by in _candidates(rows).items()}
 
 
+#: a challenger beats the incumbent when winning as many paired rounds as it did has at
+#: most this probability for two equally fast algorithms (a fair coin each round)
+LEVEL = 0.01
+#: the fewest paired rounds a sign test can decide at LEVEL (7 of 7: 1/128)
+MIN_ROUNDS = 7
+
+
+def sign_test(wins: int, rounds: int) -> float:
+    """One-sided sign test: the probability of ``wins`` or more heads in ``rounds`` tosses of
+    a fair coin."""
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2 ** rounds
+
+
 def beats(challenger: Row, incumbent: Row) -> bool:
-    """Whether ``challenger`` is faster than ``incumbent`` beyond the measured spread: the
-    slowest tenth of its rounds (p90) is faster than the fastest tenth of the incumbent's
-    (p10), so the middle 80 % of their rounds do not overlap. Rows without a spread (one
-    round, or an old run) compare by their medians."""
-    if challenger.p90_us and incumbent.p10_us:
-        return challenger.p90_us < incumbent.p10_us
+    """Whether ``challenger`` is faster than ``incumbent`` beyond the noise of their paired
+    rounds: round by round (the same round of the same run: the same load), it is strictly
+    faster in enough of them that :func:`sign_test` gives at most :data:`LEVEL`. Rows
+    without :data:`MIN_ROUNDS` paired rounds (an old run, or a run cut short) compare by
+    their medians."""
+    rounds = len(challenger.times_us)
+    if rounds >= MIN_ROUNDS and rounds == len(incumbent.times_us):
+        wins = sum(c < i for c, i in zip(challenger.times_us, incumbent.times_us))
+        return sign_test(wins, rounds) <= LEVEL
     return challenger.time_us < incumbent.time_us
 
 
@@ -114,7 +137,7 @@ def steady_choices(rows: Sequence[Row]) -> Dict[int, str]:
 def tuning_rows(rows: Sequence[Row], world: int) -> List[Band]:
     """The tuning table of a run's rows: per collective family (from its first benchmarked
     function, e.g. all_gather_single before the list all_gather), the algorithm of each size
-    band (:func:`steady_choices`: the fastest, switching only beyond the spread)."""
+    band (:func:`steady_choices`: the fastest, switching only beyond the paired rounds' noise)."""
     chosen: Dict[str, str] = {}         # family -> the function whose rows decide
     for row in rows:
         spec = SPECS.get(row.collective)

@@ -20,14 +20,17 @@ call returns once enqueued with the caller's stream ordered after the call's end
 for a barrier), and ``get_future()`` is stream-aware (CUDA: ``Future(devices=[device])``,
 completed in the stream's order; DDP's reducer and comm hooks chain on it).
 
-**Completions run off the worker thread.** The worker only runs calls; a call it finished is
-completed (its future set, its ``then()`` callbacks run, then ``wait()`` released) by a
-completion thread, in the order the worker finished them. A callback may therefore make
-collective calls and wait for them, as torch's PowerSGD hook does inside its ``then()`` chain:
-the worker is free to run them. Before a callback blocks on ringcoll (it submits a call, or
-waits for a Work or asks for the future of one not yet complete), its thread hands the
-completion role on to another completion thread, so the nested call's own completion, and
-every later one, is not stuck behind it; callbacks still start in completion order. A
+**A callback that blocks never holds the worker.** A call is completed (its future set, its
+``then()`` callbacks run, then ``wait()`` released) in the order the worker finished the calls:
+by the worker itself when no earlier completion is still going on (the caller then wakes one
+thread hop after the call's last transfer, as on gloo, not two), else by a completion thread.
+A callback may make collective calls and wait for them, as torch's PowerSGD hook does inside
+its ``then()`` chain. Before a callback blocks on ringcoll (it submits a call, or waits for a
+Work or asks for the future of one not yet complete), its thread hands its role on: a
+completion thread's to another completion thread; the worker's, when the callback runs on
+the worker, to a new worker thread (the old one ends once its callback returns). So the nested
+call runs and completes, and every later one, while the callback waits; callbacks still
+start in completion order. A
 callback that blocks on something else (a future taken before the callback ran, an event,
 a lock) holds later completions back until it returns. A call made from a callback takes its
 number where it is made, as a call from any thread: a program must order such calls the
@@ -144,8 +147,9 @@ _running = threading.local()
 class _Queue:
     """The per-process queue: one worker thread runs the calls in the order they were
     submitted, one at a time (a synchronous call made with nothing pending runs on its
-    caller's thread instead, holding the same turn); completion threads complete them in
-    the order the worker finished them (module docstring).
+    caller's thread instead, holding the same turn); they are completed in the order the
+    worker finished them, by the worker itself when no earlier completion is under way
+    (``_completing`` is 0), else by the completion threads (module docstring).
 
     ``_pending`` counts the calls submitted and not yet completed (queued, running, or
     waiting for or running their completion): a synchronous call runs inline only when it
@@ -163,6 +167,7 @@ class _Queue:
         self._finished: "queue.Queue[tuple[Work, Optional[BaseException]]]" = queue.Queue()
         self._turn_to_complete = threading.Lock()     # the completion role
         self._idle = 0                                # completion threads waiting for the role
+        self._completing = 0                          # finished calls not yet completed
         self._completers = 0                          # completion threads started (for tests)
 
     def _start(self) -> None:
@@ -178,7 +183,7 @@ class _Queue:
                          daemon=True).start()
 
     def _worker(self) -> None:
-        while True:
+        while self._thread is threading.current_thread():    # until a blocked callback replaced it
             task, work, stream = self._tasks.get()
             error = None
             with self._turn:
@@ -194,7 +199,28 @@ class _Queue:
                     error = failure
                 finally:
                     _running.held = False
-            self._finished.put((work, error))
+            with self._lock:
+                direct = self._completing == 0       # no earlier completion still going on
+                self._completing += 1
+            if direct:
+                self._complete(work, error, on_worker=True)
+            else:
+                self._finished.put((work, error))
+
+    def _complete(self, work: Work, error: Optional[BaseException], on_worker: bool = False) -> None:
+        """Complete ``work`` on this thread, holding the completion role (``on_worker``: the
+        worker's own, :meth:`hand_off` then replaces the worker if a callback blocks)."""
+        _role.held = True
+        _role.worker = on_worker
+        try:
+            work._finish(error)
+        finally:
+            if _role.held and not on_worker:      # not handed on inside a callback
+                self._turn_to_complete.release()
+            _role.held = False
+            with self._lock:
+                self._completing -= 1
+                self._pending -= 1
 
     def _completer(self) -> None:
         """A completion thread: while it holds the role, complete the next finished call."""
@@ -205,23 +231,22 @@ class _Queue:
             with self._lock:
                 self._idle -= 1
             work, error = self._finished.get()
-            _role.held = True
-            try:
-                work._finish(error)
-            finally:
-                if _role.held:                  # not handed on inside a callback
-                    _role.held = False
-                    self._turn_to_complete.release()
-                with self._lock:
-                    self._pending -= 1
+            self._complete(work, error)
 
     def hand_off(self) -> None:
         """Called where the current thread may block on ringcoll: if it holds the completion
-        role (it runs a callback), pass the role to an idle completion thread, or a new one,
-        so the calls it waits for, and every later call, still complete. Nothing otherwise."""
+        role (it runs a callback), pass the role on, so the calls it waits for, and every later
+        call, still run and complete: on the worker, the worker's role to a new worker thread
+        (later completions go to the completion threads while this one is under way); on a
+        completion thread, to an idle completion thread, or a new one. Nothing otherwise."""
         if not getattr(_role, "held", False):
             return
         _role.held = False
+        if _role.worker:
+            with self._lock:
+                self._thread = threading.Thread(target=self._worker, name="ringcoll", daemon=True)
+                self._thread.start()
+            return
         with self._lock:
             if self._idle == 0:
                 self._start_completer()

@@ -104,6 +104,37 @@ def test_an_inline_call_from_a_callback_never_overlaps_the_workers_call():
     assert overlaps.seen == []
 
 
+def test_the_worker_completes_a_call_itself_and_a_blocking_callback_hands_its_role_on():
+    """With no earlier completion under way the worker completes the call itself (one thread
+    hop to its waiter, as gloo's); a callback there that blocks on ringcoll hands the worker's
+    role to a new worker thread, which runs the nested call, and the old one ends after."""
+    q, seen = _Queue(), {}
+
+    def callback(fut):
+        seen["completed on"] = threading.current_thread()
+        nested = q.submit(lambda: seen.setdefault("nested ran on", threading.current_thread()), True)
+        nested.wait()
+        return True
+
+    gate = threading.Event()            # the call completes only once the callback is attached
+
+    def first():
+        seen["ran on"] = threading.current_thread()
+        gate.wait(PATIENCE)
+
+    work = q.submit(first, True)
+    chain = work.get_future().then(callback)
+    gate.set()
+    assert _waited(chain)
+    assert seen["completed on"] is seen["ran on"]                        # the worker, no hop
+    assert seen["nested ran on"] is not seen["ran on"] and q._thread is seen["nested ran on"]
+    seen["ran on"].join(PATIENCE)
+    assert not seen["ran on"].is_alive()                                 # the replaced worker ended
+    later = q.submit(lambda: seen.setdefault("later ran on", threading.current_thread()), True)
+    later.wait()
+    assert seen["later ran on"] is q._thread
+
+
 def test_wait_finds_the_future_done():
     q = _Queue()
     for i in range(50):
