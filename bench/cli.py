@@ -176,7 +176,7 @@ def import_user_modules(names: Sequence[str]) -> tuple:
         target = os.path.abspath(name) if name.endswith(".py") else name
         try:
             import_module(target)
-        except Exception as error:  # noqa: BLE001 - any failure of the user's module is an option error
+        except Exception as error:
             raise OptionError(f"--import {name}: cannot import it: {type(error).__name__}: {error}") from error
         resolved.append(target)
     return tuple(resolved)
@@ -193,7 +193,7 @@ def load_msccl(options) -> tuple:
     for path in files:
         try:
             name = msccl.load(path)
-        except Exception as error:  # noqa: BLE001 - a bad XML is an option error, named
+        except Exception as error:
             raise OptionError(f"--msccl {path}: {type(error).__name__}: {error}") from error
         collective = next(k[0] for k in msccl.loaded() if k[1] == name)
         collectives.append({"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single",
@@ -385,7 +385,7 @@ def run(options, cluster=None):
                 try:
                     if job.collective not in broken:
                         new = summarize(job, cluster.run(measure, job, timeout=options.timeout))
-                except Exception as error:  # noqa: BLE001 - a failed collective ends its sweep
+                except Exception as error:
                     if not own or cluster.external:
                         raise
                     new = failed_rows(job, world, error)
@@ -457,7 +457,7 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     try:
         import_user_modules(options.imports)
     except OptionError as error:
-        raise SystemExit(f"ringcoll-bench: {error}")
+        raise SystemExit(f"ringcoll-bench: {error}") from None
     if options.list:
         for name, algos in benchmarkable().items():
             print(f"{name:<24} {', '.join(algos)}{'' if SPECS[name].primary else '   (by name only, not in all)'}")
@@ -473,7 +473,7 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
         try:
             chosen = choose_collectives(options.collective, {name: () for name in MODELLED})
         except OptionError as error:
-            raise SystemExit(f"ringcoll-bench: --simulate prices {sorted(MODELLED)} (NCCL's model): {error}")
+            raise SystemExit(f"ringcoll-bench: --simulate prices {sorted(MODELLED)} (NCCL's model): {error}") from None
         if options.nodes < 1:
             raise SystemExit(f"ringcoll-bench: --nodes must be >= 1, got {options.nodes}")
         return run_simulated(options, chosen, size_range(options.minbytes, options.maxbytes, options.stepfactor,
@@ -485,7 +485,7 @@ def main(argv: Optional[Sequence[str]] = None, cluster=None) -> int:
     try:
         _, rows, _ = run(options, cluster)
     except OptionError as error:
-        raise SystemExit(f"ringcoll-bench: {error}")
+        raise SystemExit(f"ringcoll-bench: {error}") from None
     bad = [r for r in rows if r.algorithm != BUILTIN and (r.error or r.wrong)]
     return 1 if bad else 0
 

@@ -228,7 +228,7 @@ def run(options) -> int:
     try:
         _contestants(options.workload, world, options.algorithms)
     except ValueError as error:
-        raise SystemExit(f"ringcoll-bench: {error}")
+        raise SystemExit(f"ringcoll-bench: {error}") from None
     load = f"{os.getloadavg()[0]:.1f}"
     with ringcoll.launch(world, "gloo", timeout=options.timeout) as cluster:
         per_rank = cluster.run(measure_workload, options.workload, options.width, options.batch,

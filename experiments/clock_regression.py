@@ -86,7 +86,7 @@ def main(path: str) -> None:
                             sim = simulate(coll, alg, world=world, numel=numel, machine=m, data=data,
                                            record=data and world <= 8, **{k: v for k, v in kw.items() if v is not None})
                             res[key] = stats_dump(sim.stats)
-                        except Exception as e:
+                        except Exception as e:  # noqa: BLE001 - any error is a recorded outcome, compared run to run
                             res[key] = f"{type(e).__name__}: {e}"
     # larger cost-only worlds: mirrored runs and the compiled one-step clock
     for mname, m in [("flat", Machine()),
@@ -107,7 +107,7 @@ def main(path: str) -> None:
                     sim = simulate(coll, alg, world=64, numel=1 << 16, machine=m, data=False, record=False,
                                    symmetry=sym, **kw)
                     res[key] = stats_dump(sim.stats)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - any error is a recorded outcome, compared run to run
                     res[key] = f"{type(e).__name__}: {e}"
     # error reports: deadlock, size mismatch, bad peer, circular order
     res["errors"] = schedules_run(stats_dump)
@@ -142,7 +142,7 @@ def cases():
     for k in range(30):
         world = rnd.randint(2, 7)
         scheds = [[] for _ in range(world)]
-        for stepno in range(rnd.randint(1, 4)):
+        for _stepno in range(rnd.randint(1, 4)):
             msgs = [(a, b, rnd.randint(1, 5000)) for a in range(world) for b in range(world)
                     if a != b and rnd.random() < 0.4]
             per = [[] for _ in range(world)]

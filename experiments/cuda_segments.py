@@ -31,7 +31,7 @@ def main(argv=None) -> None:
                         default=pathlib.Path(__file__).resolve().parents[1] / "bench" / "results"
                         / "experiments" / "cuda_segments.txt")
     args = parser.parse_args(argv)
-    import torch  # noqa: F401
+    import torch
     import ringcoll
     from ringcoll.selection import CUDA_MACHINE
 

@@ -20,7 +20,6 @@ import torch
 
 import ringcoll
 from ringcoll.sim.simulate import BUILDER_OF
-from ringcoll.sim.bounds import lower_bounds
 
 #: (collective, algorithm, extra arguments, worlds) measured; hierarchical on nodes of 8.
 #: Every algorithm here admits any p (non-powers of two included), so every case runs at both.

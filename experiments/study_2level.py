@@ -42,7 +42,7 @@ def main(argv=None) -> int:
                    "(number: time / lower bound)")
     time_of = {(c.algorithm, c.world, c.nbytes): c.seconds for c in cells}
     winners = best(cells)
-    lines = [f"# all_reduce on a 2-level machine: the best algorithm, hierarchical included", "",
+    lines = ["# all_reduce on a 2-level machine: the best algorithm, hierarchical included", "",
              f"bench/study_2level.py: ringcoll.sim.sweep, every all_reduce algorithm as a cost-only "
              f"simulation on `Machine.hierarchical({RANKS_PER_NODE}, intra=(2 µs, 100 GB/s), "
              f"inter=(10 µs, 10 GB/s), gamma=50 GB/s)`, one NIC port per node, float32; the node-aware "

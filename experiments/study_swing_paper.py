@@ -418,7 +418,7 @@ def verdicts(doc, per) -> list:
     square = [t for t in ("8x8", "16x16", "32x32", "64x64") if t in per]
     if square:
         found = [(t, *wins(t, 32 << 20)) for t in square]
-        lost = "; ".join(f"{t}: {', '.join(l)}" for t, _, _, l in found if l)
+        lost = "; ".join(f"{t}: {', '.join(names)}" for t, _, _, names in found if names)
         won, total = sum(f[1] for f in found), sum(f[2] for f in found)
         out.append(f"- {CLAIMS['square']}. ringcoll: Swing faster than D and B in {won} of {total} cells "
                    f"from 32 B to 32 MiB on the square tori" + (f" (not at {lost})" if lost else "") + ". "

@@ -235,7 +235,7 @@ def write_report(results, pictures, path, seconds):
     lines += ["## Who wins where", "", "The fastest algorithm per topology and size (ties: the first registered), "
               "and its lead over the runner-up:", "",
               "| topology | " + " | ".join(size_name(n) for n in every) + " |", "|---|" + "---|" * len(every)]
-    for tag, (label, _, world, sizes, rows, used) in results.items():
+    for _tag, (label, _, world, _sizes, rows, used) in results.items():
         cells = []
         for n in every:
             present = sorted((rows[(o, n)]["us"], used.index(o), o) for o in used if (o, n) in rows)

@@ -229,7 +229,7 @@ def _probe_backend(backend: str, device: int) -> str | None:
             from numba import cuda
             if not cuda.is_available():
                 return "numba.cuda.is_available() is False"
-    except Exception as exc:  # a driver/runtime mismatch raises from deep inside either package
+    except Exception as exc:  # a driver/runtime mismatch raises from deep inside either package  # noqa: BLE001 - a driver/runtime mismatch raises anything from deep inside
         return f"{backend} cannot use the GPU: {type(exc).__name__}: {exc}"
     try:
         if backend == "cupy":

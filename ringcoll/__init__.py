@@ -23,7 +23,7 @@ from .sim import trust  # noqa: F401 - hands register its cost check (the simula
 from .cost.machine import Machine
 from .cluster import launch
 from . import api
-from .api import *  # noqa: F401,F403 - the drop-ins, one module each
+from .api import *  # noqa: F403 - the drop-ins, one module each
 from .runtime.failures import GroupFailedError, MismatchError, PeerError, get_timeout, set_timeout
 from .ops import ReduceOp
 from .selection import configure_logging

@@ -276,7 +276,7 @@ class Cluster:
             raise ClusterError("the cluster is closed or lost a rank; launch a new one")
         try:
             blob = pickle.dumps((fn, args, kwargs))
-        except Exception as error:  # noqa: BLE001 - a lambda, a closure, an unpicklable argument
+        except Exception as error:
             raise TypeError(f"cluster.run: fn and its arguments must be picklable (fn a module-level "
                             f"function), got {fn!r}: {type(error).__name__}: {error}") from error
         for conn in self._conns:

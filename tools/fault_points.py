@@ -93,7 +93,6 @@ def make_call(collective: str, algorithm: str, rank: int, world: int, group, sal
     ``salt``-dependent and never zero, so a stale or missing contribution shows."""
     import torch
 
-    import ringcoll
 
     n = NUMEL
 

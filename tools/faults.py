@@ -67,7 +67,6 @@ def draw(seed: int, index: int, timeout: float, worlds=(2, 3, 4)) -> Injection:
 def _call(inj: Injection, rank: int):
     """The call and a function telling whether its result is exactly right."""
     import torch
-    import torch.distributed as dist
 
     import ringcoll
 

@@ -402,7 +402,7 @@ def section_bandwidth(report: Report, ctx: dict) -> dict:
         dst = torch.ones(numel, dtype=dtype, device=device)
         sources = [torch.ones(numel, dtype=dtype, device=device) for _ in range(nsrc)]
         out = torch.empty_like(dst) if fused else None
-        copy_ms = median_ms(lambda: dst.copy_(sources[0]), reps, device)
+        copy_ms = median_ms(lambda: dst.copy_(sources[0]), reps, device)  # noqa: F821 - the measure's own tensors, deleted only after the timing
         copy_gbs = 2 * numel * dst.element_size() / copy_ms / 1e6
         moved = (nsrc + 2 + fused) * numel * dst.element_size()  # reads + write (+ out write)
         row = {"case": label, "dtype": str(dtype), "sources": nsrc, "fused": fused,
@@ -413,7 +413,7 @@ def section_bandwidth(report: Report, ctx: dict) -> dict:
                 cells.append(f"{'error':>13}{'':>7}")
                 continue
             try:
-                ms = median_ms(lambda: kernels.reduce_into(dst, sources, op, out=out,
+                ms = median_ms(lambda: kernels.reduce_into(dst, sources, op, out=out,  # noqa: F821 - the measure's own tensors, deleted only after the timing
                                                            backend=backend), reps, device)
             except Exception as exc:  # noqa: BLE001 - the other backends are still measured
                 backends.fail(backend, exc, f"{label} {size_mib} MiB")

@@ -446,7 +446,7 @@ def check_allocator_safety(device: str = "cuda") -> dict:
     def rank_fn(rank):
         with rank.current():
             x = empty()
-        rank.on_caller(lambda: x.copy_(_exact(numel, rank.rank, torch.float32).to(device)))
+        rank.on_caller(lambda: x.copy_(_exact(numel, rank.rank, torch.float32).to(device)))  # noqa: F821 - deleted later on purpose (the allocator check); the closure runs first
         hold(rank)
         call = rank.call("all_reduce", x, algorithm="ring", async_op=True)
         if rank.rank == 0:

@@ -36,7 +36,6 @@ from typing import Callable, List, Optional
 
 import torch
 
-from ringcoll.runtime import stream_runtime as streams
 from ringcoll.runtime.executor import P2PExecutor
 from ringcoll.runtime.transport.stream_ordered import StreamTransport
 from ringcoll.runtime.watchdog import watchdog
@@ -91,7 +90,7 @@ class LoopbackComm:
         self.stream = None
         self.copy_stream = hub.runtime.new_stream(hub.device)     # the communication stream
 
-    def connect(self, deadline: float) -> None:   # noqa: ARG002 - nothing to set up
+    def connect(self, deadline: float) -> None:
         pass
 
     def start(self, ops) -> _Batch:
@@ -151,7 +150,7 @@ class LoopbackComm:
             self.hub.aborted = True
             self.hub._cond.notify_all()
 
-    def close(self, how: str) -> None:   # noqa: ARG002 - nothing to close
+    def close(self, how: str) -> None:
         pass
 
 

@@ -3,7 +3,7 @@
 import importlib
 import pkgutil
 
-from .common import BUILDERS
+from .common import BUILDERS as BUILDERS  # the builders by torch name, for the simulator and tests
 
 __all__ = []
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")):

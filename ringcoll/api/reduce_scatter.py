@@ -58,7 +58,7 @@ def _plan(ctx: Context, chosen, why, spec, output: torch.Tensor, input_flat: tor
 
 @builder("reduce_scatter_tensor")
 @builder("reduce_scatter_single")
-def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *, algorithm="auto"):  # noqa: A002
+def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *, algorithm="auto"):
     real_output = real_tensor("output", output, op, "reduce_scatter_single")
     real_input = real_tensor("input", input)
     spec = resolve(op, real_output)
@@ -71,7 +71,7 @@ def build_reduce_scatter_single(ctx: Context, output, input, op=ReduceOp.SUM, *,
 
 
 @c10d_doc('reduce_scatter')
-def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
+def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
                           algorithm="auto"):
     """Reduces, then scatters a tensor to all ranks in a group.
 
@@ -109,7 +109,7 @@ def reduce_scatter_single(output, input, op=ReduceOp.SUM, group=None, async_op=F
 # torch 2.13 deprecates the old name with a FutureWarning and forwards it; so does ringcoll
 @deprecated("`ringcoll.reduce_scatter_tensor` is deprecated, as torch 2.13's. "
             "Please use `ringcoll.reduce_scatter_single` instead.", category=FutureWarning)
-def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,  # noqa: A002
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
                           algorithm="auto"):
     """Reduces, then scatters a tensor to all ranks in a group.
 

@@ -402,7 +402,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
                    for i, t in enumerate(inputs)]
         return self._submit(planned, list(output_lists))
 
-    def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's name
+    def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts)
 
     _allgather_base = all_gather_single
@@ -416,7 +416,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         return self._reduce_scatter("reduce_scatter", outputs, input_lists, _reals, opts)
 
-    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002
+    def reduce_scatter_single(self, output, input, opts=None):
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -451,7 +451,7 @@ class ProcessGroupRingcoll(dist.ProcessGroup):
         planned = [self._plan("all_to_all", outputs[0] if outputs else None, list(outputs), list(inputs))]
         return self._submit(planned, list(outputs))
 
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         planned = [self._plan("all_to_all_single", output, output, input,
                               list(output_split_sizes) or None, list(input_split_sizes) or None)]
         return self._submit(planned, [output])

@@ -571,7 +571,7 @@ class Network:
             ga, gb = self.group[a], self.group[b]
             nodes = [a, ra]
             if ga != gb:
-                joins = [(l.src, l.dst) for l in self._globals(ga, gb)]
+                joins = [(link.src, link.dst) for link in self._globals(ga, gb)]
                 u, v = joins[a % len(joins)]
                 if u != ra:
                     nodes.append(u)
@@ -610,8 +610,8 @@ class Network:
         found = cache.get(key)
         if found is None:
             routers, router0 = self.params["routers"], self.hosts
-            found = [l for l in self.links if l.level == "global"
-                     and (l.src - router0) // routers == ga and (l.dst - router0) // routers == gb]
+            found = [link for link in self.links if link.level == "global"
+                     and (link.src - router0) // routers == ga and (link.dst - router0) // routers == gb]
             cache[key] = found
         return found
 

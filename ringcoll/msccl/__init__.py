@@ -22,9 +22,8 @@ from typing import Dict, Optional, Tuple
 
 
 from ..schedules import registry
-from ..schedules.registry import Cost
-from .ir import MscclError, Program, load_program, parse, read_text
-from .export import export  # noqa: E402 - binds the function over the submodule's name
+from .ir import MscclError, Program, parse, read_text
+from .export import export
 from .to_schedule import Compiled, compile_program
 from .program import REPLICATED, cost_of, data_check, schedule_of
 from .check import report

@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 from ..schedules.vocabulary import (IN_PLACE, RECV_BLOCKS, SEND_BLOCKS, Buf, Copy, Layout, Recv, Reduce, Send, Step,
                                     chunks, step)
 from .ir import OPCODES, Program
-from .to_schedule import Compiled, LocalCopy, LocalReduce, Region, aliases
+from .to_schedule import Compiled, LocalCopy, Region, aliases
 
 #: ringcoll's scratch buffers for the program's own (s), its temporaries (t) and staging
 SCRATCH = {"s": "msccl_s", "t": "msccl_t", "i": "msccl_i", "o": "msccl_o"}

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .ir import Instruction, MscclError, OPCODES, Program
+from .ir import MscclError, Program
 
 #: a chunk range: (buffer, first chunk, chunks); buffers i, o, s, and t (temporaries)
 Region = Tuple[str, int, int]
@@ -286,7 +286,7 @@ def _order(events: List[Event], edges: List[Tuple[int, int, int]], uf: _UnionFin
     for c, members in enumerate(components):
         for m in members:
             comp_of[m] = c
-    for a, b, w in edges:
+    for a, b, _weight in edges:
         if comp_of[uf.find(a)] == comp_of[uf.find(b)]:
             raise MscclError(f"{events[b].where}: dependency cycle: it waits for {events[a].where}, which "
                              f"(through program order, depid/deps and matched sends and receives) waits for "
@@ -377,7 +377,7 @@ def compile_program(program: Program) -> Compiled:
         if e.key:
             by_key.setdefault(e.key, []).append(i)
     messages = 0
-    for key, ends in by_key.items():
+    for _key, ends in by_key.items():
         if len(ends) == 2:          # validate() saw a receive for every send
             uf.union(ends[0], ends[1])
             messages += 1

@@ -553,7 +553,7 @@ class EmulatedRuntime(StreamRuntime):
             def run():
                 try:
                     work()
-                except BaseException as error:  # noqa: BLE001 - the stream goes on
+                except BaseException as error:
                     if on_error is None:
                         raise
                     on_error(error)

@@ -79,7 +79,7 @@ class Watchdog:
                 while not any(self._queues.values()):
                     self._lock.wait()
                 queues = [(key, queue) for key, queue in self._queues.items() if queue]
-            for key, queue in queues:
+            for _key, queue in queues:
                 self._advance(queue)
             with self._lock:
                 for key in [key for key, queue in self._queues.items() if not queue]:

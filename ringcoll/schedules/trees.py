@@ -355,7 +355,7 @@ class TreePipeline:
         """The edges with a message in a global step of ``window``."""
         return [edge for _, edge in self._within(window, self.by_first)]
 
-    @functools.lru_cache(maxsize=128)
+    @functools.lru_cache(maxsize=128)  # noqa: B019 - a tree object lives as long as its schedule; the cache is its own
     def colours(self, window: Tuple[Tuple[int, int], ...]) -> bytes:
         """Each edge's colour in the global steps of ``window`` (255: no message)."""
         active = sorted(self.active(window), key=lambda edge: -self.urgency[edge])
@@ -389,7 +389,7 @@ class TreePipeline:
                 units[rank] += count
         return max(zip(map(len, used), units))
 
-    @functools.lru_cache(maxsize=64)
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - a tree object lives as long as its schedule; the cache is its own
     def filled(self, k: int) -> Tuple[int, int]:
         """The critical path of k segments per tree, nothing queued: a message of step
         (global step, colour) starts when both its ranks are done with their earlier steps

@@ -8,7 +8,7 @@ grows with the number of terms reduced (the schedules reduce in other orders).
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 

@@ -88,7 +88,7 @@ def plot_timeline(sim, path: str, detail_limit: int = 16) -> str:
              f"{sim.stats.time * scale:.1f} µs, {sim.stats.steps} steps on the critical path")
     if world <= detail_limit:
         fig, ax = plt.subplots(figsize=(12, 0.45 * world + 1.8))
-        for src, dst, nbytes, start, end, _, _ in timeline.messages:
+        for src, dst, _nbytes, start, end, _, _ in timeline.messages:
             ax.plot([start * scale, end * scale], [src, src], color="tab:blue", lw=5, alpha=0.35,
                     solid_capstyle="butt")
             ax.annotate("", xy=(end * scale, dst), xytext=(start * scale, src),

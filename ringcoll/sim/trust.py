@@ -43,7 +43,7 @@ def cost_mismatches(algorithm: registry.Algorithm, worlds: Sequence[int] = WORLD
             try:
                 sim = simulate(registry.builder_of(algorithm.collective), algorithm.name, world,
                                numel=nbytes // 4, dtype=torch.float32, data=False, record=False, machine=machine)
-            except Exception as error:          # a schedule that cannot run here: say so, do not refuse
+            except Exception as error:          # a schedule that cannot run here: say so, do not refuse  # noqa: BLE001 - a schedule that cannot run here is reported, not refused
                 out.append(f"{algorithm.collective}/{algorithm.name} at world {world}, {nbytes} B: "
                            f"could not be simulated ({type(error).__name__}: {error})")
                 continue

@@ -192,7 +192,7 @@ def fsdp_losses(steps: int, dtype_name: str, hsdp: bool = False) -> dict:
             opt = torch.optim.Adam(model.parameters(), lr=1e-2)
             losses = []
             x, y = batch(0, rank)          # one batch per rank: the loss must fall
-            for step in range(steps):
+            for _step in range(steps):
                 loss = nn.functional.mse_loss(model(x).float(), y)
                 opt.zero_grad()
                 loss.backward()

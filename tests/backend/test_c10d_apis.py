@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import ringcoll  # noqa: F401 - registers the backend in this process too
+import ringcoll
 
 CPU = torch.device("cpu")
 #: groups a rank function made, kept alive for the process's lifetime (a group left with

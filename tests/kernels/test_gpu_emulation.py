@@ -20,13 +20,12 @@ import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import pytest
 import torch
 
-from ringcoll.kernels import _cupy, _lowering, _nvrtc
+from ringcoll.kernels import _cupy, _lowering
 from kernel_data import (fake_cupy, FLOATS, PAIRS, exact_case, first_difference,
                          random_float_case, subnormal_case)
 

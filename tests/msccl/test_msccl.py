@@ -317,7 +317,7 @@ def test_exported_alltoall_matches_the_builtin_on_gloo(clusters, tmp_path):
     target = tmp_path / "a2a4.xml"
     msccl.export("all_to_all", "pairwise", 4, str(target))
     for rank, rows in enumerate(clusters(4).run(run_loaded, [str(target)], [0, 1, 5])):
-        for file, numel, same, _ in rows:
+        for _file, numel, same, _ in rows:
             assert same, f"rank {rank}: exported pairwise all_to_all at {numel} elements per peer"
 
 

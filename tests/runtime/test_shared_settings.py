@@ -133,7 +133,7 @@ def _differing(name: str, values: dict, backend: str):
     made under it, and an all_reduce on it (the drop-in on a gloo group, dist.* on a "ringcoll"
     group): the error it raised (type, message); then, with the setting back as it was on every
     rank, a fresh group's all_reduce, whose result is returned."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, _world = dist.get_rank(), dist.get_world_size()
     saved = os.environ.get(name)
     value = values.get(rank)
     if value is None:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 import ringcoll
 from ringcoll.runtime import stream_runtime
+from ringcoll.runtime.watchdog import Watchdog
 from ringcoll.api.common import group_executor
 
 CPU = torch.device("cpu")
@@ -126,7 +127,7 @@ def _catalogue(as_device: bool):
 
     algorithms = ringcoll.algorithms()
     counter = 0
-    for group, me, size, members in groups:
+    for group, _me, size, members in groups:
         if rank not in members:
             continue
         pending = []                            # async calls: (work, check) checked after wait
@@ -241,7 +242,7 @@ def test_every_collective_and_algorithm_on_cpu_memory_returns_its_result(streame
     """Issue #40 finding 4: ``RINGCOLL_TRANSPORT=streamed`` on CPU tensors, read at once as a
     user does (no stream synchronisation): every synchronous call returns with its result
     written, every async call's ``wait()`` with it. Old code: results read before they arrived."""
-    for rank, (transport, runtime, wrong, waits, where, compared) in enumerate(streamed.run(catalogue, False)):
+    for rank, (transport, runtime, wrong, _waits, _where, compared) in enumerate(streamed.run(catalogue, False)):
         assert (transport, runtime) == ("StreamTransport", "EmulatedRuntime")
         assert compared > 0 and wrong == [], f"rank {rank}: {wrong}"
 
@@ -605,7 +606,7 @@ def test_the_backends_collectives_and_user_p2p_use_different_nccl_groups(fake_nc
 def ddp_with_the_hook():
     """DDP with ringcoll's comm hook on the stream path: the hook's future (the Work's) carries
     the reduced bucket back to DDP's reducer; gradients equal the built-in's."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, _world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     grads = []
     for hooked in (False, True):
@@ -637,7 +638,6 @@ class _FakeCuda:
 
 
 def _cuda_fakes(monkeypatch):
-    import contextlib
 
     cuda = _FakeCuda()
 
@@ -839,7 +839,6 @@ def test_a_cuda_call_over_gloo_under_capture_is_refused_too(monkeypatch):
 
 
 # -- the transport and the watchdog in process, on a fake communicator ----------------------------
-from ringcoll.runtime.watchdog import Watchdog
 
 #: the in-process tests' watchdog (one thread, as the process's)
 WATCHDOG = Watchdog(period=0.002)
@@ -878,7 +877,7 @@ class GatedComm:
 def _enqueue_one(transport, timeout=0.3, local=None, name="call #1 all_reduce/ring 4xint64"):
     from ringcoll.schedules.vocabulary import Buf, Recv, Send
 
-    call = transport.open(name, timeout, 1)
+    transport.open(name, timeout, 1)
     items = [Send(1, Buf("data", 0, 2)), Recv(1, Buf("data", 2, 4))]
     step = transport.post(list(zip(items, [torch.ones(2), torch.zeros(2)])), 0)
     step.index = 0

@@ -7,8 +7,7 @@ import torch
 import torch.distributed as dist
 
 import ringcoll
-from _util import (DTYPES, SIM_WORLDS, assert_every_rank, block, block_numels, one_thread,
-                   run_world, values, wrong_errors)  # noqa: F401 - one_thread: an autouse fixture
+from _util import (DTYPES, SIM_WORLDS, assert_every_rank, block, block_numels, run_world, values, wrong_errors)
 from conftest import GLOO_WORLDS
 
 ALGORITHMS = ringcoll.algorithms("all_gather")

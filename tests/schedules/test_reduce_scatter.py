@@ -293,7 +293,7 @@ def test_async_op_and_result(clusters):
 
 
 def bad_inputs():
-    rank, world = dist.get_rank(), dist.get_world_size()
+    _rank, world = dist.get_rank(), dist.get_world_size()
     tensor = torch.arange(4 * world, dtype=torch.float32) + 1
     inputs = [torch.full((4,), 5.0) for _ in range(world)]
     output = torch.full((4,), 7.0)

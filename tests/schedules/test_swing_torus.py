@@ -58,7 +58,7 @@ def test_every_step_is_a_matching_one_dimension_rho_away(dims):
     world = 1
     for d in dims:
         world *= d
-    for c, (steps, mirrored, blocks) in enumerate(grid_plan(dims)):
+    for _c, (steps, mirrored, blocks) in enumerate(grid_plan(dims)):
         assert len(blocks) == world
         for d, k in steps:
             for rank in range(world):

@@ -61,7 +61,7 @@ def test_random_one_step_exchanges_match_the_event_clock_where_it_runs():
     clock declines (the event clock's forced release is not its to follow)."""
     rng = random.Random(27)
     ran = declined = 0
-    for trial in range(60):
+    for _trial in range(60):
         dims = rng.choice([(4, 2), (3, 3), (4, 4), (5, 2), (2, 2, 2)])
         machine = ringcoll.Machine.torus(dims, ports=rng.choice([1, 2]))
         world = machine.network.hosts

@@ -29,12 +29,12 @@ class BatchedTransport(Transport):
             self.comm.connect(deadline)
             self._ready = True
 
-    def post(self, transfers: Sequence, tag: int):   # noqa: ARG002 - NCCL ignores tags
+    def post(self, transfers: Sequence, tag: int):
         items = [item for item, _ in transfers]
         ops = [(isinstance(item, Send), wire(tensor), item.peer) for item, tensor in transfers]
         try:
             return items, self.comm.batch(ops)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             raise TransferError(items, error, timed_out=False, batch=True) from error
 
     def wait(self, handle, deadline: float) -> None:
@@ -50,7 +50,7 @@ class BatchedTransport(Transport):
                                 timed_out=True, batch=True)
         try:
             work.wait()                   # NCCL: orders the current stream; raises a failure
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             self.comm.abort()
             raise TransferError(items, error, timed_out=False, batch=True) from error
 

@@ -67,7 +67,7 @@ class HostTransport(Transport):
         for item, data in transfers:
             try:
                 work = (send if type(item) is Send else recv)([data], item.peer, tag)
-            except Exception as error:  # noqa: BLE001 - the executor names the peer and step
+            except Exception as error:
                 raise TransferError([item], error, timed_out=False) from error
             posted.append((item, work, data, data))
         return handle
@@ -96,7 +96,7 @@ class HostTransport(Transport):
                     work = self.pg.send([host], item.peer, tag)
                 else:
                     work = self.pg.recv([host], item.peer, tag)
-            except Exception as error:  # noqa: BLE001 - the executor names the peer and step
+            except Exception as error:
                 self.release(handle)
                 raise TransferError([item], error, timed_out=False) from error
             handle.transfers.append((item, work, wire(tensor), host))
@@ -111,7 +111,7 @@ class HostTransport(Transport):
             for index, (item, work, _, _) in enumerate(handle.transfers):
                 try:
                     work.wait(timedelta(seconds=_remaining(deadline)))
-                except Exception as error:  # noqa: BLE001
+                except Exception as error:
                     timed_out = "timed out" in str(error).lower() or time.monotonic() >= deadline
                     items = [item] + (self._incomplete(handle.transfers[index + 1:]) if timed_out else [])
                     raise TransferError(items, error, timed_out=timed_out) from error

@@ -127,7 +127,7 @@ class _ShimWork:
     def is_completed(self) -> bool:
         return self._done.is_set()
 
-    def wait(self, timeout=None) -> bool:  # noqa: ARG002 - NCCL: orders a stream, never blocks
+    def wait(self, timeout=None) -> bool:
         if self._done.is_set() and self._error is not None:
             raise self._error
         return True

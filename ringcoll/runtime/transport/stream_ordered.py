@@ -188,7 +188,7 @@ class StreamTransport(Transport):
         self.call = InFlight(name, timeout, total, self)
         return self.call
 
-    def post(self, transfers: Sequence, tag: int):   # noqa: ARG002 - NCCL ignores tags
+    def post(self, transfers: Sequence, tag: int):
         items = [item for item, _ in transfers]
         ops = [(isinstance(item, Send), wire(tensor), item.peer) for item, tensor in transfers]
         step = PostedStep(items)
@@ -205,7 +205,7 @@ class StreamTransport(Transport):
             raise TransferError(items, step.error, timed_out=False, batch=True)
         return step
 
-    def wait(self, step: PostedStep, deadline: float) -> None:   # noqa: ARG002 - the watchdog's
+    def wait(self, step: PostedStep, deadline: float) -> None:
         """Order the stream after the step's batch and mark the step's end; the host does not
         wait (a stalled batch is the watchdog's)."""
         comm = self.comm
