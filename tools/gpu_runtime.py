@@ -55,6 +55,7 @@ The loopback checks take a ``device``: ``"cpu"`` runs them on the stream emulato
 """
 from __future__ import annotations
 
+import atexit
 import json
 import pathlib
 import statistics
@@ -85,6 +86,10 @@ def _ringcoll_world1():
     import torch.distributed as dist
     import ringcoll  # noqa: F401 - registers the backend
     dist.init_process_group("ringcoll", store=dist.HashStore(), rank=0, world_size=1)
+    # destroyed at exit, as a well-behaved program does: a gloo group (the CPU inner group) left
+    # to the interpreter's teardown can abort the process ("terminate called without an active
+    # exception"), which would fail a check whose calls all passed
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return dist
 
 
