@@ -300,21 +300,7 @@ def run(options, cluster=None):
     imports = import_user_modules(getattr(options, "imports", ()))
     imports += load_msccl(options)
     catalogue = benchmarkable()
-    if cluster is not None:
-        world = cluster.world_size
-    elif ringcoll.cluster.under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-    else:
-        world = 4 if options.np is None else options.np
-        if world < 1:
-            raise OptionError(f"--np must be >= 1, got {world}")
-    for path in getattr(options, "msccl", ()):
-        from ringcoll import msccl
-
-        program = next(info.program for info in msccl.loaded().values() if info.name == msccl.load(path))
-        if program.ngpus != world:
-            raise OptionError(f"--msccl {path}: the algorithm runs at {program.ngpus} ranks, the benchmark at "
-                              f"{world} (--np {program.ngpus})")
+    world = _world(options, cluster)
     jobs = make_jobs(options, catalogue, world, imports)      # bad options fail before any spawn
     if not jobs:
         raise OptionError("nothing to run: no size fits, or no variant selected")
@@ -340,74 +326,16 @@ def run(options, cluster=None):
 
         main_rank = dist.get_rank() == 0
     say = print if main_rank else (lambda *a, **k: None)
-    printed: List[str] = []
     try:
         date = datetime.datetime.now(datetime.timezone.utc)
-        device = jobs[0].device
-        context = f"{world} ranks, {options.backend}, {device}"
-        machine = machine_info()
-        meta = {
-            "date": date.isoformat(timespec="seconds"), "world_size": world,
-            "backend": options.backend, "device": device, "torch": _torch_version(),
-            "ringcoll": ringcoll.__version__, "hostname": machine["hostname"],
-            "machine": machine, "command": " ".join(["ringcoll-bench"] + list(options.argv)),
-            "iters": options.iters, "warmup": options.warmup_iters, "max_seconds": options.max_seconds,
-            "check": bool(options.check), "imports": list(imports),
-            "dtype": DTYPES[options.datatype], "op": options.op, "root": options.root,
-            "collectives": {name: list(job.algorithms) for name, job in
-                            {job.collective: job for job in jobs}.items()},
-            "timing": "per round: barrier, then each contestant once in rotated order; per call "
-                      "the maximum over ranks; the median over rounds after warm-up",
-        }
-        limit = f" (at most {options.max_seconds:g} s a size)" if options.max_seconds else ""
-        load = meta["machine"].get("loadavg")
-        printed += [f"# ringcoll-bench  {meta['date']}  torch {meta['torch']}  ringcoll {meta['ringcoll']}  "
-                    f"{meta['machine']['cpu_count']} cores, load average {load[0] if load else '?'}",
-                    f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
-                    f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time",
-                    LEGEND]
-        if not cluster.external:            # every rank on this host
-            printed += oversubscribed(world, meta["machine"]["cpu_count"])
-        if skipped:
-            printed.append(f"# skipped {' and '.join(skipped)}: pip install 'ringcoll[bench]' for them")
+        meta = _meta(options, world, jobs, imports, date)
+        context = f"{world} ranks, {options.backend}, {meta['device']}"
+        printed = _header(options, meta, context, world, cluster, skipped)
         for line in printed:
             say(line)
-        rows: List[Row] = []
-        current = None
-        # a bar only on a terminal: in a log its redraws bury the table
         bar_type = tqdm_module.tqdm if tqdm_module else _NoBar
-        with bar_type(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
-                  dynamic_ncols=True) as bar:
-            broken = set()
-            for index, job in enumerate(jobs):
-                bar.set_description(f"{job.collective} {job.size} B")
-                new: List[Row] = []
-                try:
-                    if job.collective not in broken:
-                        new = summarize(job, cluster.run(measure, job, timeout=options.timeout))
-                except Exception as error:
-                    if not own or cluster.external:
-                        raise
-                    new = failed_rows(job, world, error)
-                    broken.add(job.collective)
-                    if not cluster.alive:
-                        cluster.close()
-                        cluster = start()
-                rows += new
-                if main_rank:
-                    variants = [v for v in job.spec.variants if v in (job.variants or job.spec.variants)]
-                    lines = []
-                    if job.collective != current:
-                        current = job.collective
-                        lines += [""] + table_header(job.collective, variants, context)
-                    lines += table_lines(new, variants)
-                    if index + 1 == len(jobs) or jobs[index + 1].collective != job.collective:
-                        mine = [r for r in rows if r.collective == job.collective]
-                        lines += ["#"] + summary_lines(mine) + avg_bus_bandwidth(mine)
-                    for line in lines:
-                        bar.write(line, file=sys.stdout)
-                    printed += lines
-                bar.update(1)
+        rows, cluster = _run_jobs(jobs, cluster, start, own, world, context, main_rank, bar_type, printed,
+                                  options.timeout)
         meta["loadavg_end"] = machine_info().get("loadavg")
         files = _write(options, meta, rows, world, date, printed) if main_rank else []
         if options.tune and main_rank:
@@ -420,6 +348,108 @@ def run(options, cluster=None):
     finally:
         if own:
             cluster.close()
+
+
+def _world(options, cluster) -> int:
+    """The benchmark's world size: the cluster's, torchrun's, else --np (4); --msccl programs
+    must run at it."""
+    import ringcoll
+
+    if cluster is not None:
+        world = cluster.world_size
+    elif ringcoll.cluster.under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+    else:
+        world = 4 if options.np is None else options.np
+        if world < 1:
+            raise OptionError(f"--np must be >= 1, got {world}")
+    for path in getattr(options, "msccl", ()):
+        from ringcoll import msccl
+
+        program = next(info.program for info in msccl.loaded().values() if info.name == msccl.load(path))
+        if program.ngpus != world:
+            raise OptionError(f"--msccl {path}: the algorithm runs at {program.ngpus} ranks, the benchmark at "
+                              f"{world} (--np {program.ngpus})")
+    return world
+
+
+def _meta(options, world: int, jobs, imports, date) -> dict:
+    """What the run's JSON says of itself: when, where, what and how it was timed."""
+    import ringcoll
+
+    machine = machine_info()
+    return {
+        "date": date.isoformat(timespec="seconds"), "world_size": world,
+        "backend": options.backend, "device": jobs[0].device, "torch": _torch_version(),
+        "ringcoll": ringcoll.__version__, "hostname": machine["hostname"],
+        "machine": machine, "command": " ".join(["ringcoll-bench"] + list(options.argv)),
+        "iters": options.iters, "warmup": options.warmup_iters, "max_seconds": options.max_seconds,
+        "check": bool(options.check), "imports": list(imports),
+        "dtype": DTYPES[options.datatype], "op": options.op, "root": options.root,
+        "collectives": {name: list(job.algorithms) for name, job in
+                        {job.collective: job for job in jobs}.items()},
+        "timing": "per round: barrier, then each contestant once in rotated order; per call "
+                  "the maximum over ranks; the median over rounds after warm-up",
+    }
+
+
+def _header(options, meta: dict, context: str, world: int, cluster, skipped: List[str]) -> List[str]:
+    """The table's opening lines: the run, the machine's load, the legend, what was skipped."""
+    limit = f" (at most {options.max_seconds:g} s a size)" if options.max_seconds else ""
+    load = meta["machine"].get("loadavg")
+    printed = [f"# ringcoll-bench  {meta['date']}  torch {meta['torch']}  ringcoll {meta['ringcoll']}  "
+               f"{meta['machine']['cpu_count']} cores, load average {load[0] if load else '?'}",
+               f"# {context}; {options.iters} rounds{limit} after {options.warmup_iters} warm-up; "
+               f"check {'on' if options.check else 'off'}; vs built-in = time / torch.distributed's time",
+               LEGEND]
+    if not cluster.external:            # every rank on this host
+        printed += oversubscribed(world, meta["machine"]["cpu_count"])
+    if skipped:
+        printed.append(f"# skipped {' and '.join(skipped)}: pip install 'ringcoll[bench]' for them")
+    return printed
+
+
+def _run_jobs(jobs, cluster, start, own: bool, world: int, context: str, main_rank: bool, bar_type,
+              printed: List[str], timeout: float):
+    """Measure every job (size) in turn, printing each collective's table (``context``: its
+    header's ranks, backend and device) as it fills; a collective that fails is reported in its
+    rows and skipped after (a dead cluster restarted). Returns (rows, the cluster now)."""
+    rows: List[Row] = []
+    current = None
+    # a bar only on a terminal: in a log its redraws bury the table
+    with bar_type(total=len(jobs), disable=not (main_rank and sys.stderr.isatty()), unit="size", file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+        broken = set()
+        for index, job in enumerate(jobs):
+            bar.set_description(f"{job.collective} {job.size} B")
+            new: List[Row] = []
+            try:
+                if job.collective not in broken:
+                    new = summarize(job, cluster.run(measure, job, timeout=timeout))
+            except Exception as error:
+                if not own or cluster.external:
+                    raise
+                new = failed_rows(job, world, error)
+                broken.add(job.collective)
+                if not cluster.alive:
+                    cluster.close()
+                    cluster = start()
+            rows += new
+            if main_rank:
+                variants = [v for v in job.spec.variants if v in (job.variants or job.spec.variants)]
+                lines = []
+                if job.collective != current:
+                    current = job.collective
+                    lines += [""] + table_header(job.collective, variants, context)
+                lines += table_lines(new, variants)
+                if index + 1 == len(jobs) or jobs[index + 1].collective != job.collective:
+                    mine = [r for r in rows if r.collective == job.collective]
+                    lines += ["#"] + summary_lines(mine) + avg_bus_bandwidth(mine)
+                for line in lines:
+                    bar.write(line, file=sys.stdout)
+                printed += lines
+            bar.update(1)
+    return rows, cluster
 
 
 def _torch_version() -> str:

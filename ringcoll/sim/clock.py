@@ -614,20 +614,18 @@ class Clock:
         if not 0 <= peer < self.peers or peer == rank:
             raise ScheduleError(f"{self.ranks.where(rank)} names peer {peer}, which is not "
                                 f"another rank of a world of {self.peers}")
-        if type(item) is Send:
-            sending.append(pos)
-            other = _match(matching.recvs, matching.sends, matching.send_key(rank, peer), (rank, item, pos))
-            if other is not None:
-                dst, recv, recv_pos = other
-                matching.matched.append((pos, recv_pos, rank, dst, item, recv))
-        elif type(item) is Recv:
-            receiving.append(pos)
-            other = _match(matching.sends, matching.recvs, matching.recv_key(rank, peer), (rank, item, pos))
-            if other is not None:
-                src, send, send_pos = other
-                matching.matched.append((send_pos, pos, src, rank, send, item))
-        else:
+        kind = type(item)
+        if kind is not Send and kind is not Recv:
             raise ScheduleError(f"{self.ranks.where(rank)}: {item!r} is not a Send or a Recv")
+        sends = kind is Send
+        (sending if sends else receiving).append(pos)
+        waiting, own = (matching.recvs, matching.sends) if sends else (matching.sends, matching.recvs)
+        key = matching.send_key(rank, peer) if sends else matching.recv_key(rank, peer)
+        other = _match(waiting, own, key, (rank, item, pos))
+        if other is not None:       # (send position, receive position, src, dst, send, receive)
+            at, other_item, other_pos = other
+            matching.matched.append((pos, other_pos, rank, at, item, other_item) if sends else
+                                    (other_pos, pos, at, rank, other_item, item))
 
     # -- release ------------------------------------------------------------------------
     def release(self, entry: tuple, now: float, forced: bool = False) -> None:
