@@ -19,7 +19,7 @@ import time
 import torch
 
 import ringcoll
-from ringcoll.sim.simulate import BUILDER_OF
+from ringcoll.schedules.registry import BUILDER_OF
 
 #: (collective, algorithm, extra arguments, worlds) measured; hierarchical on nodes of 8.
 #: Every algorithm here admits any p (non-powers of two included), so every case runs at both.

@@ -28,7 +28,7 @@ LOG_STEPS = {"recursive_doubling", "rabenseifner", "bruck", "binomial", "recursi
 
 def child(collective: str, algorithm: str, world: int, symmetry: bool = True, numel: int = NBYTES // 8) -> dict:
     import ringcoll
-    from ringcoll.sim.simulate import BUILDER_OF
+    from ringcoll.schedules.registry import BUILDER_OF
 
     start, cpu = time.perf_counter(), time.process_time()
     sim = ringcoll.simulate(BUILDER_OF.get(collective, collective), algorithm, world,

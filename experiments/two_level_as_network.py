@@ -33,7 +33,7 @@ import ringcoll
 from ringcoll.api import BUILDERS
 from ringcoll.api.common import Context
 from ringcoll.sim.engine import run_plans
-from ringcoll.sim.simulate import numel_call
+from ringcoll.api._calls import numel_call
 
 cases, repeats = json.loads(sys.argv[1]), int(sys.argv[2])
 out = []

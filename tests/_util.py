@@ -124,7 +124,7 @@ def cost_only(collective: str, algorithm: str, world: int, numel: int, **kwargs)
 
 
 def _xor_of(world: int, numel: int) -> torch.Tensor:
-    from ringcoll.sim.simulate import rank_data
+    from ringcoll.api._calls import rank_data
 
     return functools.reduce(torch.bitwise_xor, [rank_data(r, numel) for r in range(world)])
 
@@ -134,7 +134,7 @@ def exact_results(collective: str, algorithm: str, world: int, numel: int, **kwa
     inputs (BXOR for the reductions; ``numel`` per block for the block collectives, the root
     world // 2), and the exact results: (got, want), one tensor per rank (reduce: the root's)."""
     import ringcoll
-    from ringcoll.sim.simulate import rank_data
+    from ringcoll.api._calls import rank_data
 
     if collective == "all_reduce":
         sim = ringcoll.simulate("all_reduce", algorithm, world, numel=numel, op=R.BXOR, **kwargs)

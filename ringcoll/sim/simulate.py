@@ -8,11 +8,11 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 
 from ..api import BUILDERS
-from ..api._calls import numel_call, rank_data, uniform_plans  # noqa: F401 - the study's names
+from ..api._calls import numel_call, uniform_plans
 from ..api.common import Context
 from ..cost.machine import Machine
 from ..runtime.plan import Plan
-from ..schedules.registry import BUILDER_OF, COLLECTIVE_OF, Algorithm, Cost, model  # noqa: F401 - the study's names
+from ..schedules.registry import COLLECTIVE_OF, Algorithm, Cost, model
 from ..schedules.vocabulary import SEGMENT, Send, Step
 from .engine import SimStats, run_plans
 from ..runtime.nodes import describe_placement, even_nodes, model_local_size

@@ -55,7 +55,8 @@ def bound_time(collective: str, world: int, nbytes: int, machine: Machine) -> fl
 
 def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: Machine,
              simulate_up_to: int = 256) -> Cell:
-    from .simulate import BUILDER_OF, simulate
+    from ..schedules.registry import BUILDER_OF
+    from .simulate import simulate
 
     # on a hierarchical machine the node-aware algorithms and their closed forms see the
     # machine's own nodes

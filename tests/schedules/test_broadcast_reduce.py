@@ -19,7 +19,7 @@ from conftest import GLOO_WORLDS
 from ringcoll.api import BUILDERS
 from ringcoll.api.common import Context
 from ringcoll.schedules import trees
-from ringcoll.sim.simulate import rank_data
+from ringcoll.api._calls import rank_data
 
 R = dist.ReduceOp
 #: small enough that 1000 and 4099 int64 elements make several segments (256 elements each)

@@ -15,7 +15,7 @@ from _util import assert_equal_per_rank
 from ringcoll.schedules.torus import bucket_grid, bucket_lines
 from ringcoll.schedules.registry import get
 from ringcoll.schedules.vocabulary import GRID, Layout, Recv, Send
-from ringcoll.sim.simulate import rank_data
+from ringcoll.api._calls import rank_data
 
 R = ringcoll.ReduceOp
 PORT_LINK = dict(alpha=1e-6, beta=1 / 50e9, gamma=1 / 100e9, hop_latency=1e-7)

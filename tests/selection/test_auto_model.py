@@ -19,7 +19,7 @@ import ringcoll
 from _util import ringcoll_log
 from ringcoll.schedules import registry
 from ringcoll import selection
-from ringcoll.sim.simulate import BUILDER_OF
+from ringcoll.schedules.registry import BUILDER_OF
 
 #: nodes of 2: 1 µs and 200 GB/s inside a node, 20 µs and 5 GB/s between nodes
 TWO_LEVEL = ringcoll.Machine.hierarchical(2, intra=(1e-6, 1 / 200e9), inter=(20e-6, 1 / 5e9))

@@ -10,7 +10,7 @@ import ringcoll
 from ringcoll.runtime.plan import Plan
 from ringcoll.schedules.registry import Algorithm, Cost, get
 from ringcoll.schedules.vocabulary import Buf, Layout, Recv, Send, chunk_bounds, step
-from ringcoll.sim.simulate import rank_data
+from ringcoll.api._calls import rank_data
 from _util import SIM_WORLDS
 from ringcoll.sim.engine import ScheduleError, run_plans
 

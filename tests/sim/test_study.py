@@ -10,7 +10,8 @@ import torch
 
 import ringcoll
 from ringcoll.schedules.vocabulary import Layout
-from ringcoll.sim.simulate import BUILDER_OF, rank_data
+from ringcoll.api._calls import rank_data
+from ringcoll.schedules.registry import BUILDER_OF
 from _util import SIM_WORLDS
 from ringcoll.sim.check import ResultError
 
