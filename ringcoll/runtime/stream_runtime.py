@@ -48,6 +48,8 @@ class StreamRuntime:
     def __init__(self):
         self._free_streams: dict = {}    # released streams per (device type, index)
         self._streams_lock = threading.Lock()
+        self._events: list = []          # events free for reuse (see reuse)
+        self._events_lock = threading.Lock()
 
     def current(self, device: torch.device):
         """The calling thread's current stream on ``device``."""
@@ -105,6 +107,13 @@ class StreamRuntime:
     def reuse(self, events) -> None:
         """``events`` (completed, and read by no one any more) back to the pool :meth:`record`
         takes from: events are reused, never destroyed on the watchdog's thread."""
+        with self._events_lock:
+            self._events.extend(event for event in events if event is not None)
+
+    def _reused_event(self):
+        """An event from the pool :meth:`reuse` fills, or None."""
+        with self._events_lock:
+            return self._events.pop() if self._events else None
 
     def watching(self, device: torch.device):
         """The context the watchdog reads a call's events in: ``device`` current and the thread's
@@ -195,22 +204,12 @@ class CudaRuntime(StreamRuntime):
         with torch.cuda.device(stream.device), torch.cuda.stream(stream):
             yield
 
-    def __init__(self):
-        super().__init__()
-        self._events: list = []          # events free for reuse (see StreamRuntime.reuse)
-        self._events_lock = threading.Lock()
-
     def record(self, stream):
-        with self._events_lock:
-            event = self._events.pop() if self._events else None
+        event = self._reused_event()
         if event is None:
             event = torch.cuda.Event()
         event.record(stream)
         return event
-
-    def reuse(self, events):
-        with self._events_lock:
-            self._events.extend(event for event in events if event is not None)
 
     @contextlib.contextmanager
     def watching(self, device):
@@ -508,7 +507,6 @@ class EmulatedRuntime(StreamRuntime):
         #: tests: a graph captured on some thread in the global mode, as CUDA's: a query from
         #: a thread whose capture mode is not relaxed then fails (and would invalidate it)
         self.global_capture = False
-        self._events: list = []
         #: tests: a :class:`ReusingAllocator` whose tensors the device work holds by their memory
         #: only, as a GPU's kernels do (None: device work holds the tensors themselves)
         self.allocator: Optional[ReusingAllocator] = None
@@ -569,8 +567,7 @@ class EmulatedRuntime(StreamRuntime):
             _launching.put, kernels.device_work.put = outer
 
     def record(self, stream):
-        with self._lock:
-            event = self._events.pop() if self._events else None
+        event = self._reused_event()
         if event is None:
             event = EmulatedEvent(stream)
         else:
@@ -578,10 +575,6 @@ class EmulatedRuntime(StreamRuntime):
             event.stream = stream
         stream.put(event._done.set)
         return event
-
-    def reuse(self, events):
-        with self._lock:
-            self._events.extend(event for event in events if event is not None)
 
     @contextlib.contextmanager
     def watching(self, device):
