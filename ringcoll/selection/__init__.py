@@ -58,11 +58,11 @@ from ..config import configure_logging, settings  # noqa: F401 - configure_loggi
 from ..cost.machine import Machine
 from ..runtime.nodes import context_placement
 
-from .tables import (CUDA_MACHINE, DEFAULT_MACHINE, RULES, SEGMENTS, TABLES, Rule, SegmentRule, Table,  # noqa: F401
+# the selection package's API beside choose(): its tables, the tuning file, the cost model
+from .tables import (CUDA_MACHINE, DEFAULT_MACHINE, RULES, SEGMENTS, TABLES, Table,  # noqa: F401
                      segment_bytes, segment_elements, state, table)
-from .tuning import TUNING_HEADER, TuningRow, load_tuning, tuning_choice  # noqa: F401
-from .model import (SIMULATE_UP_TO, SMALL_WORLD_ONLY, machine, model_choice, model_nodes,  # noqa: F401
-                    modelled_times, set_pricer, size_band)
+from .tuning import load_tuning, tuning_choice
+from .model import (SIMULATE_UP_TO, machine, model_choice, modelled_times, set_pricer, size_band)  # noqa: F401
 
 log = logging.getLogger("ringcoll")
 
