@@ -30,6 +30,7 @@ Importing ringcoll reads nothing that can fail: a bad value must not kill ``impo
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -512,3 +513,23 @@ def table() -> str:
     lines = ["| Variable | Accepts | Default | Meaning |", "|---|---|---|---|"]
     lines += [f"| `{v.name}` | {v.accepts} | {v.default} | {v.meaning} |" for v in VARIABLES]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, Any]):
+    """``os.environ`` with ``values`` (a name -> its text, or None: unset) while active, each
+    variable restored afterwards. Not locked: a caller whose threads may overlap locks around it."""
+    saved = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

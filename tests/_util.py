@@ -265,26 +265,12 @@ def ringcoll_log():
         log.setLevel(level)
 
 
-@contextlib.contextmanager
 def environment(values: Dict[str, object]):
     """``os.environ`` with ``values`` (a name -> its text, or None: unset) while active, each
     variable restored afterwards (ringcoll re-reads its settings at every call)."""
-    import os
+    from ringcoll.config import environment
 
-    saved = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = str(value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return environment(values)
 
 
 @contextlib.contextmanager

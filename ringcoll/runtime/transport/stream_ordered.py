@@ -34,7 +34,6 @@ which is how every test of this path runs without a GPU.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from datetime import timedelta
@@ -43,6 +42,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ...config import environment
 from ...schedules.vocabulary import Send
 from ..stream_runtime import StreamRuntime, device_work
 from . import NCCL_DTYPES, NcclShim, TransferError, wire
@@ -505,15 +505,6 @@ def private_nccl_environment():
 @contextlib.contextmanager
 def _environment(values: dict):
     """``values`` in os.environ for the duration (ProcessGroupNCCL reads them in its
-    constructor), restored afterwards."""
-    with _env_lock:
-        saved = {name: os.environ.get(name) for name in values}
-        os.environ.update(values)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    constructor), restored afterwards; one thread at a time."""
+    with _env_lock, environment(values):
+        yield
