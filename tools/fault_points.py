@@ -259,19 +259,18 @@ class Patches:
                 return original(self, fn, *args, **kwargs)
             return wrapped
 
-        def query(original):
-            def wrapped(self, event):
-                if patches.point == "watchdog_query" and patches.armed and patches.fired is None:
-                    patches._event("watchdog_query", RuntimeError("injected: the watchdog's event query raised"))
-                return original(self, event)
-            return wrapped
+        def watchdog_point(point, message):
+            """A wrapper of one of the watchdog's reads (``point``) that raises there once."""
+            def patch(original):
+                def wrapped(self, subject):
+                    if patches.point == point and patches.armed and patches.fired is None:
+                        patches._event(point, RuntimeError(message))
+                    return original(self, subject)
+                return wrapped
+            return patch
 
-        def failed(original):
-            def wrapped(self, work):
-                if patches.point == "watchdog_failed" and patches.armed and patches.fired is None:
-                    patches._event("watchdog_failed", RuntimeError("injected: the communicator's failed query raised"))
-                return original(self, work)
-            return wrapped
+        query = watchdog_point("watchdog_query", "injected: the watchdog's event query raised")
+        failed = watchdog_point("watchdog_failed", "injected: the communicator's failed query raised")
 
         # run_resolved is called through the executor module's own name (host and stream paths)
         original_run = ex.run_resolved

@@ -44,9 +44,8 @@ class _HostStep:
 
 
 class HostTransport(Transport):
-    """gloo: one tagged message per transfer; see the module docstring."""
-
-    batched = False
+    """gloo: one tagged message per transfer (neither batched nor streamed: the interface's
+    defaults); see the module docstring."""
 
     def __init__(self, pg, *, stage: bool = False):
         self.pg = pg
