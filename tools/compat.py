@@ -18,6 +18,23 @@ Writes ``torch-<version>.txt`` and ``.json`` under ``--out`` (version without it
 the command, and for every failure its test id and the traceback line that raised; with the
 torch version, python, date and the whole command line. Exit status 1 if any test failed or
 errored (or a file's run died), 0 otherwise.
+
+CI's part of it (README's test command ends with it):
+
+    python -m tools.compat --ci        # = --install 2.11.0 --sample HEAD --budget 180
+
+``--install VERSION`` makes (or reuses) the venv ``.compat/torch-VERSION`` of this checkout:
+PyPI's torch of that version (for 2.11 the CUDA build, 4.9 GB with its NVIDIA libraries; it
+imports and runs on a CPU) and this checkout with its test extra, editable, so torch finds the
+backend by its entry point. ``--sample SEED`` runs, in one pytest process, a seeded subset of
+the plan's tests instead of all of them: every test whose subject is a torch version difference
+(the whole of tests/api/test_torch_versions.py, and every test naming PREMUL_SUM or FSDP), at
+least one test of every file of the plan, and then tests drawn by the seed while their
+estimated seconds (from the committed run of that torch, or else 2.13's) stay within
+``--budget``. The seed ``HEAD`` is the checkout's commit, so each commit draws its own sample
+and any sample can be rerun (the command is printed). Where the venv is not there yet and PyPI
+cannot be reached, ``--ci`` says so and runs nothing (exit 0): a machine without a network
+cannot test another torch; every other failure, of the install or of a test, fails the run.
 """
 from __future__ import annotations
 
@@ -25,9 +42,11 @@ import argparse
 import datetime
 import json
 import os
+import random
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,6 +84,13 @@ CATALOGUE_SLICE = (
     "tests/schedules/test_all_to_all.py::test_matches_builtin[3]",
     "tests/schedules/test_gather_scatter.py::test_matches_builtin_every_dtype_and_root[3]",
 )
+
+#: in every sample: the tests whose subject is a difference between torch versions
+VERSION_FILES = ("tests/api/test_torch_versions.py",)
+VERSION_WORDS = ("premul", "fsdp")
+#: the torch the GPU machines run (../shared/GPU-NOTES.md), which CI's sample runs under
+CI_TORCH = "2.11.0"
+CI_BUDGET = 180.0
 
 
 @dataclass
@@ -192,6 +218,98 @@ def run_file(python: str, path: str, args: List[str], timeout: float) -> FileRes
     return result
 
 
+def collect(python: str, plan: Dict[str, List[str]]) -> List[str]:
+    """The plan's test ids, as pytest under ``python`` collects them, in plan order."""
+    args = [arg for file_args in plan.values() for arg in file_args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    ids = [line.strip() for line in out.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if out.returncode != 0 or not ids:
+        raise RuntimeError(f"pytest could not collect the plan under {python} (exit {out.returncode}): "
+                           + " | ".join(out.stdout.strip().splitlines()[-5:] + out.stderr.strip().splitlines()[-5:]))
+    return list(dict.fromkeys(ids))
+
+
+def seconds_per_test(version: str) -> Dict[str, float]:
+    """Per test file, the seconds one of its tests took in the committed run of ``version``
+    (else of torch 2.13): a file's seconds over its tests; the estimate a sample is drawn by."""
+    for name in (f"torch-{public(version)}.json", "torch-2.13.0.json"):
+        path = ROOT / "bench" / "results" / "compat" / name
+        if path.exists():
+            files = json.loads(path.read_text())["files"]
+            return {f["file"]: f["seconds"] / max(1, f["passed"] + f["failed"] + f["errors"] + f["skipped"])
+                    for f in files}
+    return {}
+
+
+def sample(ids: Sequence[str], seed: int, budget: float, cost: Dict[str, float]) -> List[str]:
+    """A seeded subset of ``ids`` (see the module's docstring): the version tests, one of every
+    file, then drawn ids while the estimated seconds stay within ``budget``; in ``ids``' order."""
+    def file_of(test: str) -> str:
+        return test.split("::")[0]
+
+    def seconds(test: str) -> float:
+        return cost.get(file_of(test), 5.0)
+
+    def about_versions(test: str) -> bool:
+        return file_of(test) in VERSION_FILES or any(word in test.lower() for word in VERSION_WORDS)
+
+    chosen = [test for test in ids if about_versions(test)]
+    rest = [test for test in ids if not about_versions(test)]
+    random.Random(seed).shuffle(rest)
+    files = {file_of(test) for test in chosen}
+    for test in rest:
+        if file_of(test) not in files:
+            chosen.append(test)
+            files.add(file_of(test))
+    total = sum(seconds(test) for test in chosen)
+    for test in rest:
+        if test not in chosen and total + seconds(test) <= budget:
+            chosen.append(test)
+            total += seconds(test)
+    order = {test: index for index, test in enumerate(ids)}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def head_seed() -> int:
+    """The seed ``HEAD``: the checkout's commit as a number (0 outside a git checkout)."""
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return int(out.stdout.strip()[:8], 16) if out.returncode == 0 and out.stdout.strip() else 0
+
+
+def pypi_reachable(timeout: float = 10.0) -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def install(version: str) -> str:
+    """The python of ``.compat/torch-<version>``, made first where it is missing or holds
+    another torch: PyPI's torch of that version, then this checkout with its test extra."""
+    venv = ROOT / ".compat" / f"torch-{version}"
+    python = venv / "bin" / "python"
+    if python.exists():
+        try:
+            if public(torch_version(str(python))) == version and entry_point(str(python)):
+                return str(python)
+        except subprocess.CalledProcessError:
+            pass
+    print(f"installing torch {version} into {venv.relative_to(ROOT)} (PyPI's build: for 2.11 the CUDA "
+          f"one, about 4.9 GB)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    for args in ([f"torch=={version}"], ["-e", f"{ROOT}[test]"]):
+        # pip's output only where it failed: its warnings about this machine's local indexes are noise
+        done = subprocess.run([*pip, *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+            raise SystemExit(f"pip install {' '.join(args)} failed (exit {done.returncode}):\n{tail}")
+    return str(python)
+
+
 def public(version: str) -> str:
     return version.split("+")[0]
 
@@ -229,7 +347,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--only", nargs="*", default=(), metavar="FILE",
                         help="run only these test files of the plan")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per test file before it is killed")
+    parser.add_argument("--install", metavar="VERSION",
+                        help="make or reuse .compat/torch-VERSION from PyPI and run under it (instead of --python)")
+    parser.add_argument("--sample", metavar="SEED",
+                        help="run a seeded subset in one pytest process: an int, or HEAD (this commit)")
+    parser.add_argument("--budget", type=float, default=CI_BUDGET,
+                        help="estimated seconds of the sample's drawn tests (default %(default)s)")
+    parser.add_argument("--ci", action="store_true",
+                        help=f"CI's run: --install {CI_TORCH} --sample HEAD, results under .compat/")
     options = parser.parse_args(argv)
+    if options.budget <= 0:
+        parser.error(f"--budget must be a positive number of seconds, got {options.budget}")
+    if options.ci:
+        options.install = options.install or CI_TORCH
+        options.sample = options.sample or "HEAD"
+        if options.out == parser.get_default("out"):
+            options.out = str(ROOT / ".compat")
+    seed = None
+    if options.sample is not None:
+        try:
+            seed = head_seed() if options.sample == "HEAD" else int(options.sample)
+        except ValueError:
+            parser.error(f"--sample must be an int or HEAD, got {options.sample!r}")
+    if options.install:
+        ready = (ROOT / ".compat" / f"torch-{options.install}" / "bin" / "python").exists()
+        if options.ci and not ready and not pypi_reachable():
+            print(f"compat run under torch {options.install}: NOT RUN: pypi.org cannot be reached from this "
+                  f"machine, so torch {options.install} cannot be installed here", flush=True)
+            return 0
+        options.python = install(options.install)
+    return run(options, seed, argv)
+
+
+def run(options, seed: Optional[int], argv) -> int:
     version = torch_version(options.python)
     header = {
         "torch": version,
@@ -244,8 +394,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"  warning: ringcoll is not installed in that venv, so torch cannot find the backend by "
               f"name (test_backend_entry fails): {options.python} -m pip install --no-deps -e {ROOT}",
               flush=True)
+    plan = targets(options.only)
+    if seed is not None:
+        tests = sample(collect(options.python, plan), seed, options.budget, seconds_per_test(version))
+        print(f"  a sample of {len(tests)} tests, seed {seed} (rerun it: python -m tools.compat "
+              f"--python {options.python} --sample {seed} --budget {options.budget:g})", flush=True)
+        plan = {f"sample (seed {seed})": tests}
     results = []
-    for path, args in targets(options.only).items():
+    for path, args in plan.items():
         result = run_file(options.python, path, args, options.timeout)
         results.append(result)
         print(f"  {path}: {result.passed} passed, {result.failed} failed, {result.errors} errors, "

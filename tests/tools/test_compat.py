@@ -1,9 +1,12 @@
 """tools/compat.py without running it: its plan names tests that exist, it reads pytest's
-JUnit report into counts, and a failure's line says the exception and where it was raised."""
+JUnit report into counts, a failure's line says the exception and where it was raised, and
+CI's seeded sample keeps the version tests, every file and its budget, and is its seed's."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 from tools import compat
 
@@ -77,3 +80,52 @@ tests/backend/test_backend_entry.py:84: AssertionError"""
     assert compat.raising_line(text) == ("AssertionError: rank 0 exited 1: ... RuntimeError: Could not find the "
                                          "default backend type 0  [at tests/backend/test_backend_entry.py:84: "
                                          "AssertionError]")
+
+
+IDS = [f"tests/api/test_torch_versions.py::test_v{i}" for i in range(3)] + \
+      ["tests/backend/test_backend.py::test_fsdp2_loss[2]", "tests/backend/test_backend.py::test_reduce_premul[3]"] + \
+      [f"tests/backend/test_backend.py::test_b{i}" for i in range(10)] + \
+      [f"tests/kernels/test_kernels.py::test_k{i}" for i in range(40)]
+COST = {"tests/api/test_torch_versions.py": 0.5, "tests/backend/test_backend.py": 10.0,
+        "tests/kernels/test_kernels.py": 1.0}
+
+
+def test_a_sample_keeps_the_version_tests_one_of_every_file_and_the_budget():
+    chosen = compat.sample(IDS, seed=7, budget=40.0, cost=COST)
+    assert IDS[:5] == chosen[:5], "every version test (the file, FSDP, PREMUL) is in every sample"
+    files = {test.split("::")[0] for test in chosen}
+    assert files == set(COST), files
+    drawn = [test for test in chosen if test not in IDS[:5]]
+    # the version tests cost 21.5 s; the rest is drawn within the 40 s estimate
+    assert sum(COST[t.split("::")[0]] for t in chosen) <= 40.0 + 10.0, chosen
+    assert len(drawn) >= 3, drawn
+    assert chosen == sorted(chosen, key=IDS.index), "run in the collected order"
+
+
+def test_a_sample_is_its_seed_s():
+    assert compat.sample(IDS, 7, 40.0, COST) == compat.sample(IDS, 7, 40.0, COST)
+    assert compat.sample(IDS, 7, 40.0, COST) != compat.sample(IDS, 8, 40.0, COST)
+    assert compat.head_seed() > 0 and compat.head_seed() == compat.head_seed()
+
+
+def test_the_committed_runs_give_each_file_an_estimate():
+    cost = compat.seconds_per_test("2.11.0")
+    assert set(compat.targets()) <= set(cost), sorted(set(compat.targets()) - set(cost))
+    assert all(seconds > 0 for seconds in cost.values()), cost
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--budget", "0"], "--budget must be a positive number of seconds, got 0"),
+    (["--sample", "abc"], "--sample must be an int or HEAD, got 'abc'")])
+def test_bad_options_are_refused(args, said, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        compat.main(args)
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_ci_without_a_network_says_it_ran_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(compat, "ROOT", tmp_path)
+    monkeypatch.setattr(compat, "pypi_reachable", lambda timeout=10.0: False)
+    monkeypatch.setattr(compat, "install", lambda version: pytest.fail("must not install"))
+    assert compat.main(["--ci"]) == 0
+    assert "NOT RUN: pypi.org cannot be reached" in capsys.readouterr().out
