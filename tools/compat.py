@@ -21,7 +21,7 @@ errored (or a file's run died), 0 otherwise.
 
 CI's part of it (README's test command ends with it):
 
-    python -m tools.compat --ci        # = --install 2.11.0 --sample HEAD --budget 180
+    python -m tools.compat --ci        # = --install 2.11.0 --sample HEAD --budget 700
 
 ``--install VERSION`` makes (or reuses) the venv ``.compat/torch-VERSION`` of this checkout:
 PyPI's torch of that version (for 2.11 the CUDA build, 4.9 GB with its NVIDIA libraries; it
@@ -30,8 +30,8 @@ backend by its entry point. ``--sample SEED`` runs, in one pytest process, a see
 the plan's tests instead of all of them: every test whose subject is a torch version difference
 (the whole of tests/api/test_torch_versions.py, and every test naming PREMUL_SUM or FSDP), at
 least one test of every file of the plan, and then tests drawn by the seed while their
-estimated seconds (from the committed run of that torch, or else 2.13's) stay within
-``--budget``. The seed ``HEAD`` is the checkout's commit, so each commit draws its own sample
+estimated seconds (from the committed run of that torch, or else 2.13's: one process per
+file on a loaded machine, so about 4x what the sample takes) stay within ``--budget``. The seed ``HEAD`` is the checkout's commit, so each commit draws its own sample
 and any sample can be rerun (the command is printed). Where the venv is not there yet and PyPI
 cannot be reached, ``--ci`` says so and runs nothing (exit 0): a machine without a network
 cannot test another torch; every other failure, of the install or of a test, fails the run.
@@ -90,7 +90,9 @@ VERSION_FILES = ("tests/api/test_torch_versions.py",)
 VERSION_WORDS = ("premul", "fsdp")
 #: the torch the GPU machines run (../shared/GPU-NOTES.md), which CI's sample runs under
 CI_TORCH = "2.11.0"
-CI_BUDGET = 180.0
+#: estimated seconds: the committed full runs were per-file processes on a loaded machine, so a
+#: sample runs about 4x faster than its estimate (measured: 354 s estimated, 91 s run)
+CI_BUDGET = 700.0
 
 
 @dataclass
