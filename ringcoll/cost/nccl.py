@@ -26,11 +26,13 @@ What NCCL measures at start-up and ringcoll cannot (its topology search, ``src/g
 search.cc``) comes from the machine instead, each step stated where it is taken:
 bandwidth of the ring and tree graphs = a GPU's NVLink links × NCCL's per-link bandwidth
 (``src/graph/topo.h``: SM80_NVLINK_BW 20, SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1 GB/s) and,
-across nodes, at most the node's NICs' bandwidth divided over its GPUs; the channel count is
-:data:`CHANNELS` (execution channels, twice the search's: nccl issue #1041). NVLS is counted on
-Hopper and later NVSwitch machines on one node (NCCL disables it across nodes without
-CollNet/SHARP), NVLS-tree across nodes; CollNet and PAT are left out (no SHARP is modelled;
-PAT runs with one GPU per node only).
+across nodes, the bound of channels that leave every node through its NICs (:func:`_graph_bw`);
+the channel count is :data:`CHANNELS` (execution channels, twice the search's: nccl issue
+#1041). The NVLS graph has one channel per head GPU, each at the bandwidth its head's NVLinks
+can route (:func:`_nvls_graph`, from ``ncclTopoSearchTryNvls``, solved exactly where the
+search steps through its speed array). NVLS is counted on Hopper and later NVSwitch machines
+on one node (NCCL disables it across nodes without CollNet/SHARP), NVLS-tree across nodes;
+CollNet and PAT are left out (no SHARP is modelled; PAT runs with one GPU per node only).
 """
 from __future__ import annotations
 
@@ -121,6 +123,7 @@ class Facts:
     nodes: int
     nvlink: float           # a GPU's NVLink bandwidth as NCCL counts it (links × per-link)
     net: float              # NIC bandwidth per GPU, GB/s
+    nics: int               # NICs per node
 
     @classmethod
     def of(cls, machine: Machine, world: int) -> "Facts":
@@ -133,13 +136,36 @@ class Facts:
         links = p.get("nvlinks")
         per_gpu = links * NVLINK_BW[p["arch"]] if links else 1 / net.params["nvlink"][1] / 1e9
         nic = 1 / p["nic"][1] / 1e9 * p["nics"] / p["gpus"]
-        return cls(p["arch"], world, nodes, per_gpu, nic)
+        return cls(p["arch"], world, nodes, per_gpu, nic, p["nics"])
 
 
 def _graph_bw(f: Facts) -> float:
-    """Channels × per-channel bandwidth of the ring and tree graphs (GB/s): the NVLinks of a GPU,
-    across nodes also the NICs' share of a GPU (what NCCL's search can route per GPU)."""
-    return f.nvlink if f.nodes == 1 else min(f.nvlink, f.net * (f.world // f.nodes))
+    """Channels × per-channel bandwidth of the ring and tree graphs (GB/s). On one node a GPU's
+    NVLinks. Across nodes every channel enters and leaves a node through a NIC (search.cc
+    ncclTopoSearchRecNet: NET → GPU … GPU → NET), so the node's NICs together bound it, and
+    inside the node a channel crosses NVLink ppn − 1 times for ppn GPUs: a GPU's NVLinks carry
+    (ppn − 1) / ppn of the channels, bounding them by nvlink · ppn / (ppn − 1)."""
+    ppn = f.world // f.nodes
+    if f.nodes == 1:
+        return f.nvlink
+    return min(f.nvlink * ppn / (ppn - 1) if ppn > 1 else f.nvlink, f.net * ppn)
+
+
+def _nvls_graph(f: Facts) -> Tuple[int, float, float]:
+    """NCCL's NVLS graph: (channels, intra-node GB/s per channel, inter-node GB/s per channel).
+
+    A channel per head GPU: on one node every GPU is a head (search.cc ncclTopoCompute:
+    maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs) and, with no network, minChannels =
+    maxChannels), across nodes one head per NIC (the "NVLS Head" lines of NCCL_DEBUG=INFO logs
+    with 4 NICs in nccl issue #1357 and 8 in nccl-tests issue #319). A channel's bandwidth is
+    what ncclTopoSearchTryNvls can route: bw on every GPU's NVLinks each way and 2·bw on its
+    head's, so with c channels a head carries (c + 1)·bw and bw = nvlink / (c + 1): solved
+    exactly here, where the search steps down its speed array (sm90SpeedArrayIntra 60, 50, 40, …;
+    at p = 8 it lands on 40 of the exact 41.2). Across nodes a channel's NIC share is the node's
+    NICs' bandwidth / c."""
+    ppn = f.world // f.nodes
+    channels = ppn if f.nodes == 1 else min(f.nics, ppn)
+    return channels, f.nvlink / (channels + 1), f.net * ppn / channels
 
 
 def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float, float, int]]:
@@ -160,6 +186,8 @@ def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float,
             if algo.startswith("nvls") and proto != "Simple":
                 continue
             bw, ch = _bus_bw(algo, proto, collective, f, channels, ppn, i2)
+            if bw <= 0:                                # not run here (NVLS with a single head)
+                continue
             if algo in ("ring", "nvls", "nvls_tree"):
                 bw *= p / nsteps
             else:
@@ -171,12 +199,14 @@ def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float,
 def _bus_bw(algo, proto, collective, f, channels, ppn, i2) -> Tuple[float, int]:
     arch, n = f.arch, f.nodes
     if algo.startswith("nvls"):
-        per = _graph_bw(f) / NVLS_CHANNELS
-        intra = per * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS
+        nvls, per, inter = _nvls_graph(f)
+        if nvls < 2:                                   # tuning.cc: NVLS needs at least 2 channels
+            return 0.0, NVLS_CHANNELS
+        intra = per * NVLS_EFFICIENCY[arch] * (nvls - 1) / nvls
         intra *= 2 if collective == "all_reduce" else (ppn - 1) / ppn
-        inter = f.net * ppn / NVLS_CHANNELS * (2 if n <= 2 and algo == "nvls_tree" else 1)
+        inter *= 2 if n <= 2 and algo == "nvls_tree" else 1
         cap = PER_CH_NVLS_TREE[arch][i2] if algo == "nvls_tree" else math.inf
-        return NVLS_CHANNELS * min(intra, inter if n > 1 else math.inf, cap), NVLS_CHANNELS
+        return nvls * min(intra, inter if n > 1 else math.inf, cap), NVLS_CHANNELS
     bus = _graph_bw(f)
     ll_max = LL_MAX_BW[arch][i2] if n == 1 else LL_MAX_BW_INTEL[i2]
     if algo == "ring" and proto == "LL":
