@@ -44,6 +44,10 @@ SYSTEMS = {
                          "4 nodes of 8x H100 SXM, 8x 400 Gb/s NICs per node"),
     "A100 x8, 2 nodes": (lambda: ringcoll.Machine.preset("dgx-a100", nodes=2),
                          "DGX A100 nodes, 8x ConnectX-6 200 Gb/s HDR per node"),
+    "A100 x8, 4 NICs, 2 nodes": (lambda: ringcoll.Machine.preset("dgx-a100", nodes=2, nics_per_node=4),
+                                 "2 HGX A100 (8x A100 SXM 80GB) with 4x ConnectX-6 200 Gb/s each"),
+    "A100 x8, 4 NICs, 3 nodes": (lambda: ringcoll.Machine.preset("dgx-a100", nodes=3, nics_per_node=4),
+                                 "3 servers of 8x A100 SXM4 40GB with 4x HDR InfiniBand 200 Gb/s each"),
     "H200 x8, 4 NICs, 2 nodes": (lambda: ringcoll.Machine.preset("hgx-h200", nodes=2, nics_per_node=4),
                                  "2 nodes of 8x H200 SXM, 4x ConnectX-7 400 Gb/s per node"),
     "H100 x1 per node, 2 nodes": (
@@ -119,6 +123,13 @@ PUBLISHED = [
      "nccl #812, AddyLaddy (NVIDIA): 'On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure "
      "192GB/s AllReduce BusBW' (the ring, the thread's subject; node count not stated: the model's ring busbw "
      "at 2 and 4 nodes differs by < 1 %)"),
+    ("A100 x8, 4 NICs, 2 nodes", "all_reduce", 16, None, 8 * GiB, 91.0,
+     "nccl-tests #100 (ShrimpLau): 'two HGX-A100 with four ConnectX-6 IB with 200Gbps Rate, the testing result "
+     "can reach 91GB/s in busbw' (-b 1G -e 8G, default algorithm; 8 GiB taken)"),
+    ("A100 x8, 4 NICs, 3 nodes", "all_reduce", 24, None, 131072008, 96.45,
+     "nccl-tests #119 (Yujaeseo): 3 servers of 8x A100 SXM4 and 4x HDR IB, default algorithm, out-of-place busbw "
+     "at 131072008 B; sjeaugey (NVIDIA): '24GB/s is the peak performance per 200G NIC ... 96GB/s is the target, "
+     "which you seem to reach'"),
     ("H200 x8, 4 NICs, 2 nodes", "all_reduce", 16, None, 8 * GiB, 320.0,
      "nccl-tests #380 (mjf-89): 2 bare-metal nodes of 8x H200 and 4x ConnectX-7: 'around 320 GB/s busbw' "
      "(default algorithm, largest sizes; 8 GiB taken)"),
