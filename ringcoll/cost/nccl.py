@@ -32,7 +32,9 @@ the channel count is :data:`CHANNELS` (execution channels, twice the search's: n
 can route (:func:`_nvls_graph`, from ``ncclTopoSearchTryNvls``, solved exactly where the
 search steps through its speed array). NVLS is counted on Hopper and later NVSwitch machines
 on one node (NCCL disables it across nodes without CollNet/SHARP), NVLS-tree across nodes;
-CollNet and PAT are left out (no SHARP is modelled; PAT runs with one GPU per node only).
+PAT for all_gather and reduce_scatter with one GPU per node (Simple, the tree graph's bandwidth
+× 0.75, latency 8 µs + log2 nodes · 14/3.5 µs + 2.8 µs per rank); CollNet is left out (no SHARP
+is modelled).
 """
 from __future__ import annotations
 
@@ -42,16 +44,21 @@ from typing import Dict, List, Optional, Tuple
 
 from .machine import Machine
 
-ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
+ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("LL", "LL128", "Simple")
 ARCH_INDEX = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 3}
 
 # -- ncclTunerConstantsDefaults (src/graph/tuning.cc) -----------------------------------------
 #: baseLatencies[algorithm][protocol], µs
-BASE_LATENCY = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)}
+BASE_LATENCY = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0),
+                "pat": (8.0, 8.0, 8.0)}
 #: hwLatencies[NVLINK | NET][algorithm][protocol], µs
-NVLINK_LATENCY = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25), "nvls_tree": (0, 0, 25)}
-NET_LATENCY = {"tree": (5.0, 8.5, 14), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18), "nvls_tree": (0, 0, 20.9)}
+NVLINK_LATENCY = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25), "nvls_tree": (0, 0, 25),
+                  "pat": (0, 0, 4.0)}
+NET_LATENCY = {"tree": (5.0, 8.5, 14), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18), "nvls_tree": (0, 0, 20.9),
+               "pat": (0, 0, 14)}
+#: PAT's bandwidth factor (tuning.cc: busBw *= .75) and its per-rank latency (nRanks * 2.8 µs)
+PAT_BW, PAT_RANK_LATENCY = 0.75, 2.8
 #: llMaxBws[arch on one node | Intel CPU across nodes][nodes: 1, 2, more], GB/s
 LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0),
              "blackwell": (282.0, 90.0, 70.0)}
@@ -97,7 +104,7 @@ class Choice:
     nbytes: int
     world: int
     nodes: int
-    algorithm: str          # "ring", "tree", "nvls", "nvls_tree"
+    algorithm: str          # "ring", "tree", "nvls", "nvls_tree", "pat"
     protocol: str           # "LL", "LL128", "Simple"
     channels: int
     time: float
@@ -180,18 +187,19 @@ def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float,
     for algo in ALGORITHMS:
         if algo == "tree" and collective != "all_reduce" or algo == "nvls" and (n > 1 or collective != "all_reduce") \
                 or algo == "nvls_tree" and (n == 1 or collective != "all_reduce") \
-                or algo.startswith("nvls") and NVLS_EFFICIENCY[f.arch] == 0:
-            continue
+                or algo.startswith("nvls") and NVLS_EFFICIENCY[f.arch] == 0 \
+                or algo == "pat" and (collective not in ("all_gather", "reduce_scatter") or ppn != 1):
+            continue                                   # PAT: 1 GPU per node only (tuning.cc ncclPatEnable)
         for k, proto in enumerate(PROTOCOLS):
-            if algo.startswith("nvls") and proto != "Simple":
+            if (algo.startswith("nvls") or algo == "pat") and proto != "Simple":
                 continue
             bw, ch = _bus_bw(algo, proto, collective, f, channels, ppn, i2)
             if bw <= 0:                                # not run here (NVLS with a single head)
                 continue
             if algo in ("ring", "nvls", "nvls_tree"):
                 bw *= p / nsteps
-            else:
-                bw *= 0.5
+            elif algo == "tree":
+                bw *= 0.5                              # PAT's all_gather/reduce_scatter: no conversion
             out[algo, proto] = (_latency(algo, k, collective, f, nsteps, ppn), bw, ch)
     return out
 
@@ -213,6 +221,8 @@ def _bus_bw(algo, proto, collective, f, channels, ppn, i2) -> Tuple[float, int]:
         bus = min(ll_max, bus * .5)
     if algo == "ring" and proto == "LL128":
         bus = min(bus * 0.92, channels * PER_CH_RING_LL128[arch])
+    if algo == "pat":
+        bus *= PAT_BW
     if algo == "tree":
         bus = min(bus * .92, channels * PER_CH_TREE[arch][i2])
         if proto == "LL":
@@ -239,6 +249,8 @@ def _latency(algo, k, collective, f, nsteps, ppn) -> float:
         return lat + 2 * ((ppn - 1) * intra + int(math.log2(n)) * inter)
     if algo == "nvls":
         return intra + (inter if n > 1 else 0.0)
+    if algo == "pat":
+        return lat + int(math.log2(n)) * inter / 3.5 + f.world * PAT_RANK_LATENCY
     return lat + intra + 2 * int(math.log2(n)) * inter          # nvls_tree
 
 

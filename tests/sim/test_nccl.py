@@ -57,6 +57,26 @@ def test_nvls_graph_has_a_channel_per_head_and_rings_across_nodes_use_every_nic(
     assert ("nvls_tree", "Simple") not in nccl.tuner_table("all_reduce", nccl.Facts.of(single, 16))  # one head
 
 
+def test_pat_runs_all_gather_and_reduce_scatter_with_one_gpu_per_node():
+    """PAT (tuning.cc): all_gather and reduce_scatter, Simple, one GPU per node only; latency
+    8 µs + log2 nodes · 14 µs / 3.5 + 2.8 µs per rank, bandwidth 0.75 of the graph's with no
+    conversion to algorithm bandwidth. At 64 nodes of 1 H100 and 400 Gb/s it beats the ring's
+    63 network steps from small sizes on, and the ring's bandwidth wins at 256 MiB."""
+    m = ringcoll.Machine.gpu_cluster(64, 1, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=1,
+                                     nic_bandwidth=50e9)
+    facts = nccl.Facts.of(m, 64)
+    for collective in ("all_gather", "reduce_scatter"):
+        table = nccl.tuner_table(collective, facts)
+        assert table["pat", "Simple"][:2] == pytest.approx((8.0 + 6 * 14 / 3.5 + 64 * 2.8, 50.0 * 0.75))
+        assert ("pat", "LL") not in table and ("pat", "LL128") not in table
+        assert table["ring", "Simple"][0] == pytest.approx(8.4 + 63 * 14.0)
+        assert nccl.choose(collective, 1 << 20, 64, m).algorithm == "pat"
+        assert nccl.choose(collective, 1 << 28, 64, m).algorithm == "ring"
+    assert ("pat", "Simple") not in nccl.tuner_table("all_reduce", facts)
+    eight = nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2), 16)       # 8 GPUs per node: no PAT
+    assert ("pat", "Simple") not in nccl.tuner_table("all_gather", eight)
+
+
 def test_choice_by_size_protocol_and_channels():
     """Small messages take LL on few channels (a channel needs bytes for its threads), large
     ones Simple or NVLS on all; an A100 node has no NVLS, so the ring carries large ones; the
