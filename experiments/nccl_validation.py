@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Optional
 
 import ringcoll
@@ -189,6 +190,18 @@ def summary(rows: list) -> dict:
     return out
 
 
+def _sources(rows: list) -> list:
+    """The threads the cells cite, as URLs (the docstring's "nccl #N" and "nccl-tests #N"), in
+    order of first citation; other sources are cited in full in their cells."""
+    out = []
+    for r in rows:
+        match = re.match(r"(nccl|nccl-tests) #(\d+)", r["source"])
+        url = match and f"https://github.com/NVIDIA/{match.group(1)}/issues/{match.group(2)}"
+        if url and url not in out:
+            out.append(url)
+    return out
+
+
 def _ratio(rows: list, system: str, world: int, algo: str, size: int) -> float:
     return next(r["ratio"] for r in rows if (r["system"], r["world"], r["nccl_algo"], r["bytes"]) ==
                 (system, world, algo, size))
@@ -239,7 +252,8 @@ def markdown(rows: list, totals: dict) -> str:
               "a hardware limit, at 4 channels.",
               "- 2 nodes x 1 H100 (nccl-tests #232) and 2 nodes x 8 H100 (nccl #2409): listed, not counted; the "
               "reporters' runs are the fault they report, and the model predicts the hardware, not the fault.",
-              ""]
+              "", "Sources (\"nccl #N\", \"nccl-tests #N\" above):", ""]
+    lines += [f"- {url}" for url in _sources(rows)] + [""]
     return "\n".join(lines)
 
 
