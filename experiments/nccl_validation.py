@@ -85,10 +85,12 @@ PUBLISHED = [
     ("H100 x8 (1 node)", "all_reduce", 8, None, 8 * GiB, 476.0,
      "nccl-tests #290, shahizat's single-node run, judged 'in the expected range for H100' by AddyLaddy (NVIDIA)"),
     ("H100 x8 (1 node)", "all_reduce", 8, None, 16 * GiB, 480.0,
-     "nccl-tests #309 (qoofyk): Dell XE9680, 8x H100, NCCL 2.26.2: 'each single node with 8 pairs still get "
+     "nccl-tests #309 (qoofyk): Dell XE9680, 8x H100, NCCL 2.26.2 (the later runs in VMware VMs with a "
+     "topology file): 'each single node with 8 pairs still get "
      "480 GB/s' (peak of 8 B-16 GiB, 16 GiB taken)"),
     ("H100 x8 (1 node)", "all_reduce", 8, "ring", 16 * GiB, 368.76,
-     "nccl-tests #309 (qoofyk): same node, 'Once I disable NVLS, i got 368.76 GB/s' (the ring; 16 GiB taken)"),
+     "nccl-tests #309 (qoofyk): 'Once I disable NVLS, i got 368.76 GB/s, around the slides shown as 370 GB/s' "
+     "(the slides' single-node figure; the comment does not restate the node count; 16 GiB taken)"),
     ("H100 x8 (1 node)", "all_reduce", 8, None, 8 * GiB, 430.0,
      "nccl #1221 (qdbkppkbdq): 8x H100, 8x 400G RoCE, NCCL 2.19.3, -b 4G -e 8G: NVLS on: busbw 430 GB/s on one "
      "node or two"),
@@ -102,7 +104,8 @@ PUBLISHED = [
      "docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests: '8xA100 SXM4 NVLink 230-250' GB/s at large "
      "sizes (midpoint; a provider's reference table)"),
     ("H100 x8, 2 nodes", "all_reduce", 16, None, 16 * GiB, 470.0,
-     "nccl-tests #309 (qoofyk): 2x Dell XE9680 (8x H100, 8x CX-7 IB 400 Gb/s), NCCL 2.26.2: 'each 2 nodes with "
+     "nccl-tests #309 (qoofyk): 2x Dell XE9680 (8x H100, 8x CX-7 IB 400 Gb/s), NCCL 2.26.2, in VMware VMs: 'each "
+     "2 nodes with "
      "16 pairs can still get 470 GB/s' (default: NVLS tree; 16 GiB taken)"),
     ("H100 x8, 2 nodes", "all_reduce", 16, None, 8 * GiB, 430.0,
      "nccl #1221 (qdbkppkbdq): 2 nodes of 8x H100, 8x 400G RoCE, NCCL 2.19.3, NVLS on: 430 GB/s (-e 8G)"),
@@ -115,7 +118,7 @@ PUBLISHED = [
        "nccl #2409 (Ndministrator): 2x 8x H100 SXM, 8x CX-7 400G RoCEv2 per node, NCCL 2.31.2, measured busbw")
       for size, bw in ((1 * GiB, 216.5), (8 * GiB, 231.0))],
     ("H100 x8, 4 nodes", "all_reduce", 32, None, 16 * GiB, 365.84,
-     "nccl-tests #309 (qoofyk): 4 nodes, 32 GPU-NIC pairs (8x CX-7 IB 400 Gb/s each), NCCL 2.26.2: 'max busbw "
+     "nccl-tests #309 (qoofyk): 4 nodes, 32 GPU-NIC pairs (8x CX-7 IB 400 Gb/s each), NCCL 2.26.2, VMs: 'max busbw "
      "can get 365.84 GB/s' (default algorithm; 16 GiB taken)"),
     ("H100 x8, 4 nodes", "all_reduce", 32, None, 8 * GiB, 320.0,
      "nccl #1221 (qdbkppkbdq): 4 nodes of 8x H100, 8x 400G RoCE, NCCL 2.19.3: 'same busbw 320GB' with NVLS on "
