@@ -90,6 +90,8 @@ THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 #: need more than 16 channels")
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 16, "blackwell": 16}
 NVLS_CHANNELS = 16
+#: src/include/device.h NCCL_MAX_NVLS_ARITY: at most this many NVLS heads (graph channels)
+NVLS_MAX_ARITY = 32
 
 #: the bus-bandwidth factor nccl-tests reports (src/*.cu: all_reduce 2(n−1)/n ...)
 BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
@@ -161,9 +163,9 @@ def _graph_bw(f: Facts) -> float:
 def _nvls_graph(f: Facts) -> Tuple[int, float, float]:
     """NCCL's NVLS graph: (channels, intra-node GB/s per channel, inter-node GB/s per channel).
 
-    A channel per head GPU: on one node every GPU is a head (search.cc ncclTopoCompute:
-    maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs) and, with no network, minChannels =
-    maxChannels), across nodes one head per NIC (the "NVLS Head" lines of NCCL_DEBUG=INFO logs
+    A channel per head GPU: on one node every GPU is a head, up to NCCL_MAX_NVLS_ARITY
+    (search.cc ncclTopoCompute: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs) and, with no
+    network, minChannels = maxChannels), across nodes one head per NIC (the "NVLS Head" lines of NCCL_DEBUG=INFO logs
     with 4 NICs in nccl issue #1357 and 8 in nccl-tests issue #319). A channel's bandwidth is
     what ncclTopoSearchTryNvls can route: bw on every GPU's NVLinks each way and 2·bw on its
     head's, so with c channels a head carries (c + 1)·bw and bw = nvlink / (c + 1): solved
@@ -171,7 +173,7 @@ def _nvls_graph(f: Facts) -> Tuple[int, float, float]:
     at p = 8 it lands on 40 of the exact 41.2). Across nodes a channel's NIC share is the node's
     NICs' bandwidth / c."""
     ppn = f.world // f.nodes
-    channels = ppn if f.nodes == 1 else min(f.nics, ppn)
+    channels = min(ppn if f.nodes == 1 else f.nics, ppn, NVLS_MAX_ARITY)
     return channels, f.nvlink / (channels + 1), f.net * ppn / channels
 
 
