@@ -281,7 +281,7 @@ def markdown(rows: list, totals: dict) -> str:
               "explained here from NCCL's source (NCCL runs a 72-GPU domain across 18 trays as one MNNVL clique).",
               f"- 20 NVL72 racks, 1440 GPUs (coreweave/nccl-tests #48): {_ratio(rows, 'GB200 NVL72, 20 racks', 1440, 'default', 4 * GiB)}x "
               f"at 4 GiB, {_ratio(rows, 'GB200 NVL72, 20 racks', 1440, 'default', 512 * MiB)}x at 512 MiB. The run is far "
-              "from its plateau (busbw still up ~20 % per doubling at 4 GiB; its time has a ~4.7 ms intercept), "
+              "from its plateau (busbw still up ~20 % per doubling at 4 GiB; a line through its times crosses zero size at ~4.5 ms), "
               "which NCCL's tuner latencies (tens of microseconds for the NVLS tree) do not produce: the model is "
               "not validated at this scale, and the multi-node bar holds only for the 2-4-node systems.",
               "- 2 nodes x 1 H100 (nccl-tests #232) and 2 nodes x 8 H100 (nccl #2409): listed, not counted; the "
