@@ -165,8 +165,9 @@ def _nvls_graph(f: Facts) -> Tuple[int, float, float]:
 
     A channel per head GPU: on one node every GPU is a head, up to NCCL_MAX_NVLS_ARITY
     (search.cc ncclTopoCompute: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs) and, with no
-    network, minChannels = maxChannels), across nodes one head per NIC (the "NVLS Head" lines of NCCL_DEBUG=INFO logs
-    with 4 NICs in nccl issue #1357 and 8 in nccl-tests issue #319). A channel's bandwidth is
+    network, minChannels = maxChannels), across nodes one head per NIC (the "NVLS Head" lines
+    of NCCL_DEBUG=INFO logs with 4 NICs in nccl issue #1357 and 8 in nccl-tests issue #319).
+    A channel's bandwidth is
     what ncclTopoSearchTryNvls can route: bw on every GPU's NVLinks each way and 2·bw on its
     head's, so with c channels a head carries (c + 1)·bw and bw = nvlink / (c + 1): solved
     exactly here, where the search steps down its speed array (sm90SpeedArrayIntra 60, 50, 40, …;
