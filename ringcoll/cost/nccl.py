@@ -119,7 +119,7 @@ class Choice:
     @property
     def schedule(self) -> Optional[str]:
         """The ringcoll schedule that runs this algorithm's messages (None: NVLS reduces in
-        the switch, which no point-to-point schedule can)."""
+        the switch, which no point-to-point schedule can; PAT has no ringcoll schedule yet)."""
         return {"ring": "nccl_ring", "tree": "nccl_tree"}.get(self.algorithm)
 
 
