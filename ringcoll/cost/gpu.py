@@ -92,8 +92,12 @@ def gpu_cluster(cls, nodes: int, gpus_per_node: int, *, nvlink_bandwidth: float,
     switch per rail (default: all; more nodes go through the spine, ``oversubscription``:1).
     A DGX SuperPOD scalable unit puts 32 nodes on its rail leaves:
     https://docs.nvidia.com/dgx-superpod/reference-architecture-scalable-infrastructure-h100/latest/network-fabrics.html"""
-    from .network import network
+    from .network import _positive_int, network
 
+    for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("nics_per_node", nics_per_node)):
+        _positive_int(name, value)
+    if nics_per_node > gpus_per_node:
+        raise ValueError(f"nics_per_node must be at most gpus_per_node ({gpus_per_node}), got {nics_per_node!r}")
     for name, value in (("nvlink_bandwidth", nvlink_bandwidth), ("nic_bandwidth", nic_bandwidth)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{name} must be a positive number of bytes per second, got {value!r}")

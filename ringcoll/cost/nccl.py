@@ -26,11 +26,15 @@ What NCCL measures at start-up and ringcoll cannot (its topology search, ``src/g
 search.cc``) comes from the machine instead, each step stated where it is taken:
 bandwidth of the ring and tree graphs = a GPU's NVLink links × NCCL's per-link bandwidth
 (``src/graph/topo.h``: SM80_NVLINK_BW 20, SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1 GB/s) and,
-across nodes, at most the node's NICs' bandwidth divided over its GPUs; the channel count is
-:data:`CHANNELS` (execution channels, twice the search's: nccl issue #1041). NVLS is counted on
-Hopper and later NVSwitch machines on one node (NCCL disables it across nodes without
-CollNet/SHARP), NVLS-tree across nodes; CollNet and PAT are left out (no SHARP is modelled;
-PAT runs with one GPU per node only).
+across nodes, the bound of channels that leave every node through its NICs (:func:`_graph_bw`);
+the channel count is :data:`CHANNELS` (execution channels, twice the search's: nccl issue
+#1041). The NVLS graph has one channel per head GPU, each at the bandwidth its head's NVLinks
+can route (:func:`_nvls_graph`, from ``ncclTopoSearchTryNvls``, solved exactly where the
+search steps through its speed array). NVLS is counted on Hopper and later NVSwitch machines
+on one node (NCCL disables it across nodes without CollNet/SHARP), NVLS-tree across nodes;
+PAT for all_gather and reduce_scatter with one GPU per node (Simple, the tree graph's bandwidth
+× 0.75, latency 8 µs + log2 nodes · 14/3.5 µs + 2.8 µs per rank); CollNet is left out (no SHARP
+is modelled).
 """
 from __future__ import annotations
 
@@ -40,16 +44,21 @@ from typing import Dict, List, Optional, Tuple
 
 from .machine import Machine
 
-ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
+ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("LL", "LL128", "Simple")
 ARCH_INDEX = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 3}
 
 # -- ncclTunerConstantsDefaults (src/graph/tuning.cc) -----------------------------------------
 #: baseLatencies[algorithm][protocol], µs
-BASE_LATENCY = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)}
+BASE_LATENCY = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0),
+                "pat": (8.0, 8.0, 8.0)}
 #: hwLatencies[NVLINK | NET][algorithm][protocol], µs
-NVLINK_LATENCY = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25), "nvls_tree": (0, 0, 25)}
-NET_LATENCY = {"tree": (5.0, 8.5, 14), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18), "nvls_tree": (0, 0, 20.9)}
+NVLINK_LATENCY = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25), "nvls_tree": (0, 0, 25),
+                  "pat": (0, 0, 4.0)}
+NET_LATENCY = {"tree": (5.0, 8.5, 14), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18), "nvls_tree": (0, 0, 20.9),
+               "pat": (0, 0, 14)}
+#: PAT's bandwidth factor (tuning.cc: busBw *= .75) and its per-rank latency (nRanks * 2.8 µs)
+PAT_BW, PAT_RANK_LATENCY = 0.75, 2.8
 #: llMaxBws[arch on one node | Intel CPU across nodes][nodes: 1, 2, more], GB/s
 LL_MAX_BW = {"volta": (39.0, 39.0, 20.4), "ampere": (87.7, 22.5, 19.0), "hopper": (141.0, 45.0, 35.0),
              "blackwell": (282.0, 90.0, 70.0)}
@@ -81,6 +90,8 @@ THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 #: need more than 16 channels")
 CHANNELS = {"volta": 12, "ampere": 24, "hopper": 16, "blackwell": 16}
 NVLS_CHANNELS = 16
+#: src/include/device.h NCCL_MAX_NVLS_ARITY: at most this many NVLS heads (graph channels)
+NVLS_MAX_ARITY = 32
 
 #: the bus-bandwidth factor nccl-tests reports (src/*.cu: all_reduce 2(n−1)/n ...)
 BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
@@ -95,7 +106,7 @@ class Choice:
     nbytes: int
     world: int
     nodes: int
-    algorithm: str          # "ring", "tree", "nvls", "nvls_tree"
+    algorithm: str          # "ring", "tree", "nvls", "nvls_tree", "pat"
     protocol: str           # "LL", "LL128", "Simple"
     channels: int
     time: float
@@ -108,7 +119,7 @@ class Choice:
     @property
     def schedule(self) -> Optional[str]:
         """The ringcoll schedule that runs this algorithm's messages (None: NVLS reduces in
-        the switch, which no point-to-point schedule can)."""
+        the switch, which no point-to-point schedule can; PAT has no ringcoll schedule yet)."""
         return {"ring": "nccl_ring", "tree": "nccl_tree"}.get(self.algorithm)
 
 
@@ -121,6 +132,7 @@ class Facts:
     nodes: int
     nvlink: float           # a GPU's NVLink bandwidth as NCCL counts it (links × per-link)
     net: float              # NIC bandwidth per GPU, GB/s
+    nics: int               # NICs per node
 
     @classmethod
     def of(cls, machine: Machine, world: int) -> "Facts":
@@ -133,13 +145,37 @@ class Facts:
         links = p.get("nvlinks")
         per_gpu = links * NVLINK_BW[p["arch"]] if links else 1 / net.params["nvlink"][1] / 1e9
         nic = 1 / p["nic"][1] / 1e9 * p["nics"] / p["gpus"]
-        return cls(p["arch"], world, nodes, per_gpu, nic)
+        return cls(p["arch"], world, nodes, per_gpu, nic, p["nics"])
 
 
 def _graph_bw(f: Facts) -> float:
-    """Channels × per-channel bandwidth of the ring and tree graphs (GB/s): the NVLinks of a GPU,
-    across nodes also the NICs' share of a GPU (what NCCL's search can route per GPU)."""
-    return f.nvlink if f.nodes == 1 else min(f.nvlink, f.net * (f.world // f.nodes))
+    """Channels × per-channel bandwidth of the ring and tree graphs (GB/s). On one node a GPU's
+    NVLinks. Across nodes every channel enters and leaves a node through a NIC (search.cc
+    ncclTopoSearchRecNet: NET → GPU … GPU → NET), so the node's NICs together bound it, and
+    inside the node a channel crosses NVLink ppn − 1 times for ppn GPUs: a GPU's NVLinks carry
+    (ppn − 1) / ppn of the channels, bounding them by nvlink · ppn / (ppn − 1)."""
+    ppn = f.world // f.nodes
+    if f.nodes == 1:
+        return f.nvlink
+    return min(f.nvlink * ppn / (ppn - 1) if ppn > 1 else f.nvlink, f.net * ppn)
+
+
+def _nvls_graph(f: Facts) -> Tuple[int, float, float]:
+    """NCCL's NVLS graph: (channels, intra-node GB/s per channel, inter-node GB/s per channel).
+
+    A channel per head GPU: on one node every GPU is a head, up to NCCL_MAX_NVLS_ARITY
+    (search.cc ncclTopoCompute: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs) and, with no
+    network, minChannels = maxChannels), across nodes one head per NIC (the "NVLS Head" lines
+    of NCCL_DEBUG=INFO logs with 4 NICs in nccl issue #1357 and 8 in nccl-tests issue #319).
+    A channel's bandwidth is
+    what ncclTopoSearchTryNvls can route: bw on every GPU's NVLinks each way and 2·bw on its
+    head's, so with c channels a head carries (c + 1)·bw and bw = nvlink / (c + 1): solved
+    exactly here, where the search steps down its speed array (sm90SpeedArrayIntra 60, 50, 40, …;
+    at p = 8 it lands on 40 of the exact 41.2). Across nodes a channel's NIC share is the node's
+    NICs' bandwidth / c."""
+    ppn = f.world // f.nodes
+    channels = min(ppn if f.nodes == 1 else f.nics, ppn, NVLS_MAX_ARITY)
+    return channels, f.nvlink / (channels + 1), f.net * ppn / channels
 
 
 def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float, float, int]]:
@@ -154,16 +190,19 @@ def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float,
     for algo in ALGORITHMS:
         if algo == "tree" and collective != "all_reduce" or algo == "nvls" and (n > 1 or collective != "all_reduce") \
                 or algo == "nvls_tree" and (n == 1 or collective != "all_reduce") \
-                or algo.startswith("nvls") and NVLS_EFFICIENCY[f.arch] == 0:
-            continue
+                or algo.startswith("nvls") and NVLS_EFFICIENCY[f.arch] == 0 \
+                or algo == "pat" and (collective not in ("all_gather", "reduce_scatter") or ppn != 1):
+            continue                                   # PAT: 1 GPU per node only (tuning.cc ncclPatEnable)
         for k, proto in enumerate(PROTOCOLS):
-            if algo.startswith("nvls") and proto != "Simple":
+            if (algo.startswith("nvls") or algo == "pat") and proto != "Simple":
                 continue
             bw, ch = _bus_bw(algo, proto, collective, f, channels, ppn, i2)
+            if bw <= 0:                                # not run here (NVLS with a single head)
+                continue
             if algo in ("ring", "nvls", "nvls_tree"):
                 bw *= p / nsteps
-            else:
-                bw *= 0.5
+            elif algo == "tree":
+                bw *= 0.5                              # PAT's all_gather/reduce_scatter: no conversion
             out[algo, proto] = (_latency(algo, k, collective, f, nsteps, ppn), bw, ch)
     return out
 
@@ -171,18 +210,22 @@ def tuner_table(collective: str, f: Facts) -> Dict[Tuple[str, str], Tuple[float,
 def _bus_bw(algo, proto, collective, f, channels, ppn, i2) -> Tuple[float, int]:
     arch, n = f.arch, f.nodes
     if algo.startswith("nvls"):
-        per = _graph_bw(f) / NVLS_CHANNELS
-        intra = per * NVLS_EFFICIENCY[arch] * (NVLS_CHANNELS - 1) / NVLS_CHANNELS
+        nvls, per, inter = _nvls_graph(f)
+        if nvls < 2:                                   # tuning.cc: NVLS needs at least 2 channels
+            return 0.0, NVLS_CHANNELS
+        intra = per * NVLS_EFFICIENCY[arch] * (nvls - 1) / nvls
         intra *= 2 if collective == "all_reduce" else (ppn - 1) / ppn
-        inter = f.net * ppn / NVLS_CHANNELS * (2 if n <= 2 and algo == "nvls_tree" else 1)
+        inter *= 2 if n <= 2 and algo == "nvls_tree" else 1
         cap = PER_CH_NVLS_TREE[arch][i2] if algo == "nvls_tree" else math.inf
-        return NVLS_CHANNELS * min(intra, inter if n > 1 else math.inf, cap), NVLS_CHANNELS
+        return nvls * min(intra, inter if n > 1 else math.inf, cap), NVLS_CHANNELS
     bus = _graph_bw(f)
     ll_max = LL_MAX_BW[arch][i2] if n == 1 else LL_MAX_BW_INTEL[i2]
     if algo == "ring" and proto == "LL":
         bus = min(ll_max, bus * .5)
     if algo == "ring" and proto == "LL128":
         bus = min(bus * 0.92, channels * PER_CH_RING_LL128[arch])
+    if algo == "pat":
+        bus *= PAT_BW
     if algo == "tree":
         bus = min(bus * .92, channels * PER_CH_TREE[arch][i2])
         if proto == "LL":
@@ -209,6 +252,8 @@ def _latency(algo, k, collective, f, nsteps, ppn) -> float:
         return lat + 2 * ((ppn - 1) * intra + int(math.log2(n)) * inter)
     if algo == "nvls":
         return intra + (inter if n > 1 else 0.0)
+    if algo == "pat":
+        return lat + int(math.log2(n)) * inter / 3.5 + f.world * PAT_RANK_LATENCY
     return lat + intra + 2 * int(math.log2(n)) * inter          # nvls_tree
 
 

@@ -12,7 +12,8 @@ def test_tuner_table_follows_ncclTopoTuneModel_by_hand():
     """One DGX H100 node, all_reduce, p = 8 (nsteps 14): the ring's Simple latency is its base
     8.4 µs + 14 NVLink steps of 3.4 µs; its bandwidth a GPU's 18 NVLinks at 20.6 GB/s turned
     into algorithm bandwidth by p / nsteps; LL halves it, at most llMaxBw 141, LL128 × 0.92; the
-    tree all_reduce × 0.92 then × 0.5; NVLS 0.85 · 15/16 · 2 of it, × p / nsteps."""
+    tree all_reduce × 0.92 then × 0.5; NVLS on 8 head channels of a ninth of it each, × 0.85 ·
+    7/8 · 2, × p / nsteps."""
     facts = nccl.Facts.of(ringcoll.Machine.preset("dgx-h100"), 8)
     table = nccl.tuner_table("all_reduce", facts)
     bus = 18 * 20.6
@@ -20,13 +21,64 @@ def test_tuner_table_follows_ncclTopoTuneModel_by_hand():
     assert table["ring", "LL"][:2] == pytest.approx((6.6 + 14 * 0.6, min(141.0, bus * 0.5) * 8 / 14))
     assert table["ring", "LL128"][1] == pytest.approx(bus * 0.92 * 8 / 14)
     assert table["tree", "Simple"][:2] == pytest.approx((8.4 + 2 * 7 * 4.0, bus * 0.92 * 0.5))
-    assert table["nvls", "Simple"][:2] == pytest.approx((25.0, bus * 0.85 * 15 / 16 * 2 * 8 / 14))
+    assert table["nvls", "Simple"][:2] == pytest.approx((25.0, 8 * bus / 9 * 0.85 * 7 / 8 * 2 * 8 / 14))
     assert ("nvls_tree", "Simple") not in table                  # one node: no NVLS tree
     two = nccl.tuner_table("all_reduce", nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2), 16))
     # 2 nodes: 2 of the 30 steps cross the network (14 µs each), the others at least 3 µs
     assert two["ring", "Simple"][0] == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
     assert two["tree", "Simple"][0] == pytest.approx(8.4 + 2 * (7 * 4.0 + 1 * 14))
     assert ("nvls", "Simple") not in two and ("nvls_tree", "Simple") in two
+
+
+def test_nvls_graph_has_a_channel_per_head_and_rings_across_nodes_use_every_nic():
+    """NCCL's NVLS graph (search.cc ncclTopoSearchTryNvls): one channel per head GPU, each
+    head's NVLinks carrying channels + 1 shares, so on one node of p GPUs NVLS all_reduce busbw
+    is 2(p − 1)/(p + 1) of a GPU's NVLink bandwidth × 0.85 (p = 8, 18 × 20.6 GB/s: 489.6 GB/s;
+    H100 published ~480), at most 32 heads. Across nodes one head per NIC, each capped by perChMaxNVLSTreeBws:
+    2 nodes of 8 with 8 NICs 8 × 57.7, with 4 NICs 4 × 57.7. A ring across nodes leaves each
+    node through every NIC and crosses NVLink p − 1 times of p: min(NICs, NVLink · 8/7)."""
+    one = ringcoll.Machine.preset("dgx-h100")
+    nvlink = 18 * 20.6
+    for p in (2, 5, 8):
+        table = nccl.tuner_table("all_reduce", nccl.Facts.of(one, p))
+        busbw = table["nvls", "Simple"][1] * 2 * (p - 1) / p
+        assert busbw == pytest.approx(2 * (p - 1) / (p + 1) * nvlink * 0.85), p
+    for nics, heads in ((8, 8), (4, 4)):
+        two = nccl.tuner_table("all_reduce", nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2,
+                                                                                   nics_per_node=nics), 16))
+        assert two["nvls_tree", "Simple"][1] == pytest.approx(heads * 57.7 * 16 / 30), nics
+    four = nccl.tuner_table("all_reduce", nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=4), 32))
+    assert four["nvls_tree", "Simple"][1] == pytest.approx(8 * 45.5 * 32 / 62)       # 4 nodes: 45.5 per channel
+    assert four["ring", "Simple"][1] == pytest.approx(min(8 * 50.0, nvlink * 8 / 7) * 32 / 62)
+    a100 = nccl.tuner_table("all_reduce", nccl.Facts.of(ringcoll.Machine.preset("dgx-a100", nodes=2), 16))
+    assert a100["ring", "Simple"][1] == pytest.approx(8 * 25.0 * 16 / 30)            # the 8 HDR NICs bound it
+    nvl72 = ringcoll.Machine.gpu_cluster(1, 72, nvlink_bandwidth=900e9, nvlinks=18, nics_per_node=72,
+                                         nic_bandwidth=50e9, arch="blackwell")
+    table = nccl.tuner_table("all_reduce", nccl.Facts.of(nvl72, 72))        # at most 32 heads (NCCL_MAX_NVLS_ARITY)
+    assert table["nvls", "Simple"][1] * 2 * 71 / 72 == pytest.approx(2 * 31 / 33 * 18 * 40.1 * 0.74)
+    single = ringcoll.Machine.gpu_cluster(2, 8, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=1,
+                                          nic_bandwidth=50e9)
+    assert ("nvls_tree", "Simple") not in nccl.tuner_table("all_reduce", nccl.Facts.of(single, 16))  # one head
+
+
+def test_pat_runs_all_gather_and_reduce_scatter_with_one_gpu_per_node():
+    """PAT (tuning.cc): all_gather and reduce_scatter, Simple, one GPU per node only; latency
+    8 µs + log2 nodes · 14 µs / 3.5 + 2.8 µs per rank, bandwidth 0.75 of the graph's with no
+    conversion to algorithm bandwidth. At 64 nodes of 1 H100 and 400 Gb/s it beats the ring's
+    63 network steps from small sizes on, and the ring's bandwidth wins at 256 MiB."""
+    m = ringcoll.Machine.gpu_cluster(64, 1, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=1,
+                                     nic_bandwidth=50e9)
+    facts = nccl.Facts.of(m, 64)
+    for collective in ("all_gather", "reduce_scatter"):
+        table = nccl.tuner_table(collective, facts)
+        assert table["pat", "Simple"][:2] == pytest.approx((8.0 + 6 * 14 / 3.5 + 64 * 2.8, 50.0 * 0.75))
+        assert ("pat", "LL") not in table and ("pat", "LL128") not in table
+        assert table["ring", "Simple"][0] == pytest.approx(8.4 + 63 * 14.0)
+        assert nccl.choose(collective, 1 << 20, 64, m).algorithm == "pat"
+        assert nccl.choose(collective, 1 << 28, 64, m).algorithm == "ring"
+    assert ("pat", "Simple") not in nccl.tuner_table("all_reduce", facts)
+    eight = nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2), 16)       # 8 GPUs per node: no PAT
+    assert ("pat", "Simple") not in nccl.tuner_table("all_gather", eight)
 
 
 def test_choice_by_size_protocol_and_channels():
@@ -93,8 +145,10 @@ def test_bench_simulate_writes_the_tables_against_nccls_model(tmp_path, capsys):
 
 def test_the_committed_validation_table_is_what_the_model_gives_today():
     """bench/results/study/nccl_validation.{md,json} (python -m experiments.nccl_validation):
-    every cell's prediction is the model's today, and the ring cells of one H100 node, where
-    NCCL's own constants speak, are within 2 % of the published 365-370 GB/s."""
+    every cell's prediction is the model's today; the ring cells of one H100 node, where NCCL's
+    own constants speak, are within 2 % of NVIDIA's and shh2000's 365-370 GB/s; one-node
+    systems and the 2-4-node ones are each within 15 % geometric mean over their counted cells
+    (the 20-rack NVL72 run is not), the numbers docs/simulator.md quotes."""
     import json
     import os
 
@@ -107,3 +161,14 @@ def test_the_committed_validation_table_is_what_the_model_gives_today():
         assert f.read() == markdown(rows, summary(rows))
     ring = [r for r in rows if r["system"] == "H100 x8 (1 node)" and r["nccl_algo"] == "ring"]
     assert ring and all(abs(r["ratio"] - 1) < 0.02 for r in ring)
+    # issue #38's bar, one node and several, over the counted cells; docs/simulator.md quotes both
+    totals = summary(rows)
+    with open(os.path.join(os.path.dirname(OUT), "..", "..", "docs", "simulator.md")) as f:
+        docs = " ".join(f.read().split())
+    for group in ("all one-node systems (one NVLink domain)", "multi-node systems of 2-4 nodes"):
+        s = totals[group]
+        assert s["counted"] >= 8 and s["geomean_error_pct"] < 15, (group, s)
+    for group in ("all one-node systems (one NVLink domain)", "multi-node systems of 2-4 nodes",
+                  "all multi-node systems (a network between nodes)"):          # the 20-rack miss is quoted too
+        s = totals[group]
+        assert f"{s['geomean_error_pct']} % over {s['counted']} cells" in docs, group

@@ -592,6 +592,16 @@ def test_gpu_cluster_routes_nvlink_inside_a_node_and_rails_between_nodes():
     assert set(ringcoll.Machine.presets()) >= {"dgx-h100", "hgx-h100", "dgx-h200", "dgx-a100"}
     with pytest.raises(ValueError, match="preset name must be one of"):
         ringcoll.Machine.preset("dgx-h1000")
+    # bad sizes are refused under the names the caller gave, with what was expected and given
+    for bad, match in (({"nics_per_node": 0}, r"nics_per_node must be a positive int, got 0"),
+                       ({"nics_per_node": True}, r"nics_per_node must be a positive int, got True"),
+                       ({"nics_per_node": 9}, r"nics_per_node must be at most gpus_per_node \(8\), got 9"),
+                       ({"nodes": 0}, r"nodes must be a positive int, got 0"),
+                       ({"gpus_per_node": 2.0}, r"gpus_per_node must be a positive int, got 2.0")):
+        args = {"nodes": 2, "gpus_per_node": 8, "nics_per_node": 8, **bad}
+        with pytest.raises(ValueError, match=match):
+            ringcoll.Machine.gpu_cluster(args.pop("nodes"), args.pop("gpus_per_node"), nvlink_bandwidth=450e9,
+                                         nic_bandwidth=50e9, **args)
     # the hierarchical all_reduce on the machine's nodes: its node-aware layout, not one flat ring
     sim = ringcoll.simulate("all_reduce", "hierarchical", 16, numel=1 << 16, dtype=torch.float32,
                             machine=h100, data=False)
