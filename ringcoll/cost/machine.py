@@ -290,7 +290,12 @@ class Machine:
 
     # -- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        """The machine as JSON-ready data (:meth:`from_dict` reads it back); the LogGP fields
+        and the window only where set, so a machine without them saves as it always did."""
         data = asdict(replace(self, network=None))
+        for name in ("o", "g", "L", "window"):
+            if data[name] == Machine.__dataclass_fields__[name].default:
+                del data[name]
         if data["placement"] is not None:
             data["placement"] = list(data["placement"])
         data["network"] = None if self.network is None else self.network.to_dict()

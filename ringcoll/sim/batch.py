@@ -39,9 +39,10 @@ __all__ = ["OneStep", "one_step_clock", "one_step_torus"]
 def one_step_torus(machine: Machine, count: int, world: int):
     """The torus :func:`run_one_step` runs ``world`` ranks on from ``count`` representatives,
     or None where it does not: another network, another placement, shifts by ``count``
-    that do not map the torus onto itself."""
+    that do not map the torus onto itself, a LogGP machine."""
     net = machine.network_for(world)
-    if machine.is_loggp or net is None or net.kind != "torus" or count >= world or net.mirror_period(count, world) != count:
+    if machine.is_loggp or net is None or net.kind != "torus" or count >= world \
+            or net.mirror_period(count, world) != count:
         return None
     return net if all(link.hold == "wire" for link in net.links) else None
 

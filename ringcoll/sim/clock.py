@@ -18,6 +18,25 @@ for its wire time, each link lane taking it like a port in the earliest gap that
 link held per message (a NIC), for the whole message like a port. A step ends when its last transfer
 does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
+**Window** (``machine.window``, 1 by default): as the P2P executor
+(:meth:`ringcoll.runtime.executor.P2PExecutor.execute`, ``RINGCOLL_WINDOW``) a rank keeps up to
+``window`` steps in flight. Phase by phase: the executor's ``reach`` (which steps are posted
+once it waits on step i) is the clock's **post** (:meth:`Clock.ahead`, by the same test,
+:func:`ringcoll.runtime.blocks.posts_early`: j - i < window and step j touches nothing steps i
+.. j - 1 still read or write); its ``transport.wait`` on step i then ``run_resolved`` of its
+local operations is the clock's **wake**: the current step ends at its last transfer's end (or
+when it became current, if later) plus its reductions, and steps end in order; a step posted
+early whose transfers all end first waits to become current. Its transfers' positions run on
+across the steps in flight, so a port serves a later step's messages after an earlier one's.
+Window 1 is the clock as it was, bit for bit (``experiments/clock_regression.py``).
+
+**LogGP** (``machine.o``, ``g``, ``L``; 0 by default): a message takes its sender's CPU for o
+(one lane per rank, serialised with its other messages' overheads), then its ports (and links)
+for α + g + nβ from o after its start, then arrives L after leaving them and takes its
+receiver's CPU for o: it ends 2o + α + g + nβ + L after it starts, its ports free after o +
+α + g + nβ, so the next message on them overlaps its L (and, with a window, the next step's
+messages overlap it too) (:meth:`Clock.take_loggp`).
+
 It is a discrete-event simulation ordered by time: its result does not depend on the order
 in which ranks are listed, and a run without data streams each rank's schedule one step at
 a time, so its memory is O(world), not O(steps).
@@ -57,7 +76,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..cost.machine import Machine
-from ..runtime.blocks import independent
+from ..runtime.blocks import posts_early
 from ..schedules.vocabulary import Copies, Recv, Reduce, Send
 
 __all__ = ["Clock", "MirroredLinks", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline",
@@ -614,12 +633,12 @@ class Clock:
         that may go early. Returns when the current step ends if its transfers are all booked
         (None: its bookings wake the rank, or it has no step left).
 
-        The window is the executor's (:meth:`ringcoll.runtime.executor.Prepared.reach`): once
-        it waits on step i, step j > i is posted too while j - i < window and no transfer of
-        j touches what steps i .. j - 1 still read or write (:func:`ringcoll.runtime.blocks.independent`),
-        stopping at the first that may not; steps finish in order, each at its last transfer's
-        end or its predecessor's, whichever is later, plus its reductions. Window 1: a step is
-        posted when the one before it ends."""
+        The window is the executor's (:meth:`ringcoll.runtime.executor.Prepared.reach`, by
+        the same test, :func:`ringcoll.runtime.blocks.posts_early`): once it waits on step i,
+        step j > i is posted too while j - i < window and no transfer of j touches what steps
+        i .. j - 1 still read or write, stopping at the first that may not; steps finish in
+        order, each at its last transfer's end or its predecessor's, whichever is later, plus
+        its reductions. Window 1: a step is posted when the one before it ends."""
         ranks = self.ranks
         flight = ranks.flight[rank]
         if flight:
@@ -647,13 +666,13 @@ class Clock:
         independent of those (the executor's rule, :meth:`post`)."""
         ranks = self.ranks
         flight, steps = ranks.flight[rank], ranks.steps[rank]
-        while len(flight) < self.window:
+        while True:
             st = ranks.ahead[rank]
             if st is None:
                 st = next(steps, None)
                 if st is None:
                     return
-            if flight and not independent([p.step for p in flight] + [st], len(flight), 0):
+            if flight and not posts_early([p.step for p in flight] + [st], len(flight), 0, self.window):
                 ranks.ahead[rank] = st
                 return
             ranks.ahead[rank] = None
