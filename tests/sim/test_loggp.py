@@ -1,5 +1,7 @@
 """The LogGP machine (Machine.o, g, L) and the clock's window of steps in flight (Machine.window):
 exact times of hand-made schedules, the segmented ring's latency paid once, not per segment."""
+import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -87,6 +89,20 @@ def test_segmented_ring_pays_the_wire_latency_once_not_per_segment():
     expected = 2 * (P - 1) / P * small * loggp.beta + (P - 1) / P * small * loggp.gamma \
         + 2 * (P - 1) * (L + 2 * o + g)
     assert ring(loggp, small)[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_docs_worked_example_is_the_clocks():
+    # docs/simulator.md, "The LogGP machine": each row of its table, and the 64 KiB case, timed now
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "simulator.md")
+    with open(path) as f:
+        text = f.read().split("## The LogGP machine", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (flat|LogGP)[^|]* \| (\d) \| ([\d.]+) ms \|", text, re.M)
+    assert len(rows) == 4
+    machines = {"flat": Machine(alpha=5e-6), "LogGP": Machine.loggp(L=5e-6, o=1e-6, g=0.5e-6, window=1)}
+    for kind, window, shown in rows:
+        assert f"{ring(replace(machines[kind], window=int(window)))[0] * 1e3:.3f}" == shown
+    shown = re.search(r"([\d.]+) µs = wire \+ reductions", text).group(1)
+    assert f"{ring(replace(machines['LogGP'], window=2), 64 << 10)[0] * 1e6:.3f}" == shown
 
 
 def test_window_and_loggp_keep_every_result_right():
