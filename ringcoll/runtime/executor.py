@@ -58,7 +58,7 @@ import torch.distributed as dist
 from .. import kernels
 from ..schedules import registry
 from ..config import settings
-from .blocks import Blocks, independent, tensors_in, tensors_of
+from .blocks import Blocks, posts_early, tensors_in, tensors_of
 from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_notice, group_timeout,
                        leave_notice, read_notices)
 from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_enabled, fingerprint, pack_record,
@@ -675,8 +675,8 @@ class Prepared:
         if known is None:
             reach, next_post = [], 0
             for index in range(len(self.steps)):
-                while next_post < len(self.steps) and (next_post == index or (
-                        next_post - index < window and independent(self.steps, next_post, index))):
+                while next_post < len(self.steps) and (
+                        next_post == index or posts_early(self.steps, next_post, index, window)):
                     next_post += 1
                 reach.append(next_post)
             known = self._reach[window] = tuple(reach)

@@ -141,11 +141,13 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     :func:`numel_call`), or ``call(rank) -> (args, kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
     bytes per rank and per link, time on ``machine``'s port-limited clock; None: the default
-    ``Machine()``), the algorithm's cost model and every rank's plan. ``algorithm="auto"``
-    chooses as on a group (ringcoll.selection): given ``machine=``, as on a group whose
-    ``Options(machine=)`` is that machine, the algorithm the simulator times fastest on it
-    with these nodes; without, as on a group without one (RINGCOLL_MACHINE, else the rules
-    measured on this host, else the default machine). ``sim.algorithm`` is the one chosen.
+    ``Machine()``; ``Machine.window`` sets the steps a rank keeps in flight, as the executor's
+    RINGCOLL_WINDOW, and ``Machine.o``, ``g``, ``L`` LogGP's overhead, gap and wire latency),
+    the algorithm's cost model and every rank's plan. ``algorithm="auto"`` chooses as on a group
+    (ringcoll.selection): given ``machine=``, as on a group whose ``Options(machine=)`` is that
+    machine, the algorithm the simulator times fastest on it with these nodes; without, as on a
+    group without one (RINGCOLL_MACHINE, else the rules measured on this host, else the default
+    machine). ``sim.algorithm`` is the one chosen.
 
     ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
     builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
