@@ -37,6 +37,12 @@ from typing import Optional, Sequence, Tuple
 from .network import Network, network as _network
 
 
+#: steps whose transfers a rank keeps in flight at once in ringcoll's P2P executor when
+#: RINGCOLL_WINDOW is unset (its P2PExecutor.execute; the one place this number lives: the
+#: executor and the settings table take it from here, below them both)
+EXECUTOR_WINDOW = 2
+
+
 @dataclass(frozen=True)
 class Machine:
     """A machine for the simulator's clock (defaults: a modest flat cluster, 5 µs, 10 GB/s,
@@ -199,14 +205,13 @@ class Machine:
               ports: int = 1, window: Optional[int] = None) -> "Machine":
         """A flat LogGP machine: no α (its latency is ``L``, overlapped by pipelined messages),
         ``o`` of overhead per message at each end, ``g`` of gap per message on a port, β per
-        byte (LogGP's G); ``window`` steps in flight (default: the executor's, RINGCOLL_WINDOW
-        else ringcoll.runtime.executor.DEFAULT_WINDOW).
+        byte (LogGP's G); ``window`` steps in flight (default :data:`EXECUTOR_WINDOW`, the
+        executor's own when RINGCOLL_WINDOW is unset; a machine is a model and reads no
+        setting, so pass ``window=`` to price a run made with another RINGCOLL_WINDOW).
 
         >>> ringcoll.Machine.loggp(L=5e-6, o=1e-6, g=0.5e-6, beta=1 / 25e9)"""
         if window is None:
-            from ..config import settings
-            from ..runtime.executor import DEFAULT_WINDOW
-            window = settings().window or DEFAULT_WINDOW
+            window = EXECUTOR_WINDOW
         return cls(alpha=0.0, beta=beta, gamma=gamma, ports=ports, o=o, g=g, L=L, window=window)
 
     @property

@@ -67,12 +67,14 @@ from .local import resolve_local, run_resolved
 from .plan import Plan
 from ..schedules.vocabulary import IN_PLACE, Layout, Send, extents
 from .transport import TransferError, wire
+from ..cost.machine import EXECUTOR_WINDOW
 from .transport.factory import make_transport, runtime_for, stream_ordered
 from .transport.interface import Transport
 from .transport.stream_ordered import InFlight, PostedStep, group_store
 
-#: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides
-DEFAULT_WINDOW = 2
+#: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides.
+#: The number lives with the model that prices it, a layer below (ringcoll.cost.machine).
+DEFAULT_WINDOW = EXECUTOR_WINDOW
 
 def _device_backends(backend: str) -> Dict[str, str]:
     """``"nccl"`` -> {cuda: nccl}; ``"gloo"`` -> gloo for both; ``"cpu:gloo,cuda:nccl"`` -> as written."""

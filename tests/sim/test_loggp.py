@@ -143,8 +143,11 @@ def test_loggp_fields_are_saved_described_and_checked(tmp_path):
 
 
 def test_loggp_window_defaults_to_the_executors(monkeypatch):
+    from ringcoll.config import VARIABLES
     from ringcoll.runtime.executor import DEFAULT_WINDOW
-    monkeypatch.delenv("RINGCOLL_WINDOW", raising=False)
-    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == DEFAULT_WINDOW
+    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == DEFAULT_WINDOW == 2
+    assert {v.name: v.default for v in VARIABLES}["RINGCOLL_WINDOW"] == "2"
+    # a machine is a model: the runtime's setting does not change it; window= does
     monkeypatch.setenv("RINGCOLL_WINDOW", "5")
-    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == 5
+    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == DEFAULT_WINDOW
+    assert Machine.loggp(L=1e-6, o=0.0, g=0.0, window=5).window == 5
