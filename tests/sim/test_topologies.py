@@ -509,6 +509,18 @@ def test_the_swing_paper_study_stands_on_the_committed_alpha():
         assert sim.stats.time * 1e6 == pytest.approx(cells[key]["us"], rel=1e-12), key
 
 
+def test_the_swing_paper_gains_take_the_papers_baseline():
+    """Swing's gain is over the paper's "best-known algorithm": D, B and, on 2-D tori only,
+    the rings (H; ringcoll's ``ring`` stands in), as the paper's Figs. 6-8, 10, 11 and 15."""
+    from experiments.study_swing_paper import gains
+
+    cells = {f"{name} 32": {"us": us} for name, us in [("swing_torus_latency", 10), ("swing_torus_bandwidth", 12),
+                                                      ("recursive_doubling", 20), ("rabenseifner", 30),
+                                                      ("bucket_torus", 40), ("ring", 15)]}
+    assert gains(cells, [32], (8, 8))[32] == (10, "swing_torus_latency", 15, "ring", "ring", 50.0)
+    assert gains(cells, [32], (8, 8, 8))[32] == (10, "swing_torus_latency", 20, "D", "recursive_doubling", 100.0)
+
+
 @pytest.mark.parametrize("tag", ["64x64", "64x64p4"])
 def test_every_all_reduce_ran_on_the_64x64_torus_within_a_minute(tag):
     """The committed scale run (python -m experiments.topology_scale [--ports 4]): every
