@@ -11,7 +11,8 @@ reduction %) per job kept, written by ``tracer/sinfo/process.sh`` in the order i
 jobs (files with "viz", fewer than 2 lines or a single group skipped; LUMI nodes outside the
 tracer's table skipped), from the traffic formulas of ``tracer/algo_patterns.json``.
 
-This reads that data (``--pico``: a git directory or a checkout of HLC-Lab/pico), rebuilds
+This reads that data (``--pico``: a git directory or a checkout of HLC-Lab/pico holding that
+commit, ``git clone https://github.com/HLC-Lab/pico``; 6 minutes of CPU in all), rebuilds
 each job's rank → group map as the tracer does, recomputes the authors' reduction from their
 formulas (which pairs every CSV row with its job: the node and group counts must match and
 the reduction agree to its two printed decimals), and runs ringcoll's ``bine`` and
