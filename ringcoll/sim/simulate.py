@@ -30,8 +30,12 @@ class Simulation:
     machine: Machine = field(default_factory=Machine)
     nbytes: int = 0               # the n of the cost model
     dtype: Optional[torch.dtype] = None   # the element type of the run (numel=: int64 unless dtype= says)
-    #: ``algorithm="nccl"``: what NCCL's tuner picks and its model's time (ringcoll.cost.nccl.Choice)
+    #: ``algorithm="nccl"`` (or an NCCL schedule under ``protocol=``): what NCCL's tuner picks
+    #: and its model's time (ringcoll.cost.nccl.Choice)
     nccl: Optional[Any] = None
+    #: ``algorithm="nccl"`` or ``protocol=``: the protocol's machine the clock ran on
+    #: (ringcoll.cost.nccl.ProtocolMachine; ``machine`` is its ``machine``)
+    protocol: Optional[Any] = None
 
     @property
     def schedules(self) -> List[Sequence[Step]]:
@@ -58,6 +62,33 @@ class Simulation:
         if self.machine.network_for(self.world) is None:
             return self.cost.on(self.machine)
         return contention_free_time(self.plans, self.machine)
+
+    @property
+    def nccl_ratio(self) -> Optional[float]:
+        """The clock's answer over NCCL's formula's, for one (algorithm, protocol, channels):
+        (``stats.time`` + the protocol's per-call ``launch``, which no message carries) /
+        ``nccl.time``; None without ``sim.nccl``."""
+        if self.nccl is None or not self.nccl.time:
+            return None
+        return (self.stats.time + (self.protocol.launch if self.protocol else 0.0)) / self.nccl.time
+
+    def summary(self) -> str:
+        """One line per answer: the clock's time, and with ``sim.nccl`` NCCL's formula's and
+        their ratio (:attr:`nccl_ratio`)."""
+        lines = [f"{self.collective} {self.algorithm.name}, {self.world} ranks, {self.nbytes} B: "
+                 f"clock {self.stats.time * 1e6:.3f} us"]
+        if self.protocol is not None:
+            pm = self.protocol
+            lines[0] += (f" under NCCL's {pm.protocol} ({pm.algorithm}, {pm.channels} channels, "
+                         f"{pm.segment} B per step) + launch {pm.launch * 1e6:.3g} us")
+        if self.nccl is not None:
+            c = self.nccl
+            lines.append(f"NCCL's formula ({c.algorithm}, {c.protocol}, {c.channels} channels): "
+                         f"{c.time * 1e6:.3f} us; clock / formula {self.nccl_ratio:.3f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
 
     @property
     def ratios(self):
@@ -131,7 +162,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
              machine: Optional[Machine] = None, data: bool = True, check: Optional[bool] = None,
              record: Optional[bool] = None, local_size=None, symmetry: bool = True,
-             **kwargs) -> Simulation:
+             protocol: Optional[str] = None, **kwargs) -> Simulation:
     """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
@@ -160,9 +191,15 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     an int for nodes of that many consecutive ranks, or a tuple giving each rank's node; by
     default the machine's own nodes (a 2-level machine's, a GPU cluster's: :func:`run_nodes`),
     so every node-aware schedule, ``auto``'s model and the clock see one layout.
-    ``algorithm="nccl"`` (all_reduce on a GPU cluster): NCCL's tuner's pick by its own cost
-    formulas in ``sim.nccl`` (:mod:`ringcoll.cost.nccl`), its time ``sim.predicted``, run as
-    nccl_ring or nccl_tree (nccl_ring for NVLS) on the clock.
+    ``algorithm="nccl"`` (all_reduce on a GPU cluster): NCCL's tuner's pick (algorithm ×
+    protocol × channels) by its own cost formulas in ``sim.nccl`` (:mod:`ringcoll.cost.nccl`),
+    its time ``sim.predicted``, run as nccl_ring or nccl_tree (nccl_ring for NVLS) on the clock
+    on that protocol's machine (:func:`ringcoll.cost.nccl.protocol_machine`, in
+    ``sim.protocol``): two answers, ``sim.summary()`` gives both and their ratio.
+    ``protocol`` ("LL", "LL128", "Simple"; GPU clusters only) runs any schedule on that
+    protocol's machine, all channels, the protocol's chunks as its segment; with
+    ``algorithm="nccl"`` it limits the tuner to it (NCCL_PROTO), with nccl_ring or nccl_tree
+    (all_reduce) ``sim.nccl`` is NCCL's formula for that algorithm and protocol.
     ``symmetry`` (default on) lets a run without data and timeline run only the
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
@@ -191,17 +228,27 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     nodes, nodes_from = run_nodes(world, local_size, chosen_on)
     ctx = functools.partial(Context, world=world, nodes=nodes, nodes_from=nodes_from, machine=chosen_on)
     build = functools.partial(_plans, collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx)
+    _check_protocol(protocol, machine)
     if algorithm == "nccl":
-        (plans, before, after), choice = _nccl(collective, world, machine, build)
+        (plans, before, after), choice = _nccl(collective, world, machine, build, protocol)
     else:
         (plans, before, after), choice = build(algorithm), None
+        if protocol is not None and algorithm in ("nccl_ring", "nccl_tree") \
+                and COLLECTIVE_OF.get(collective, collective) == "all_reduce":
+            from ..cost.nccl import choose
+            choice = choose("all_reduce", _bytes(plans[0]), world, machine, algorithms=[algorithm[5:]],
+                            protocols=[protocol])
+    on = None
+    if choice is not None or protocol is not None:
+        on = _on_protocol(plans, world, machine, choice, protocol, algorithm)
+        machine = on.machine
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
     nbytes, cost = _cost(first, world, nodes)
     sim = Simulation(collective, first.algorithm, world,
                      [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype,
-                     choice)
+                     choice, on)
     if check:
         from .check import check_results
         check_results(collective, before, after)
@@ -250,20 +297,55 @@ def run_nodes(world: int, local_size, machine: Optional[Machine]) -> tuple:
     return tuple(nodes), "simulate's local_size"
 
 
-def _nccl(collective, world, machine, build) -> tuple:
+def _bytes(plan: Plan) -> int:
+    return plan.layout.numel * torch.empty((), dtype=plan.dtype).element_size()
+
+
+def _check_protocol(protocol, machine: Machine) -> None:
+    """simulate's ``protocol``: None or one of NCCL's, on a GPU cluster."""
+    from ..cost.nccl import PROTOCOLS
+
+    if protocol is None:
+        return
+    if not isinstance(protocol, str):
+        raise TypeError(f"protocol must be a str, one of {PROTOCOLS}, got {type(protocol).__name__} {protocol!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    net = machine.network
+    if net is None or net.kind != "gpu_cluster":
+        raise ValueError(f"protocol={protocol!r} needs a GPU cluster (ringcoll.Machine.gpu_cluster or .preset), "
+                         f"got {machine.describe()}")
+
+
+def _nccl(collective, world, machine, build, protocol) -> tuple:
     """``algorithm="nccl"``: the plans of the ringcoll schedule that runs the messages of
-    NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`:
-    nccl_ring or nccl_tree; NCCL's ring where NVLS, which reduces in the switch, is picked),
-    and the pick."""
+    NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`,
+    limited to ``protocol`` when given: nccl_ring or nccl_tree; NCCL's ring where NVLS, which
+    reduces in the switch, is picked), and the pick."""
     from ..cost.nccl import choose
 
     if COLLECTIVE_OF.get(collective, collective) != "all_reduce":
         raise ValueError(f"algorithm='nccl' runs all_reduce (NCCL's ring and tree schedules), got {collective!r}")
     built = build("nccl_ring")
-    first = built[0][0]
-    nbytes = first.layout.numel * torch.empty((), dtype=first.dtype).element_size()
-    choice = choose("all_reduce", nbytes, world, machine)
+    choice = choose("all_reduce", _bytes(built[0][0]), world, machine,
+                    protocols=None if protocol is None else [protocol])
     return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
+
+
+def _on_protocol(plans, world, machine, choice, protocol, algorithm):
+    """The protocol's machine of a run (:func:`ringcoll.cost.nccl.protocol_machine`): the
+    pick's protocol and channels, else ``protocol`` on all channels; NCCL's tree's latencies
+    and chunks for nccl_tree, the ring's otherwise. Every plan's segment becomes the protocol's
+    step of all channels (in elements)."""
+    from ..cost.nccl import protocol_machine
+
+    name = plans[0].algorithm.name
+    on = protocol_machine(machine, world, protocol if choice is None else choice.protocol,
+                          "tree" if name == "nccl_tree" else "ring", None if choice is None else choice.channels)
+    itemsize = torch.empty((), dtype=plans[0].dtype).element_size()
+    for plan in plans:
+        plan.layout = plan.layout.replace(**{SEGMENT: max(1, on.segment // itemsize)})
+    return on
 
 
 def _plans(collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx, algorithm) -> tuple:
