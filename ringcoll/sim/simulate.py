@@ -13,7 +13,7 @@ from ..api.common import Context
 from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.registry import COLLECTIVE_OF, Algorithm, Cost, model
-from ..schedules.vocabulary import SEGMENT, Send, Step
+from ..schedules.vocabulary import NODES, SEGMENT, Send, Step
 from .engine import SimStats, run_plans
 from ..runtime.nodes import describe_placement, even_nodes, model_local_size
 
@@ -336,15 +336,22 @@ def _on_protocol(plans, world, machine, choice, protocol, algorithm):
     """The protocol's machine of a run (:func:`ringcoll.cost.nccl.protocol_machine`): the
     pick's protocol and channels, else ``protocol`` on all channels; NCCL's tree's latencies
     and chunks for nccl_tree, the ring's otherwise. Every plan's segment becomes the protocol's
-    step of all channels (in elements)."""
+    step of the NCCL channels that one of its rings or trees carries (nccl_ring: its
+    :func:`channel_rings`, one on a node, a node's ranks across nodes; nccl_tree: two trees;
+    any other schedule one), in elements."""
     from ..cost.nccl import protocol_machine
+    from ..schedules.nccl import channel_rings
 
-    name = plans[0].algorithm.name
+    first = plans[0]
+    name = first.algorithm.name
     on = protocol_machine(machine, world, protocol if choice is None else choice.protocol,
                           "tree" if name == "nccl_tree" else "ring", None if choice is None else choice.channels)
-    itemsize = torch.empty((), dtype=plans[0].dtype).element_size()
+    carriers = {"nccl_ring": lambda: len(channel_rings(tuple(first.layout.get(NODES) or (0,) * world))),
+                "nccl_tree": lambda: 2}.get(name, lambda: 1)()
+    itemsize = torch.empty((), dtype=first.dtype).element_size()
+    segment = max(1, on.segment // max(1, min(carriers, on.channels)) // itemsize)
     for plan in plans:
-        plan.layout = plan.layout.replace(**{SEGMENT: max(1, on.segment // itemsize)})
+        plan.layout = plan.layout.replace(**{SEGMENT: segment})
     return on
 
 
