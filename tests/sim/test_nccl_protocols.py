@@ -108,3 +108,17 @@ def test_simulate_nccl_runs_the_pick_on_its_protocols_machine_and_reports_both_a
         assert (run.nccl is None) == (algorithm == "ring"), algorithm
     plain = ringcoll.simulate("all_reduce", "nccl_ring", 8, numel=64, machine=H100, data=False)
     assert plain.nccl is None and plain.protocol is None and plain.nccl_ratio is None
+
+
+def test_the_docs_example_prints_what_the_run_prints():
+    """docs/simulator.md, "Protocols on the clock": its example's two printed lines are the run's."""
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "simulator.md")
+    with open(path) as f:
+        text = f.read().split("### Protocols on the clock", 1)[1].split("\n## ", 1)[0]
+    shown = re.findall(r"^# (all_reduce nccl_ring.*|NCCL's formula.*)$", text, re.M)
+    sim = ringcoll.simulate("all_reduce", "nccl_ring", 8, numel=(256 << 20) // 4, dtype=torch.float32,
+                            machine=H100, data=False, protocol="Simple")
+    assert shown == str(sim).split("\n")
