@@ -351,6 +351,15 @@ class ProtocolMachine:
         return self.channels * self.chunk
 
 
+def check_protocol(protocol) -> str:
+    """``protocol`` if it is one of :data:`PROTOCOLS`; TypeError or ValueError naming it."""
+    if not isinstance(protocol, str):
+        raise TypeError(f"protocol must be a str, one of {PROTOCOLS}, got {type(protocol).__name__} {protocol!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    return protocol
+
+
 def protocol_machine(machine: Machine, world: int, protocol: str, algorithm: str = "ring",
                      channels: Optional[int] = None) -> ProtocolMachine:
     """The machine ``protocol`` runs NCCL's ``algorithm`` ("ring" or "tree") on, on ``world``
@@ -374,10 +383,7 @@ def protocol_machine(machine: Machine, world: int, protocol: str, algorithm: str
     NCCL's tuner model caps some of these further (LL at llMaxBws, LL128 × 0.92); the clock
     does not, and that is where the two differ (docs/simulator.md, "Compare against NCCL").
     """
-    if not isinstance(protocol, str):
-        raise TypeError(f"protocol must be a str, one of {PROTOCOLS}, got {type(protocol).__name__} {protocol!r}")
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    check_protocol(protocol)
     if algorithm not in ("ring", "tree"):
         raise ValueError(f"algorithm must be 'ring' or 'tree' (the schedules that run NCCL's protocols), "
                          f"got {algorithm!r}")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -145,6 +145,8 @@ def contention_free_time(plans: Sequence[Plan], machine: Machine) -> float:
     if links:
         alone = Machine.from_graph(links, {(a, b): (a, b) for a, b, *_ in links}, hosts=world, alpha=0.0,
                                    beta=0.0, gamma=machine.gamma, ports=machine.ports)
+    # LogGP's overhead, gap, wire latency and window are the ranks' and the ports', not a link's
+    alone = replace(alone, o=machine.o, g=machine.g, L=machine.L, window=machine.window)
     with torch.no_grad():
         return run_plans(plans, alone, data=False, record=False, symmetry=False).time
 
@@ -303,14 +305,11 @@ def _bytes(plan: Plan) -> int:
 
 def _check_protocol(protocol, machine: Machine) -> None:
     """simulate's ``protocol``: None or one of NCCL's, on a GPU cluster."""
-    from ..cost.nccl import PROTOCOLS
+    from ..cost.nccl import check_protocol
 
     if protocol is None:
         return
-    if not isinstance(protocol, str):
-        raise TypeError(f"protocol must be a str, one of {PROTOCOLS}, got {type(protocol).__name__} {protocol!r}")
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    check_protocol(protocol)
     net = machine.network
     if net is None or net.kind != "gpu_cluster":
         raise ValueError(f"protocol={protocol!r} needs a GPU cluster (ringcoll.Machine.gpu_cluster or .preset), "

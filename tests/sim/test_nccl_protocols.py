@@ -122,3 +122,15 @@ def test_the_docs_example_prints_what_the_run_prints():
     sim = ringcoll.simulate("all_reduce", "nccl_ring", 8, numel=(256 << 20) // 4, dtype=torch.float32,
                             machine=H100, data=False, protocol="Simple")
     assert shown == str(sim).split("\n")
+
+
+def test_predicted_keeps_the_protocols_wire_latency_and_window():
+    """``sim.predicted`` of a run under a protocol (any schedule, no NCCL formula) is the
+    contention-free clock on the same LogGP fields: on one node, where no two messages share a
+    link, the clock's own time (it was 2 × 10⁻⁸ s for the 1 KiB ring, L dropped)."""
+    for algorithm in ("ring", "nccl_ring"):
+        sim = ringcoll.simulate("all_reduce", algorithm, 8, numel=256, dtype=torch.float32, machine=H100,
+                                data=False, protocol="Simple")
+        assert sim.nccl is None or algorithm == "nccl_ring"
+        from ringcoll.sim.simulate import contention_free_time
+        assert contention_free_time(sim.plans, sim.machine) == pytest.approx(sim.stats.time), algorithm
