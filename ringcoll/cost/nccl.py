@@ -35,6 +35,10 @@ on one node (NCCL disables it across nodes without CollNet/SHARP), NVLS-tree acr
 PAT for all_gather and reduce_scatter with one GPU per node (Simple, the tree graph's bandwidth
 × 0.75, latency 8 µs + log2 nodes · 14/3.5 µs + 2.8 µs per rank); CollNet is left out (no SHARP
 is modelled).
+
+:func:`protocol_machine` puts a protocol on the simulator's clock instead of in a formula: its
+per-step latency, payload, chunks and channels as a machine that NCCL's schedules run on
+(``simulate(..., algorithm="nccl")``, ``simulate(..., protocol=)``).
 """
 from __future__ import annotations
 

@@ -55,7 +55,9 @@ class Simulation:
         n·β_path, β_path its slowest link, or the machine's β), but no link ever shared; so
         it grows with hops and placement, and ``stats.time - predicted`` is what link sharing
         costs. (:func:`contention_free_time`; computed on first use.) With
-        ``algorithm="nccl"``: NCCL's own model's time of what its tuner picks (``sim.nccl``).
+        ``algorithm="nccl"``, or nccl_ring / nccl_tree under ``protocol=``: NCCL's own model's
+        time of what its tuner picks (``sim.nccl``), the clock's being ``stats.time`` +
+        ``protocol.launch`` (:attr:`nccl_ratio`).
         """
         if self.nccl is not None:
             return self.nccl.time

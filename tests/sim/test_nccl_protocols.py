@@ -100,7 +100,7 @@ def test_simulate_nccl_runs_the_pick_on_its_protocols_machine_and_reports_both_a
     forced = ringcoll.simulate("all_reduce", "nccl", 8, numel=1 << 14, dtype=torch.float32, machine=H100,
                                data=False, protocol="Simple")
     assert forced.nccl == nccl.choose("all_reduce", 1 << 16, 8, H100, protocols=["Simple"])
-    assert forced.protocol.protocol == "Simple"
+    assert forced.nccl.protocol == forced.protocol.protocol == "Simple"
     two = ringcoll.Machine.preset("dgx-h100", nodes=2)
     for algorithm in ("nccl_ring", "nccl_tree", "ring"):
         run = ringcoll.simulate("all_reduce", algorithm, 16, numel=10007, machine=two, protocol="LL")
