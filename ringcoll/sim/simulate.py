@@ -85,8 +85,9 @@ class Simulation:
                          f"{pm.segment} B per step) + launch {pm.launch * 1e6:.3g} us")
         if self.nccl is not None:
             c = self.nccl
+            ratio = self.nccl_ratio
             lines.append(f"NCCL's formula ({c.algorithm}, {c.protocol}, {c.channels} channels): "
-                         f"{c.time * 1e6:.3f} us; clock / formula {self.nccl_ratio:.3f}")
+                         f"{c.time * 1e6:.3f} us; clock / formula " + ("--" if ratio is None else f"{ratio:.3f}"))
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -106,6 +106,8 @@ def test_simulate_nccl_runs_the_pick_on_its_protocols_machine_and_reports_both_a
         run = ringcoll.simulate("all_reduce", algorithm, 16, numel=10007, machine=two, protocol="LL")
         assert run.protocol.protocol == "LL" and run.plans[0].layout["segment"] >= 1, algorithm
         assert (run.nccl is None) == (algorithm == "ring"), algorithm
+    alone = ringcoll.simulate("all_reduce", "nccl", 1, numel=64, machine=H100)     # NCCL's time 0: no ratio
+    assert alone.nccl_ratio is None and str(alone).endswith("0.000 us; clock / formula --")
     plain = ringcoll.simulate("all_reduce", "nccl_ring", 8, numel=64, machine=H100, data=False)
     assert plain.nccl is None and plain.protocol is None and plain.nccl_ratio is None
 
