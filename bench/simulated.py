@@ -78,9 +78,9 @@ def run(options, chosen: List[str], sizes: List[int]) -> int:
     context = f"{world} ranks, simulated {options.simulate} x {options.nodes}: {machine.describe()}"
     printed = [f"# ringcoll-bench --simulate {options.simulate} --nodes {options.nodes}  {context}",
                f"# every algorithm on the simulator's clock; '{NCCL_ROW}': what NCCL's tuner picks, at its "
-               f"own model's time (ringcoll.cost.nccl); '{NCCL_CLOCK_ROW}' (all_reduce): that pick's schedule (NCCL's "
-               f"ring where NVLS is picked) on the clock under its protocol and channels, + its launch latency "
-               f"(simulate(..., 'nccl')); vs NCCL = time / the NCCL model's time"]
+               f"own model's time (ringcoll.cost.nccl); '{NCCL_CLOCK_ROW}' (all_reduce): that pick's schedule "
+               f"(NCCL's ring where NVLS is picked) on the clock under its protocol and channels, + its launch "
+               f"latency (simulate(..., 'nccl')); vs NCCL = time / the NCCL model's time"]
     rows, picks = [], {}
     for name in chosen:
         mine, picks[name] = rows_for(name, machine, world, sizes, wanted)

@@ -241,11 +241,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
         if protocol is not None and algorithm in ("nccl_ring", "nccl_tree") \
                 and COLLECTIVE_OF.get(collective, collective) == "all_reduce":
             from ..cost.nccl import choose
-            choice = choose("all_reduce", _bytes(plans[0]), world, machine, algorithms=[algorithm[5:]],
-                            protocols=[protocol])
+            choice = choose("all_reduce", _bytes(plans[0]), world, machine,
+                            algorithms=[algorithm.removeprefix("nccl_")], protocols=[protocol])
     on = None
     if choice is not None or protocol is not None:
-        on = _on_protocol(plans, world, machine, choice, protocol, algorithm)
+        on = _on_protocol(plans, world, machine, choice, protocol)
         machine = on.machine
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
@@ -334,7 +334,7 @@ def _nccl(collective, world, machine, build, protocol) -> tuple:
     return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
 
 
-def _on_protocol(plans, world, machine, choice, protocol, algorithm):
+def _on_protocol(plans, world, machine, choice, protocol):
     """The protocol's machine of a run (:func:`ringcoll.cost.nccl.protocol_machine`): the
     pick's protocol and channels, else ``protocol`` on all channels; NCCL's tree's latencies
     and chunks for nccl_tree, the ring's otherwise. Every plan's segment becomes the protocol's
