@@ -105,12 +105,20 @@ def closed_form_refusal(collective: str, algorithm: str, world: int, nbytes: int
     With k > 1 ports per rank, an algorithm that posts several sends or receives in one step
     runs them side by side on the clock, which its closed form serialises: refused; one that
     never does (:func:`most_per_step`) leaves every port but one idle, so the clock is the
-    single-port one and its closed form exact."""
+    single-port one and its closed form exact. A network machine routes each message over
+    links it shares with others, and a LogGP machine (o, g, L) or a window above 1 overlaps
+    what the closed forms add up: no closed form is the clock's there, so all are refused."""
     where = f"{collective}/{algorithm} at {world} ranks on {machine.describe()}"
     if nbytes // 4 < MIN_SHARE * world:
         return (f"{where}: {nbytes} B is under {MIN_SHARE} float32 elements per rank, where chunks go "
                 f"empty and the clock skips their messages; simulate it (simulate_up_to >= {world})")
-    if machine.network is None and not machine.flat and len(set(machine.nodes(world))) > 1:
+    if machine.network is not None:
+        return (f"{where}: no closed form gives the clock's time on a network machine (messages take "
+                f"routes of several links and share them); simulate it (simulate_up_to >= {world})")
+    if machine.is_loggp or machine.window > 1:
+        return (f"{where}: the closed forms charge α per message one step at a time, where this machine's "
+                f"o, g, L and window of {machine.window} overlap them; simulate it (simulate_up_to >= {world})")
+    if not machine.flat and len(set(machine.nodes(world))) > 1:
         return (f"{where}: no closed form gives the clock's time on a 2-level machine (its links "
                 f"differ and a node's messages share its NIC); simulate it (simulate_up_to >= {world})")
     if machine.ports > 1 and most_per_step(collective, algorithm, world, nbytes) > 1:
@@ -126,7 +134,7 @@ def closed_form(collective: str, algorithm: str, world: int, nbytes: int, machin
     refusal = closed_form_refusal(collective, algorithm, world, nbytes, machine)
     if refusal:
         raise ValueError(refusal)
-    nodes = machine.nodes(world) if machine.network is None else None
+    nodes = machine.nodes(world)
     cost = registry.model(registry.get(collective, algorithm), world, nbytes,
                           segment=segment_bytes(collective, algorithm), local_size=model_local_size(nodes))
     if nodes is not None:           # every rank on one node: every message takes the intra-node link

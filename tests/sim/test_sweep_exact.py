@@ -141,3 +141,16 @@ def test_no_cell_beats_the_lower_bound(name):
         below += [(c.collective, c.algorithm, c.world, c.nbytes, c.bound_ratio) for c in cells
                   if not c.bound_ratio >= 1 - 1e-9]
     assert not below, below
+
+
+@pytest.mark.parametrize("machine, said", [
+    (ringcoll.Machine.torus((4, 4)), "network machine"),
+    (ringcoll.Machine.loggp(L=2e-6, o=1e-6, g=0.5e-6), "o, g, L and window of 2"),
+    (ringcoll.Machine(window=3), "window of 3")])
+def test_closed_forms_are_refused_where_messages_share_links_or_overlap(machine, said):
+    """A network routes messages over shared links; LogGP's o, g, L and a window overlap what
+    the closed forms add up: none is the clock's there (the simulated cell shows the gap)."""
+    simulated = evaluate("all_reduce", "ring", BOUNDARY, 4 << 20, machine, simulate_up_to=BOUNDARY)
+    assert simulated.source == "simulated" and simulated.seconds > 0
+    with pytest.raises(ValueError, match=f"all_reduce/ring at {BOUNDARY} ranks on .*{said}"):
+        evaluate("all_reduce", "ring", BOUNDARY, 4 << 20, machine, simulate_up_to=BOUNDARY - 1)
