@@ -182,7 +182,7 @@ def main(argv=None) -> None:
             kept = list(jobs(args.pico, system, cells))
             if len(kept) != len(rows):
                 raise SystemExit(f"{system}: {len(kept)} jobs kept against {len(rows)} rows of the CSV")
-            for (name, hosts, groups), (nodes, count, reduction) in zip(kept, rows):
+            for (name, _hosts, groups), (nodes, count, reduction) in zip(kept, rows):
                 rab, bine = paper_bytes(groups, False), paper_bytes(groups, True)
                 again = truncate2((rab - bine) * 100 / rab) if rab else None
                 if int(nodes) != len(groups) or int(count) != len(set(groups)) or \

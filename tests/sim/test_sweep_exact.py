@@ -64,7 +64,7 @@ def test_two_level_closed_forms_are_refused_across_nodes_and_exact_inside_one(ni
     assert not accepted and refused == set(ALGORITHMS)
     # on one node every message takes the intra-node link: the closed forms there are exact
     inside = boundary_cells(machine, world=8)
-    for collective, name, nbytes, simulated, closed in inside:
+    for collective, name, _nbytes, simulated, closed in inside:
         assert not isinstance(closed, str), closed
         assert closed.seconds == pytest.approx(simulated.seconds, rel=CLOSED_FORM_TOLERANCE), (collective, name)
 
