@@ -119,8 +119,8 @@ class Choice:
     @property
     def schedule(self) -> Optional[str]:
         """The ringcoll schedule that runs this algorithm's messages (None: NVLS reduces in
-        the switch, which no point-to-point schedule can; PAT has no ringcoll schedule yet)."""
-        return {"ring": "nccl_ring", "tree": "nccl_tree"}.get(self.algorithm)
+        the switch, which no point-to-point schedule can)."""
+        return {"ring": "nccl_ring", "tree": "nccl_tree", "pat": "nccl_pat"}.get(self.algorithm)
 
 
 @dataclass(frozen=True)
