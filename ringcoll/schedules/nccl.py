@@ -1,15 +1,21 @@
-"""NCCL's all-reduce algorithms as ringcoll schedules: its ring over channels and its tree.
+"""NCCL's algorithms as ringcoll schedules: its ring over channels (all_reduce, all_gather,
+reduce_scatter, broadcast, reduce) and its tree all-reduce on channel pairs; its PAT is
+``nccl_pat`` (:mod:`.pat`).
 
 NCCL (github.com/NVIDIA/nccl, read at commit 5067397c) runs a collective on **channels**:
 the vector is cut into one part per channel and each part runs the algorithm on its own ring
 or tree, so that every channel crosses the node boundary on its own GPU and NIC
 (``src/graph/search.cc`` builds one ring per NIC; PXN sends over NVLink to the GPU beside
 the NIC). Its **tree** (``src/graph/trees.cc``, ``connect.cc``) is a chain through the GPUs
-of each node whose first GPU joins a double binary tree over the nodes. The protocols (LL,
-LL128, Simple) change what a byte costs on the wire, not which messages go where: they are in
-NCCL's tuner model (:mod:`ringcoll.cost.nccl`), not here.
+of each node whose first GPU joins a double binary tree over the nodes; ``connectTrees``
+gives search channel c's chain both trees, the first to channel c and the second to channel
+c + nChannels, so each tree runs on half the channels. The ring kernels
+(``src/device/all_reduce.h``, ``all_gather.h``, ``reduce_scatter.h``, ``broadcast.h``,
+``reduce.h``) loop over chunks, a whole ring pass (or chain) per chunk: ringcoll's segments.
+The protocols (LL, LL128, Simple) change what a byte costs on the wire, not which messages
+go where: they are in NCCL's tuner model (:mod:`ringcoll.cost.nccl`), not here.
 
-Both read the node of every rank from ``layout[NODES]`` (:mod:`ringcoll.runtime.nodes`; on a
+All read the node of every rank from ``layout[NODES]`` (:mod:`ringcoll.runtime.nodes`; on a
 simulated GPU cluster the machine's nodes). A node's **members** are its ranks in rank order.
 """
 from __future__ import annotations
@@ -22,7 +28,7 @@ from .all_gather import _place_own
 from .hierarchical import _nodes, _rows_period, members_of
 from .reduce_scatter import _blocks
 from .registry import Cost, register
-from .trees import Phase, Tree, TreePipeline, halves, nccl_dtree, pipeline, pipelined_tree_cost, port_split, \
+from .trees import Phase, Tree, TreePipeline, nccl_dtree, pipeline, pipelined_tree_cost, port_split, \
     segment_count, segment_numel
 from .vocabulary import NODES, ROOT, SEGMENT, Buf, Copy, Layout, Nodes, Step, chunks, needs_nodes, reduce, segmented, \
     segments, sendrecv, step
@@ -114,13 +120,15 @@ def all_reduce_nccl_ring(rank: int, world: int, layout: Layout) -> Iterator[Step
                 yield step(comms, local)
 
 
-@functools.lru_cache(maxsize=32)
-def nccl_trees(nodes: Nodes) -> Tuple[Tree, Tree]:
-    """NCCL's two trees over ranks on ``nodes``: inside each node a chain through its
-    members in rank order; across nodes NCCL's double binary tree over the nodes
-    (:func:`ringcoll.schedules.trees.nccl_dtree`), a node's first member joining its parent
-    node's first member and its child nodes' first members."""
-    members = members_of(nodes)
+@functools.lru_cache(maxsize=64)
+def nccl_trees(nodes: Nodes, channel: int = 0) -> Tuple[Tree, Tree]:
+    """NCCL's two trees over ranks on ``nodes`` for one channel pair: inside each node a chain
+    through its members from its ``channel``-th on (``members[(channel + j) % L]``: as
+    :func:`channel_rings`, each channel enters a node at another GPU, the one beside its NIC);
+    across nodes NCCL's double binary tree over the nodes
+    (:func:`ringcoll.schedules.trees.nccl_dtree`), a node's chain head joining its parent
+    node's head and its child nodes' heads."""
+    members = [m[channel % len(m):] + m[:channel % len(m)] for m in members_of(nodes)]
     count, world = len(members), len(nodes)
     across = [nccl_dtree(count, n) for n in range(count)]
     trees = []
@@ -139,41 +147,46 @@ def nccl_trees(nodes: Nodes) -> Tuple[Tree, Tree]:
 
 @functools.lru_cache(maxsize=32)
 def nccl_tree_pipeline(nodes: Nodes) -> TreePipeline:
-    """The NCCL tree all-reduce's four pipelines: each tree up, then down from its top's step."""
-    first, second = nccl_trees(nodes)
-    return TreePipeline(((first, True, 0), (first, False, first.height),
-                         (second, True, 0), (second, False, second.height)))
+    """The NCCL tree all-reduce's pipelines on C channel pairs (C as :func:`channel_rings`:
+    one on one node, as many as the largest node has ranks on several): the first trees of
+    channels 0 .. C-1 each up, then down from its top's step, then the second trees alike."""
+    pairs = [nccl_trees(nodes, c) for c in range(len(channel_rings(nodes)))]
+    return TreePipeline(tuple((tree, up, 0 if up else tree.height)
+                              for which in (0, 1) for tree in (pair[which] for pair in pairs) for up in (True, False)))
 
 
 def _nccl_tree_cost(world: int, nbytes: int, segment=None, local_size: Optional[int] = None) -> Cost:
     local = local_size or world
-    nodes = tuple(rank // local for rank in range(world))
-    return pipelined_tree_cost(nccl_tree_pipeline(nodes), nbytes, segment)
+    pipe = nccl_tree_pipeline(tuple(rank // local for rank in range(world)))
+    return pipelined_tree_cost(pipe, nbytes, segment, parts=len(pipe.phases) // 2)
 
 
 @register("all_reduce", "nccl_tree", cost=_nccl_tree_cost, auto=False, preference=61)
 @needs_nodes
 def all_reduce_nccl_tree(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """NCCL's tree all-reduce: a chain through each node's ranks whose first rank joins NCCL's
-    double binary tree over the nodes (:func:`nccl_trees`); the first tree carries the first
-    half of the vector, the second the other, each in segments pipelined up (a rank reduces
-    its children's segment into its own, ``data (op) chain child (op) tree children``, and
-    sends it up) then down from the top, on one clock as ``double_binary_tree`` runs
-    (:func:`ringcoll.schedules.trees.pipeline`). Each segment of the result is reduced once,
-    at a top, and copied everywhere: bitwise identical.
+    """NCCL's tree all-reduce on channel pairs: a chain through each node's ranks whose head
+    joins NCCL's double binary tree over the nodes (:func:`nccl_trees`), on C channel pairs
+    (one on one node, L on nodes of L: each channel's chain starts at another rank), the
+    vector cut into 2C parts as NCCL cuts it over its channels, the first C on the channels'
+    first trees, the others on their second trees; each part in segments pipelined up (a
+    rank reduces its children's segment into its own, ``data (op) chain child (op) tree
+    children``, and sends it up) then down from the top, all trees on one clock as
+    ``double_binary_tree`` runs (:func:`ringcoll.schedules.trees.pipeline`). Each segment of
+    the result is reduced once, at a top, and copied everywhere: bitwise identical.
 
     Cost: on one node a chain of p: ≈ (2k + 2p)(α + sβ) per tree pipeline; across N nodes of L
     the critical path is 2(L - 1 + lg N) message times for the first segment and each further
-    one adds the busiest rank's messages, k = ⌈n / (2·segment)⌉ segments of s = n/2k per tree,
-    ≈ 2nβ + nγ for large k (``TreePipeline.time``: the clock's time on a flat machine).
+    one adds the busiest rank's messages, k = ⌈n / (2C·segment)⌉ segments of s = n/2Ck per
+    tree, ≈ 2nβ + nγ for large k (``TreePipeline.time``: the clock's time on a flat machine).
     """
     if world == 1:
         return
-    segs_a, segs_b = halves(layout.numel, segment_numel(layout))
-    slot = max(s.numel for s in segs_a + segs_b)
     pipe = nccl_tree_pipeline(_nodes(layout, world))
-    phases = [Phase(tree, segs, up, offset, scratch) for (tree, up, offset), segs, scratch
-              in zip(pipe.phases, (segs_a, segs_a, segs_b, segs_b), (0, 0, 3, 3))]
+    parts = chunks("data", layout.numel, len(pipe.phases) // 2)
+    segs = [segments(part, segment_numel(layout)) for part in parts for _ in (0, 1)]     # up, then down
+    slot = max(s.numel for part in segs for s in part)
+    phases = [Phase(tree, part, up, offset, 3 * (i // 2)) for i, ((tree, up, offset), part)
+              in enumerate(zip(pipe.phases, segs))]
     yield from pipeline(rank, phases, slot, port_split(pipe, layout))
 
 

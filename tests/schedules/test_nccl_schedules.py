@@ -34,7 +34,7 @@ def test_nccl_algorithms_exact_on_nodes(algorithm, local_size):
 def test_nccl_channel_rings_and_trees():
     """The channels' rings leave each node from a different rank; the tree is a chain per
     node whose first rank sits in NCCL's double binary tree over the nodes."""
-    from ringcoll.schedules.nccl import channel_rings, nccl_trees
+    from ringcoll.schedules.nccl import channel_rings, nccl_tree_pipeline, nccl_trees
 
     assert channel_rings((0, 0, 0)) == [(0, 1, 2)]
     assert channel_rings((0, 0, 1, 1)) == [(0, 1, 2, 3), (1, 0, 3, 2)]
@@ -43,6 +43,12 @@ def test_nccl_channel_rings_and_trees():
     assert first.parent == (None, 0, 4, 2, 0, 4)
     assert [first.children[r] for r in (0, 4)] == [(1, 4), (5, 2)]
     assert second.parent[0] is not None or second.parent[2] is not None     # another top
+    # channel pair 1: each node's chain from its second rank on, the same trees over the nodes
+    first, _ = nccl_trees((0, 0, 1, 1, 2, 2), 1)
+    assert first.parent == (1, None, 3, 5, 5, 1)
+    assert [first.children[r] for r in (1, 5)] == [(0, 5), (4, 3)]
+    # C channel pairs, each tree up then down: 2 on nodes of 2, 1 on one node
+    assert len(nccl_tree_pipeline((0, 0, 1, 1, 2, 2)).phases) == 8 and len(nccl_tree_pipeline((0, 0, 0)).phases) == 4
 
 
 @pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter", "broadcast", "reduce"])
