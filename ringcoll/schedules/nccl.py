@@ -9,9 +9,11 @@ or tree, so that every channel crosses the node boundary on its own GPU and NIC
 the NIC). Its **tree** (``src/graph/trees.cc``, ``connect.cc``) is a chain through the GPUs
 of each node whose first GPU joins a double binary tree over the nodes; ``connectTrees``
 gives search channel c's chain both trees, the first to channel c and the second to channel
-c + nChannels, so each tree runs on half the channels. The ring kernels
-(``src/device/all_reduce.h``, ``all_gather.h``, ``reduce_scatter.h``, ``broadcast.h``,
-``reduce.h``) loop over chunks, a whole ring pass (or chain) per chunk: ringcoll's segments.
+c + nChannels, so each tree runs on half the channels. The ring kernels of all_gather,
+reduce_scatter, broadcast and reduce (``src/device/all_gather.h`` ...) loop over chunks, a
+whole ring pass (or chain) per chunk, ringcoll's segments; nccl_ring all_reduce keeps
+ringcoll's step-major order (every segment of a step before the next step: the same
+messages and flat-machine cost).
 The protocols (LL, LL128, Simple) change what a byte costs on the wire, not which messages
 go where: they are in NCCL's tuner model (:mod:`ringcoll.cost.nccl`), not here.
 

@@ -195,11 +195,14 @@ def _nccl_pat_cost(collective: str):
           preference=62)
 def all_gather_nccl_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """NCCL's PAT all-gather (NCCL 2.23+, run where a node has one GPU): :func:`all_gather_pat`'s
-    trees with NCCL's chunking (:func:`_nccl_rounds`): for each slice j of the blocks (segment
-    elements at most), one PAT all-gather over slice j of every block, A slices a message.
+    trees with NCCL's chunking: every block cut into slices of a segment at most (NCCL's
+    chunk), one PAT all-gather over slice j of every block for each j, a message carrying A
+    slices, the largest power of two ≤ segment / slice (PatAGAlgorithm's aggregation).
     Not modelled: the order in which NCCL's PatAGAlgorithm interleaves the distances of
-    consecutive aggregated steps (it moves the same blocks over the same distances), and its
-    channels (one GPU per node: nccl_ring's single channel there too).
+    consecutive aggregated steps (it moves the same blocks over the same distances); NCCL's
+    chunk size itself (512 KiB halved down to 64 KiB for small calls, enqueue.cc: the segment
+    table's segment stands for it); its channels (one GPU per node, where ringcoll's
+    nccl_ring has a single channel too).
 
     Cost: k slices per block, k·Σ_d ⌈c_d / A⌉·α + (p-1)/p·nβ (n: the gathered total).
     """
@@ -213,9 +216,9 @@ def all_gather_nccl_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]
 @register("reduce_scatter", "nccl_pat", cost=_nccl_pat_cost("reduce_scatter"), symmetry=rotation_when_even,
           auto=False, preference=62)
 def reduce_scatter_nccl_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
-    """NCCL's PAT reduce-scatter: :func:`reduce_scatter_pat`'s trees with NCCL's chunking
-    (:func:`_nccl_rounds`), one PAT reduce-scatter per slice j of the blocks, A slices a
-    message; what is not modelled as :func:`all_gather_nccl_pat`.
+    """NCCL's PAT reduce-scatter: :func:`reduce_scatter_pat`'s trees with NCCL's chunking as
+    :func:`all_gather_nccl_pat`'s, one PAT reduce-scatter per slice j of the blocks, A slices a
+    message; what is not modelled as there.
 
     Cost: k·Σ_d ⌈c_d / A⌉·α + (p-1)/p·n(β + γ) (n: the input total).
     """

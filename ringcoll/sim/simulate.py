@@ -158,9 +158,10 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     an int for nodes of that many consecutive ranks, or a tuple giving each rank's node; by
     default the machine's own nodes (a 2-level machine's, a GPU cluster's: :func:`run_nodes`),
     so every node-aware schedule, ``auto``'s model and the clock see one layout.
-    ``algorithm="nccl"`` (all_reduce on a GPU cluster): NCCL's tuner's pick by its own cost
-    formulas in ``sim.nccl`` (:mod:`ringcoll.cost.nccl`), its time ``sim.predicted``, run as
-    nccl_ring or nccl_tree (nccl_ring for NVLS) on the clock.
+    ``algorithm="nccl"`` (all_reduce, all_gather, reduce_scatter, broadcast or reduce on a GPU
+    cluster): NCCL's tuner's pick by its own cost formulas in ``sim.nccl``
+    (:mod:`ringcoll.cost.nccl`, given the whole vector's bytes), its time ``sim.predicted``,
+    run as nccl_ring, nccl_tree or nccl_pat (nccl_ring for NVLS) on the clock.
     ``symmetry`` (default on) lets a run without data and timeline run only the
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
@@ -251,17 +252,19 @@ def run_nodes(world: int, local_size, machine: Optional[Machine]) -> tuple:
 def _nccl(collective, world, machine, build) -> tuple:
     """``algorithm="nccl"``: the plans of the ringcoll schedule that runs the messages of
     NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`:
-    nccl_ring or nccl_tree; NCCL's ring where NVLS, which reduces in the switch, is picked),
-    and the pick."""
-    from ..cost.nccl import choose
+    nccl_ring, nccl_tree or nccl_pat; NCCL's ring where NVLS, which reduces in the switch, is
+    picked), and the pick."""
+    from ..cost.nccl import BUS_FACTOR, choose
 
-    if COLLECTIVE_OF.get(collective, collective) != "all_reduce":
-        raise ValueError(f"algorithm='nccl' runs all_reduce (NCCL's ring and tree schedules), got {collective!r}")
+    family = COLLECTIVE_OF.get(collective, collective)
+    if family not in BUS_FACTOR:
+        raise ValueError(f"algorithm='nccl' runs {', '.join(BUS_FACTOR)} (the collectives NCCL's model prices), "
+                         f"got {collective!r}")
     built = build("nccl_ring")
     first = built[0][0]
     nbytes = first.layout.numel * torch.empty((), dtype=first.dtype).element_size()
-    choice = choose("all_reduce", nbytes, world, machine)
-    return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
+    choice = choose(family, nbytes, world, machine)
+    return (built if choice.schedule in (None, "nccl_ring") else build(choice.schedule)), choice
 
 
 def _plans(collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx, algorithm) -> tuple:
