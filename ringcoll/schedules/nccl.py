@@ -203,7 +203,7 @@ def _all_gather_nccl_ring_cost(world: int, nbytes: int, segment=None, local_size
     return Cost(_ring_messages(world, nbytes, segment, local_size), (world - 1) / world * nbytes, 0)
 
 
-@register("all_gather", "nccl_ring", cost=_all_gather_nccl_ring_cost, auto=False, preference=60)
+@register("all_gather", "nccl_ring", cost=_all_gather_nccl_ring_cost, symmetry=_ring_period, auto=False, preference=60)
 @needs_nodes
 def all_gather_nccl_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """NCCL's ring all-gather on channels (:func:`channel_rings`): every block cut into one
@@ -240,7 +240,8 @@ def _reduce_scatter_nccl_ring_cost(world: int, nbytes: int, segment=None, local_
     return Cost(_ring_messages(world, nbytes, segment, local_size), share, share)
 
 
-@register("reduce_scatter", "nccl_ring", cost=_reduce_scatter_nccl_ring_cost, auto=False, preference=60)
+@register("reduce_scatter", "nccl_ring", cost=_reduce_scatter_nccl_ring_cost, symmetry=_ring_period, auto=False,
+          preference=60)
 @needs_nodes
 def reduce_scatter_nccl_ring(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     """NCCL's ring reduce-scatter on channels, cut as :func:`all_gather_nccl_ring`: for each

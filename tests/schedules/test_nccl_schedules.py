@@ -59,7 +59,8 @@ def test_nccl_ring_of_every_collective_exact_on_nodes(collective, local_size):
     for world in range(1, 12):
         for numel in block_numels(world):
             got, want = exact_results(collective, "nccl_ring", world, numel, local_size=local_size)
-            assert_equal_per_rank(got, want, f"{collective}/nccl_ring world {world} nodes of {local_size} numel {numel}")
+            assert_equal_per_rank(got, want,
+                                  f"{collective}/nccl_ring world {world} nodes of {local_size} numel {numel}")
 
 
 @pytest.mark.parametrize("collective", ["all_gather", "reduce_scatter", "broadcast", "reduce"])
@@ -98,13 +99,14 @@ def test_nccl_pat_runs_a_round_per_slice(monkeypatch, collective, segment_bytes)
     """NCCL's PAT: blocks cut into slices of a segment, a PAT round per slice, A the largest
     power of two of slices a segment holds: exact at every size, and per round the messages
     PAT's closed form gives (blocks of 2 float32 in segments of 1, 3, 7 slots: A = 1, 2, 4,
-    or all); blocks of 7 int64 in 24-byte segments make 3 slices, 3 rounds."""
+    or all); blocks of 14 float32 in 8- and 24-byte segments make 7 and 3 slices, as many rounds."""
     monkeypatch.setenv("RINGCOLL_SEGMENT_FLOOR", "1")
     monkeypatch.setenv("RINGCOLL_SEGMENT", str(segment_bytes))
     for world in (1, 2, 3, 5, 8, 13):
         for numel in sorted({0, 1, max(world - 1, 0), world + 1, 7}):
             got, want = exact_results(collective, "nccl_pat", world, numel)
-            assert_equal_per_rank(got, want, f"{collective}/nccl_pat segment {segment_bytes} B world {world} numel {numel}")
+            assert_equal_per_rank(got, want,
+                                  f"{collective}/nccl_pat segment {segment_bytes} B world {world} numel {numel}")
     per_message = 1 << (max(1, segment_bytes // 8).bit_length() - 1)
     for world in (2, 5, 8, 13):
         sim = cost_only(collective, "nccl_pat", world, world * 2)
@@ -116,9 +118,10 @@ def test_nccl_pat_runs_a_round_per_slice(monkeypatch, collective, segment_bytes)
         rounds = -(-56 // segment_bytes)
         cost = registry.model(registry.get(collective, "nccl_pat"), world, world * 56, segment=segment_bytes)
         assert sliced.stats.time == pytest.approx(cost.time(*COST_MACHINE.values()), rel=1e-9), f"world {world}"
-        if segment_bytes < 56:
-            assert sliced.stats.ranks[0].messages == rounds * (world - 1 if segment_bytes < 16 else
-                                                               cost.alpha // rounds), f"world {world}"
+        # 56-byte blocks in segments of 8, 24, 56 B: 7, 3, 1 rounds of one slice a message
+        # (slices of 8, 20, 56 B); in 100000-byte segments one round, all of a step's blocks a message
+        want = rounds * (world - 1) if segment_bytes <= 56 else (world - 1).bit_length()
+        assert sliced.stats.ranks[0].messages == cost.alpha == want, f"world {world}"
 
 
 def test_nccl_chains_run_round_each_channels_ring_from_or_to_the_root():
@@ -186,7 +189,7 @@ def _run(ours, builtin, tensor, name, root=None):
 def _gather(tensor, world, name):
     import torch.distributed as dist
 
-    got, want = torch.zeros(world * tensor.numel(), dtype=tensor.dtype), torch.zeros(world * tensor.numel(), dtype=tensor.dtype)
+    got, want = (torch.zeros(world * tensor.numel(), dtype=tensor.dtype) for _ in (0, 1))
     ringcoll.all_gather_into_tensor(got, tensor, algorithm=name)
     dist.all_gather_into_tensor(want, tensor)
     return got, want
