@@ -3,7 +3,9 @@
 Every registered algorithm of each collective is timed by the simulator's clock (a cost-only
 run, :func:`ringcoll.simulate` with ``data=False``) on ``ringcoll.Machine.preset(MACHINE,
 nodes=--nodes)``, and beside them the row of NCCL's own model (:mod:`ringcoll.cost.nccl`: the
-algorithm × protocol × channels its tuner picks, at its formulas' time). ``vs NCCL`` is an
+algorithm × protocol × channels its tuner picks, at its formulas' time), and for all_reduce
+the row ``NCCL (clock)``: that pick run on the clock under its protocol (``simulate(...,
+"nccl")``, plus the protocol's per-call launch latency). ``vs NCCL`` is an
 algorithm's time over that row's. The sizes, collectives, JSON, CSV, text and PNG are those of
 a real run (``-b``, ``-e``, ``-f``, ``--collective``, ``--algorithms``, ``--out``).
 """
@@ -18,6 +20,8 @@ from .specs import OUT_OF_PLACE, SPECS
 
 #: the NCCL model's row in the tables
 NCCL_ROW = "NCCL (model)"
+#: all_reduce's row of NCCL's pick run on the clock under its protocol (simulate(..., "nccl"))
+NCCL_CLOCK_ROW = "NCCL (clock)"
 #: the collectives NCCL's model prices: bench spec -> (NCCL's collective, simulate's builder)
 MODELLED = {"all_reduce": ("all_reduce", "all_reduce"), "broadcast": ("broadcast", "broadcast"),
             "reduce": ("reduce", "reduce"),
@@ -51,6 +55,10 @@ def rows_for(spec_name: str, machine, world: int, sizes: List[int], algorithms=N
             return Row(spec_name, OUT_OF_PLACE, name, nbytes, count, "float", "sum", 0, seconds * 1e6,
                        algbw, algbw * spec.bus_factor(world) if algbw else None, None, ratio)
         rows.append(row(NCCL_ROW, pick.time, 1.0))
+        if collective == "all_reduce":
+            sim = ringcoll.simulate(builder, "nccl", world, numel=numel, dtype=torch.float32, machine=machine,
+                                    data=False, record=False)
+            rows.append(row(NCCL_CLOCK_ROW, sim.stats.time + sim.protocol.launch, sim.nccl_ratio))
         for name in names:
             sim = ringcoll.simulate(builder, name, world, numel=numel, dtype=torch.float32, machine=machine,
                                     data=False, record=False)
@@ -70,7 +78,9 @@ def run(options, chosen: List[str], sizes: List[int]) -> int:
     context = f"{world} ranks, simulated {options.simulate} x {options.nodes}: {machine.describe()}"
     printed = [f"# ringcoll-bench --simulate {options.simulate} --nodes {options.nodes}  {context}",
                f"# every algorithm on the simulator's clock; '{NCCL_ROW}': what NCCL's tuner picks, at its "
-               f"own model's time (ringcoll.cost.nccl); vs NCCL = time / the NCCL model's time"]
+               f"own model's time (ringcoll.cost.nccl); '{NCCL_CLOCK_ROW}' (all_reduce): that pick's schedule "
+               f"(NCCL's ring where NVLS is picked) on the clock under its protocol and channels, + its launch "
+               f"latency (simulate(..., 'nccl')); vs NCCL = time / the NCCL model's time"]
     rows, picks = [], {}
     for name in chosen:
         mine, picks[name] = rows_for(name, machine, world, sizes, wanted)

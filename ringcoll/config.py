@@ -38,6 +38,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
 
+from .cost.machine import EXECUTOR_WINDOW
+
 log = logging.getLogger("ringcoll")
 
 _TRUE = ("1", "true", "yes", "on")
@@ -333,7 +335,7 @@ VARIABLES: Tuple[Variable, ...] = (
              "`streamed` through the stream-ordered path on emulated streams (docs/gpu.md)"),
     Variable("RINGCOLL_TUNING", "path of a tuning table CSV (`ringcoll-bench --tune`); must exist "
              "and parse", "none", "`auto` takes the first row covering the call"),
-    Variable("RINGCOLL_WINDOW", "positive integer", "2", "steps whose transfers may be in flight at once"),
+    Variable("RINGCOLL_WINDOW", "positive integer", str(EXECUTOR_WINDOW), "steps whose transfers may be in flight at once"),
 )
 NAMES = tuple(variable.name for variable in VARIABLES)
 #: read too: torchrun's node rank (a group's placement when RINGCOLL_LOCAL_SIZE is unset;

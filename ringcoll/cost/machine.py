@@ -17,6 +17,15 @@ A machine with a **network** (``Machine.torus``, ``.mesh``, ``.fat_tree``, ``.dr
 machine's β) and holds every link of its route for n·β_path (a link held per message, such
 as a NIC: for the whole message, like a port), so messages crossing one link at the same time
 queue for it.
+
+**LogGP** (Alexandrov et al., 1995; ``o``, ``g``, ``L``, all 0 by default, where α alone is
+today's machine): a message also costs ``o`` of CPU (launch) overhead at each end, serialised
+on the rank (its sender's before it goes, its receiver's after it arrives), holds its ports
+for g more (the gap between consecutive messages on a port: α + g + nβ in all) and arrives
+``L`` after it leaves its ports: the wire latency, which the next message on those ports
+overlaps. End to end: 2o + α + g + nβ + L. ``window``: how many independent steps a rank keeps
+in flight, by the executor's own rule (RINGCOLL_WINDOW; 1 by default: a rank posts its next
+step when its current one ends). docs/simulator.md, "The LogGP machine", works an example.
 """
 from __future__ import annotations
 
@@ -26,6 +35,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 from .network import Network, network as _network
+
+
+#: steps whose transfers a rank keeps in flight at once in ringcoll's P2P executor when
+#: RINGCOLL_WINDOW is unset (its P2PExecutor.execute; the one place this number lives: the
+#: executor and the settings table take it from here, below them both)
+EXECUTOR_WINDOW = 2
 
 
 @dataclass(frozen=True)
@@ -47,13 +62,17 @@ class Machine:
     nic_ports: int = 1              # send and receive ports of a node's NIC, shared by its ranks
     placement: Optional[Tuple[int, ...]] = None     # node of each rank; None: blocks
     network: Optional[Network] = None       # links and routes (ringcoll.cost.network); None: none
+    o: float = 0.0                  # LogGP: seconds of CPU overhead per message at each end, serialised on the rank
+    g: float = 0.0                  # LogGP: seconds of gap per message on a port (held with α + nβ)
+    L: float = 0.0                  # LogGP: seconds of wire latency after a message leaves its ports
+    window: int = 1                 # independent steps a rank keeps in flight (the executor's RINGCOLL_WINDOW)
 
     def __post_init__(self):
-        for name in ("alpha", "beta", "gamma"):
+        for name in ("alpha", "beta", "gamma", "o", "g", "L"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
-        for name in ("ports", "nic_ports"):
+        for name in ("ports", "nic_ports", "window"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -181,6 +200,25 @@ class Machine:
         from .gpu import presets
         return presets()
 
+    @classmethod
+    def loggp(cls, L: float, o: float, g: float, beta: float = 1 / 10e9, gamma: float = 1 / 20e9,
+              ports: int = 1, window: Optional[int] = None) -> "Machine":
+        """A flat LogGP machine: no α (its latency is ``L``, overlapped by pipelined messages),
+        ``o`` of overhead per message at each end, ``g`` of gap per message on a port, β per
+        byte (LogGP's G); ``window`` steps in flight (default :data:`EXECUTOR_WINDOW`, the
+        executor's own when RINGCOLL_WINDOW is unset; a machine is a model and reads no
+        setting, so pass ``window=`` to price a run made with another RINGCOLL_WINDOW).
+
+        >>> ringcoll.Machine.loggp(L=5e-6, o=1e-6, g=0.5e-6, beta=1 / 25e9)"""
+        if window is None:
+            window = EXECUTOR_WINDOW
+        return cls(alpha=0.0, beta=beta, gamma=gamma, ports=ports, o=o, g=g, L=L, window=window)
+
+    @property
+    def is_loggp(self) -> bool:
+        """Whether any LogGP field (o, g, L) is set: the clock then charges them."""
+        return bool(self.o or self.g or self.L)
+
     @property
     def flat(self) -> bool:
         """No nodes (a network machine is flat in this sense: its links are in ``network``)."""
@@ -242,6 +280,10 @@ class Machine:
 
         reduced = f"{1 / self.gamma / 1e9:.3g} GB/s reduced" if self.gamma else "free reductions"
         ports = f"{self.ports} port{'s' if self.ports > 1 else ''}"
+        if self.is_loggp:
+            ports += f", LogGP o {self.o * 1e6:.3g} us, g {self.g * 1e6:.3g} us, L {self.L * 1e6:.3g} us"
+        if self.window != 1:
+            ports += f", window {self.window}"
         if self.network is not None:
             return f"{self.network.describe()}: {link(self.alpha, self.beta)} at the hosts, {reduced}, {ports}"
         if self.ranks_per_node is None:
@@ -253,7 +295,12 @@ class Machine:
 
     # -- JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        """The machine as JSON-ready data (:meth:`from_dict` reads it back); the LogGP fields
+        and the window only where set, so a machine without them saves as it always did."""
         data = asdict(replace(self, network=None))
+        for name in ("o", "g", "L", "window"):
+            if data[name] == Machine.__dataclass_fields__[name].default:
+                del data[name]
         if data["placement"] is not None:
             data["placement"] = list(data["placement"])
         data["network"] = None if self.network is None else self.network.to_dict()

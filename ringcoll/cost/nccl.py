@@ -35,11 +35,15 @@ on one node (NCCL disables it across nodes without CollNet/SHARP), NVLS-tree acr
 PAT for all_gather and reduce_scatter with one GPU per node (Simple, the tree graph's bandwidth
 × 0.75, latency 8 µs + log2 nodes · 14/3.5 µs + 2.8 µs per rank); CollNet is left out (no SHARP
 is modelled).
+
+:func:`protocol_machine` puts a protocol on the simulator's clock instead of in a formula: its
+per-step latency, payload, chunks and channels as a machine that NCCL's schedules run on
+(``simulate(..., algorithm="nccl")``, ``simulate(..., protocol=)``).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 from .machine import Machine
@@ -273,10 +277,10 @@ def algo_time(collective: str, algo: str, proto: str, nbytes: int, f: Facts,
 
 
 def choose(collective: str, nbytes: int, world: int, machine: Machine,
-           algorithms: Optional[List[str]] = None) -> Choice:
+           algorithms: Optional[List[str]] = None, protocols: Optional[List[str]] = None) -> Choice:
     """The (algorithm, protocol, channels) NCCL's tuner picks for ``collective`` of ``nbytes``
     on ``world`` ranks of GPU-cluster ``machine``, with its model's time. ``algorithms``
-    limits the candidates (NCCL_ALGO)."""
+    limits the candidates (NCCL_ALGO), ``protocols`` the protocols (NCCL_PROTO)."""
     if collective not in BUS_FACTOR:
         raise ValueError(f"collective must be one of {sorted(BUS_FACTOR)} for NCCL's model, got {collective!r}")
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
@@ -287,13 +291,14 @@ def choose(collective: str, nbytes: int, world: int, machine: Machine,
     table = tuner_table(collective, f)
     best = None
     for (algo, proto), entry in table.items():
-        if algorithms is not None and algo not in algorithms:
+        if algorithms is not None and algo not in algorithms or protocols is not None and proto not in protocols:
             continue
         t = algo_time(collective, algo, proto, nbytes, f, entry)
         if best is None or t < best[0]:
             best = (t, algo, proto, entry[2])
     if best is None:
-        raise ValueError(f"no NCCL algorithm among {algorithms} runs {collective} on this machine")
+        raise ValueError(f"no NCCL algorithm among {algorithms} (protocols {protocols}) runs {collective} "
+                         f"on this machine")
     t, algo, proto, channels = best
     return Choice(collective, nbytes, world, f.nodes, algo, proto, _channels(algo, proto, nbytes, channels, world),
                   t)
@@ -308,3 +313,100 @@ def _channels(algo: str, proto: str, nbytes: int, channels: int, world: int) -> 
     while channels >= 2 and nbytes < channels * THREADS[proto] * threshold:
         channels -= 1
     return channels
+
+
+# -- protocols on the simulator's clock ------------------------------------------------------
+# What a protocol changes is what a byte and a step cost, not where messages go. Read (not
+# copied) from github.com/NVIDIA/nccl at commit 5067397c2676d5aed50042fc39e5c8ee96eb0027:
+# src/include/device.h (NCCL_STEPS, the LL and LL128 line formats), src/init.cc (the default
+# buffSizes), src/include/collectives.h (ALLREDUCE_CHUNKSTEPS) and src/enqueue.cc
+# calcCollChunking (stepSize = buffSize / NCCL_STEPS; chunkSize = stepSize × chunkSteps, the
+# chunkSteps only for the Simple ring, 1 otherwise; halved for LL, × 15/16 for LL128).
+
+#: NCCL_STEPS: buffer slots of a connection, so steps one channel keeps in flight
+NCCL_STEPS = 8
+#: stepSize = buffSize / NCCL_STEPS, bytes on the wire per step: LL 8 lines × 512 threads of
+#: 16-byte lines (DEFAULT_LL_BUFFSIZE), LL128 120 elements × 640 threads of 8 bytes
+#: (DEFAULT_LL128_BUFFSIZE), Simple 4 MiB (DEFAULT_BUFFSIZE)
+STEP_BYTES = {"LL": 8 * 512 * 16, "LL128": 120 * 640 * 8, "Simple": (1 << 22) // NCCL_STEPS}
+#: payload per byte on the wire: an LL line (ncclLLFifoLine, 16 B) carries 8 B of data and two
+#: flags, an LL128 line of 128 B 120 B (NCCL_LL128_DATAELEMS of NCCL_LL128_LINEELEMS), Simple all
+PAYLOAD = {"LL": 8 / 16, "LL128": 120 / 128, "Simple": 1.0}
+#: ALLREDUCE_CHUNKSTEPS = NCCL_STEPS / 2: a Simple ring chunk spans 4 steps' slots
+RING_SIMPLE_CHUNK_STEPS = NCCL_STEPS // 2
+
+
+@dataclass(frozen=True)
+class ProtocolMachine:
+    """The machine one NCCL protocol runs an algorithm on, for the simulator's clock
+    (:func:`protocol_machine`), and what the clock cannot charge (``launch``)."""
+
+    machine: Machine
+    algorithm: str          # "ring" or "tree": whose per-step latency and chunk
+    protocol: str           # "LL", "LL128", "Simple"
+    channels: int
+    chunk: int              # payload bytes one channel moves per step (calcCollChunking's chunkSize)
+    launch: float           # seconds, baseLatencies: once per call, not per message, so not on the clock
+
+    @property
+    def segment(self) -> int:
+        """Bytes per pipelined message of a schedule that runs every channel in one step:
+        each channel's chunk, side by side."""
+        return self.channels * self.chunk
+
+
+def check_protocol(protocol) -> str:
+    """``protocol`` if it is one of :data:`PROTOCOLS`; TypeError or ValueError naming it."""
+    if not isinstance(protocol, str):
+        raise TypeError(f"protocol must be a str, one of {PROTOCOLS}, got {type(protocol).__name__} {protocol!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    return protocol
+
+
+def protocol_machine(machine: Machine, world: int, protocol: str, algorithm: str = "ring",
+                     channels: Optional[int] = None) -> ProtocolMachine:
+    """The machine ``protocol`` runs NCCL's ``algorithm`` ("ring" or "tree") on, on ``world``
+    ranks of GPU-cluster ``machine``, with ``channels`` channels (default: all, :data:`CHANNELS`).
+
+    - **Latency**: each message's is NCCL's per-step hwLatencies[NVLINK][algorithm][protocol],
+      as LogGP's wire latency ``L`` (α = o = g = 0): NCCL's formula charges it per step of the
+      algorithm, not per chunk, and the clock charges L where a step waits on the one before
+      and overlaps it where chunks pipeline. A message between nodes also pays
+      hwLatencies[NET] − hwLatencies[NVLINK] on its NIC (held with the message, as a network
+      link's latency is). baseLatencies, once per call, is ``launch``.
+    - **Bandwidth**: a channel's is the tuner's (:class:`Facts`: a GPU's NVLinks as NCCL counts
+      them, shared by the :data:`CHANNELS` channels), ``channels`` of them running side by side
+      on a GPU's NVLinks, and a NIC at its own; both × the protocol's payload (:data:`PAYLOAD`:
+      LL 8 of 16 bytes, LL128 120 of 128, Simple all).
+    - **Chunks**: a channel moves ``chunk`` payload bytes per step (:data:`STEP_BYTES` ×
+      chunkSteps × payload); a step of all channels together is ``segment`` bytes, the
+      pipelining segment of the schedule, each channel running its share of the bytes.
+    - **Steps in flight**: NCCL_STEPS / chunkSteps chunks, the clock's ``window``.
+
+    NCCL's tuner model caps some of these further (LL at llMaxBws, LL128 × 0.92); the clock
+    does not, and that is where the two differ (docs/simulator.md, "Compare against NCCL").
+    """
+    check_protocol(protocol)
+    if algorithm not in ("ring", "tree"):
+        raise ValueError(f"algorithm must be 'ring' or 'tree' (the schedules that run NCCL's protocols), "
+                         f"got {algorithm!r}")
+    f = Facts.of(machine, world)
+    full = CHANNELS[f.arch]
+    if channels is None:
+        channels = full
+    if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= full:
+        raise ValueError(f"channels must be an int in 1..{full}, got {channels!r}")
+    k = PROTOCOLS.index(protocol)
+    payload = PAYLOAD[protocol]
+    steps = RING_SIMPLE_CHUNK_STEPS if (algorithm, protocol) == ("ring", "Simple") else 1
+    net = machine.network
+    nvlink = f.nvlink / full * channels * payload * 1e9
+    inter = max(0.0, NET_LATENCY[algorithm][k] - NVLINK_LATENCY[algorithm][k]) * 1e-6 if f.nodes > 1 else 0.0
+    params = {**net.params, "nvlink": (0.0, 1 / nvlink), "nic": (inter, net.params["nic"][1] / payload)}
+    from .network import network
+    on = replace(machine, alpha=0.0, o=0.0, g=0.0, L=NVLINK_LATENCY[algorithm][k] * 1e-6,
+                 window=NCCL_STEPS // steps,
+                 network=network("gpu_cluster", placement=net.placement, hop_latency=net.hop_latency, **params))
+    return ProtocolMachine(on, algorithm, protocol, channels, int(STEP_BYTES[protocol] * steps * payload),
+                           BASE_LATENCY[algorithm][k] * 1e-6)

@@ -108,3 +108,11 @@ def independent(steps, later: int, first: int) -> bool:
             if any(_overlap(buf, other) for other in e_sends + e_recvs + e_reads + e_writes):
                 return False
     return True
+
+
+def posts_early(steps, later: int, first: int, window: int) -> bool:
+    """The window's rule: whether step ``later`` is posted while steps ``first .. later-1``
+    are in flight (posted, not finished), with up to ``window`` steps in flight: fewer are,
+    and it is :func:`independent` of them. The executor (Prepared.reach) and the
+    simulator's clock (ringcoll.sim.clock.Clock.ahead) both post by it."""
+    return later - first < window and independent(steps, later, first)

@@ -58,7 +58,7 @@ import torch.distributed as dist
 from .. import kernels
 from ..schedules import registry
 from ..config import settings
-from .blocks import Blocks, independent, tensors_in, tensors_of
+from .blocks import Blocks, posts_early, tensors_in, tensors_of
 from .failures import (GroupFailedError, MismatchError, PeerError, get_timeout, group_notice, group_timeout,
                        leave_notice, read_notices)
 from .identity import (CHECK_TAG, FIELDS, MONITORED, RECORD, call_tag, check_enabled, fingerprint, pack_record,
@@ -67,12 +67,14 @@ from .local import resolve_local, run_resolved
 from .plan import Plan
 from ..schedules.vocabulary import IN_PLACE, Layout, Send, extents
 from .transport import TransferError, wire
+from ..cost.machine import EXECUTOR_WINDOW
 from .transport.factory import make_transport, runtime_for, stream_ordered
 from .transport.interface import Transport
 from .transport.stream_ordered import InFlight, PostedStep, group_store
 
-#: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides
-DEFAULT_WINDOW = 2
+#: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides.
+#: The number lives with the model that prices it, a layer below (ringcoll.cost.machine).
+DEFAULT_WINDOW = EXECUTOR_WINDOW
 
 def _device_backends(backend: str) -> Dict[str, str]:
     """``"nccl"`` -> {cuda: nccl}; ``"gloo"`` -> gloo for both; ``"cpu:gloo,cuda:nccl"`` -> as written."""
@@ -675,8 +677,8 @@ class Prepared:
         if known is None:
             reach, next_post = [], 0
             for index in range(len(self.steps)):
-                while next_post < len(self.steps) and (next_post == index or (
-                        next_post - index < window and independent(self.steps, next_post, index))):
+                while next_post < len(self.steps) and (
+                        next_post == index or posts_early(self.steps, next_post, index, window)):
                     next_post += 1
                 reach.append(next_post)
             known = self._reach[window] = tuple(reach)

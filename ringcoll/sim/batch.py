@@ -20,7 +20,9 @@ link lane, the same merges of touching intervals, the same sums), so its statist
 equal to the event clock's, float for float: tests/sim/test_batch.py compares every field on
 tori of several shapes, port counts and sizes. It declines (returns None, and the event clock
 runs) whatever it does not cover: more than one step, a message not matched, a size
-mismatch, messages waiting on each other in a circle, a timeline.
+mismatch, messages waiting on each other in a circle, a timeline, a LogGP machine (o, g, L:
+the event clock's :meth:`~ringcoll.sim.clock.Clock.take_loggp`). A window
+(``Machine.window``) changes nothing here: one step has no later step to post early.
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ __all__ = ["OneStep", "one_step_clock", "one_step_torus"]
 def one_step_torus(machine: Machine, count: int, world: int):
     """The torus :func:`run_one_step` runs ``world`` ranks on from ``count`` representatives,
     or None where it does not: another network, another placement, shifts by ``count``
-    that do not map the torus onto itself."""
+    that do not map the torus onto itself, a LogGP machine."""
     net = machine.network_for(world)
-    if net is None or net.kind != "torus" or count >= world or net.mirror_period(count, world) != count:
+    if machine.is_loggp or net is None or net.kind != "torus" or count >= world \
+            or net.mirror_period(count, world) != count:
         return None
     return net if all(link.hold == "wire" for link in net.links) else None
 

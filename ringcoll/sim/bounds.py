@@ -15,6 +15,9 @@ all_to_all (n: one rank's)    ⌈lg p⌉ α       (p-1)/p · n β   —
 barrier                       ⌈lg p⌉ α       —               —
 ============================  =============  ==============  ===============
 
+With k send and k receive ports per rank (``Machine(ports=k)``) the latency bound is
+⌈log_(1+k) p⌉ α and the bandwidth bounds are divided by k (:func:`lower_bounds`'s ``ports``).
+
 No algorithm meets the latency and the bandwidth bound at once, so the three ratios are
 reported apart: critical-path steps ÷ ⌈lg p⌉; the most bytes one rank sends or receives ÷
 the bandwidth bound; the most bytes one rank reduces ÷ the compute bound. A ratio of 1 is
@@ -26,23 +29,25 @@ from __future__ import annotations
 from typing import Dict, NamedTuple, Optional, Sequence
 
 from ..schedules.registry import collective_of
-from ..schedules.vocabulary import ceil_log2
 
 
 
 class Bounds(NamedTuple):
-    steps: int                      # ⌈lg p⌉
-    bytes_moved: float              # bandwidth bound, bytes through one rank's port
+    steps: int                      # ⌈lg p⌉ (⌈log_(1+k) p⌉ with k ports)
+    bytes_moved: float              # bandwidth bound, bytes through one port
     bytes_reduced: float            # compute bound, bytes one rank reduces
 
 
-def lower_bounds(collective: str, world: int, nbytes: float) -> Bounds:
+def lower_bounds(collective: str, world: int, nbytes: float, ports: int = 1) -> Bounds:
+    """The table's bounds; with ``ports`` k send and k receive ports per rank, the bytes
+    through one port are the rank's ÷ k, and in one α a rank that knows a piece sends it to k
+    others, so the ranks that know it grow at most (1 + k)-fold: ⌈log_(1+k) p⌉ steps (⌈lg p⌉
+    at k = 1). The compute bound does not depend on ports."""
     family = collective_of(collective)
-    lg = ceil_log2(world)
     share = (world - 1) / world * nbytes if world else 0.0
     bandwidth = {"broadcast": nbytes, "reduce": nbytes, "all_reduce": 2 * share, "barrier": 0.0}.get(family, share)
     compute = share if family in ("reduce", "reduce_scatter", "all_reduce") else 0.0
-    return Bounds(lg, bandwidth, compute)
+    return Bounds(_rounds(world, ports), bandwidth / ports, compute)
 
 
 def node_bounds(collective: str, world: int, nbytes: float, nodes: Sequence[int], nic_ports: int = 1) -> Bounds:

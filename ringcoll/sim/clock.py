@@ -18,6 +18,25 @@ for its wire time, each link lane taking it like a port in the earliest gap that
 link held per message (a NIC), for the whole message like a port. A step ends when its last transfer
 does, plus γ per byte its local operations reduce; the rank then posts its next step.
 
+**Window** (``machine.window``, 1 by default): as the P2P executor
+(:meth:`ringcoll.runtime.executor.P2PExecutor.execute`, ``RINGCOLL_WINDOW``) a rank keeps up to
+``window`` steps in flight. Phase by phase: the executor's ``reach`` (which steps are posted
+once it waits on step i) is the clock's **post** (:meth:`Clock.ahead`, by the same test,
+:func:`ringcoll.runtime.blocks.posts_early`: j - i < window and step j touches nothing steps i
+.. j - 1 still read or write); its ``transport.wait`` on step i then ``run_resolved`` of its
+local operations is the clock's **wake**: the current step ends at its last transfer's end (or
+when it became current, if later) plus its reductions, and steps end in order; a step posted
+early whose transfers all end first waits to become current. Its transfers' positions run on
+across the steps in flight, so a port serves a later step's messages after an earlier one's.
+Window 1 is the clock as it was, bit for bit (``experiments/clock_regression.py``).
+
+**LogGP** (``machine.o``, ``g``, ``L``; 0 by default): a message takes its sender's CPU for o
+(one lane per rank, serialised with its other messages' overheads), then its ports (and links)
+for α + g + nβ from o after its start, then arrives L after leaving them and takes its
+receiver's CPU for o: it ends 2o + α + g + nβ + L after it starts, its ports free after o +
+α + g + nβ, so the next message on them overlaps its L (and, with a window, the next step's
+messages overlap it too) (:meth:`Clock.take_loggp`).
+
 It is a discrete-event simulation ordered by time: its result does not depend on the order
 in which ranks are listed, and a run without data streams each rank's schedule one step at
 a time, so its memory is O(world), not O(steps).
@@ -57,6 +76,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..cost.machine import Machine
+from ..runtime.blocks import posts_early
 from ..schedules.vocabulary import Copies, Recv, Reduce, Send
 
 __all__ = ["Clock", "MirroredLinks", "NetworkStats", "RankStats", "ScheduleError", "SimStats", "Timeline",
@@ -290,11 +310,15 @@ def _match(waiting: Dict[int, deque], pending: Dict[int, deque], key: int, entry
     return None
 
 
-def slot(tables, start: float, durations) -> Tuple[float, list]:
+def slot(tables, start: float, durations, offsets=None) -> Tuple[float, list]:
     """The earliest time >= start at which one port (lane) of each table is free for its
-    duration (``durations[i]`` for ``tables[i]``), and the ports that are; a port's busy
-    intervals are sorted and a message may take a gap before a later-booked one (a port
-    never idles while a ready message could go)."""
+    duration (``durations[i]`` for ``tables[i]``; from ``offsets[i]`` after that time where
+    given: a LogGP message's ports after its sender's overhead, its receiver's CPU after
+    its arrival), and the ports that are; a port's busy intervals are sorted and a message
+    may take a gap before a later-booked one (a port never idles while a ready message
+    could go)."""
+    if offsets is not None:
+        return _slot_after(tables, start, durations, offsets)
     # the least time from which every table has a lane free for its duration: each table's
     # earliest fit from t on (over its lanes) never decreases as t grows, so moving t to the
     # latest of them until none moves it reaches the least common one; each table's lane is
@@ -310,6 +334,30 @@ def slot(tables, start: float, durations) -> Tuple[float, list]:
                     lane, fits = busy, fit
                     if fit == t:
                         break           # no lane fits earlier than t
+            chosen.append(lane)
+            if fits > latest:
+                latest = fits
+        if latest == t:
+            return t, chosen
+        t = latest
+
+
+def _slot_after(tables, start: float, durations, offsets) -> Tuple[float, list]:
+    """:func:`slot` with each table held from its offset after the start (same search: each
+    table's earliest fit, shifted by its offset, never decreases as t grows)."""
+    t = start
+    while True:
+        latest, chosen = t, []
+        for table, duration, offset in zip(tables, durations, offsets):
+            lane, fits = None, _INF
+            at = t + offset
+            for busy in table:
+                fit = _fit(busy, at, duration)
+                fit = t if fit == at else max(t, fit - offset)
+                if fit < fits:
+                    lane, fits = busy, fit
+                    if fit == t:
+                        break
             chosen.append(lane)
             if fits > latest:
                 latest = fits
@@ -345,11 +393,23 @@ def hold(busy: list, now: float, start: float, stop: float, merge: bool) -> None
         busy.insert(i, (start, stop))
 
 
+class Posted:
+    """A step a rank has posted and not yet finished: its number, the step, its transfers not
+    yet booked, when its last booked transfer ends (from when it was posted, or became the
+    rank's current step), the bytes it reduces, the longest chain its messages wait on."""
+
+    __slots__ = ("index", "step", "outstanding", "end", "reducing", "depends")
+
+    def __init__(self, index: int, step, outstanding: int, end: float, reducing: int, depends: int):
+        self.index, self.step, self.outstanding, self.end = index, step, outstanding, end
+        self.reducing, self.depends = reducing, depends
+
+
 @dataclass(slots=True)
 class Ranks:
-    """Every rank's place in its schedule, one entry per rank: the step it is in, its
-    transfers not yet booked, when the step's last booked transfer ends, and the order its
-    ports serve the step in (the positions of its sends and receives not yet booked, the
+    """Every rank's place in its schedule, one entry per rank: its steps in flight (posted,
+    not finished; the first is its current step, the one it waits on), and the order its
+    ports serve them in (the positions of its sends and receives not yet booked, the
     matched messages held back behind an earlier one, the start of its last booked send and
     receive: a message starts no earlier)."""
 
@@ -358,13 +418,12 @@ class Ranks:
     describe: List[str]
     itemsizes: List[int]
     stats: List[RankStats]
-    current: list                       # the step each rank is in (None: before the first, after the last)
-    index: List[int]                    # its number
-    outstanding: List[int]              # its transfers not yet booked
-    step_end: List[float]               # latest transfer end of the current step
-    reducing: List[int]                 # bytes the current step reduces
+    flight: List[deque]                 # its steps in flight (Posted), the current one first
+    index: List[int]                    # the number of its current step
+    opened: List[int]                   # steps it has posted
+    ahead: list                         # its next step, taken from its schedule and not yet posted (or None)
+    positions: List[int]                # transfers it has posted (a window's positions run on across steps)
     post_chain: List[int]               # critical-path length before the current step
-    depends: List[int]                  # longest chain the current step's messages wait on
     send_order: List[deque]
     recv_order: List[deque]
     held_send: List[Dict[int, tuple]]
@@ -376,8 +435,8 @@ class Ranks:
     def start(cls, schedules: Sequence[Iterable], itemsizes: List[int], describe: List[str]) -> "Ranks":
         world = len(schedules)
         return cls([iter(s) for s in schedules], [len(s) if hasattr(s, "__len__") else None for s in schedules],
-                   describe, itemsizes, [RankStats() for _ in range(world)], [None] * world, [-1] * world,
-                   [0] * world, [0.0] * world, [0] * world, [0] * world, [0] * world,
+                   describe, itemsizes, [RankStats() for _ in range(world)], [deque() for _ in range(world)],
+                   [-1] * world, [0] * world, [None] * world, [0] * world, [0] * world,
                    [deque() for _ in range(world)], [deque() for _ in range(world)],
                    [{} for _ in range(world)], [{} for _ in range(world)], [0.0] * world, [0.0] * world)
 
@@ -510,7 +569,7 @@ class Clock:
 
     __slots__ = ("ranks", "matching", "routes", "due", "send_ports", "recv_ports", "alpha", "beta", "gamma",
                  "ports", "single", "positive", "copy", "local", "timeline", "link_bytes", "world", "peers",
-                 "mirror")
+                 "mirror", "o", "g", "L", "loggp", "cpus", "window")
 
     def __init__(self, schedules: Sequence[Iterable], machine: Machine, itemsizes: List[int],
                  describe: List[str], *, record: bool = False, copy: Optional[Callable] = None,
@@ -518,12 +577,16 @@ class Clock:
         world = len(schedules)
         self.world, self.peers, self.mirror = world, world if mirror is None else mirror[1], mirror
         self.alpha, self.beta, self.gamma, self.ports = machine.alpha, machine.beta, machine.gamma, machine.ports
+        self.o, self.g, self.L, self.loggp = machine.o, machine.g, machine.L, machine.is_loggp
+        self.window = machine.window
+        # LogGP's overhead: each rank's CPU, one lane of busy intervals (None: no overhead)
+        self.cpus = [[[]] for _ in range(world)] if self.o else None
         self.copy, self.local = copy, local
         # each port: its busy intervals (start, end), sorted; a table: one rank's ports, or the
         # lanes of a link held per message (a 2-level machine's NICs)
         self.send_ports = [[[] for _ in range(self.ports)] for _ in range(world)]
         self.recv_ports = [[[] for _ in range(self.ports)] for _ in range(world)]
-        self.positive = self.alpha > 0  # every message holds its ports for more than no time
+        self.positive = self.alpha + self.g > 0  # every message holds its ports for more than no time
         net = machine.network_for(self.peers)   # a 2-level machine's nodes are a network too
         self.routes = None if net is None else Routes.on(net, machine, self.peers, mirror, world)
         self.single = self.ports == 1 and (net is None or all(
@@ -565,49 +628,100 @@ class Clock:
 
     # -- post ---------------------------------------------------------------------------
     def post(self, rank: int, now: float) -> Optional[float]:
-        """Finish the rank's current step (local operations) and post its next one: its
-        transfers go to match. Returns when a step without transfers ends (None: its
-        bookings wake the rank, or it has no step left)."""
+        """Finish the rank's current step (local operations) and make its next one current,
+        posting it unless a window posted it already; with a window, post the steps after it
+        that may go early. Returns when the current step ends if its transfers are all booked
+        (None: its bookings wake the rank, or it has no step left).
+
+        The window is the executor's (:meth:`ringcoll.runtime.executor.Prepared.reach`, by
+        the same test, :func:`ringcoll.runtime.blocks.posts_early`): once it waits on step i,
+        step j > i is posted too while j - i < window and no transfer of j touches what steps
+        i .. j - 1 still read or write, stopping at the first that may not; steps finish in
+        order, each at its last transfer's end or its predecessor's, whichever is later, plus
+        its reductions. Window 1: a step is posted when the one before it ends."""
         ranks = self.ranks
-        if ranks.current[rank] is not None:
+        flight = ranks.flight[rank]
+        if flight:
             self.finish(rank, now)
-        st = next(ranks.steps[rank], None)
-        ranks.current[rank] = st
-        if st is None:
+        if self.window == 1:
+            st = next(ranks.steps[rank], None)
+            if st is None:
+                return None
+            current = self.open(rank, st, now)
+        else:
+            self.ahead(rank, now)
+            if not flight:
+                return None
+            current = flight[0]
+            if current.end < now:
+                current.end = now
+        ranks.index[rank] = current.index
+        if current.outstanding:
             return None
-        ranks.index[rank] += 1
-        ranks.step_end[rank] = now
-        ranks.depends[rank] = ranks.post_chain[rank]
+        return current.end + current.reducing * self.gamma
+
+    def ahead(self, rank: int, now: float) -> None:
+        """Post the rank's steps that its window lets go now: its next one if none is in
+        flight, then each following one while fewer than ``window`` are in flight and it is
+        independent of those (the executor's rule, :meth:`post`)."""
+        ranks = self.ranks
+        flight, steps = ranks.flight[rank], ranks.steps[rank]
+        while True:
+            st = ranks.ahead[rank]
+            if st is None:
+                st = next(steps, None)
+                if st is None:
+                    return
+            if flight and not posts_early([p.step for p in flight] + [st], len(flight), 0, self.window):
+                ranks.ahead[rank] = st
+                return
+            ranks.ahead[rank] = None
+            self.open(rank, st, now)
+
+    def open(self, rank: int, st, now: float) -> Posted:
+        """Post one step of the rank: its transfers go to match, in its ports' order (after
+        the steps still in flight: positions run on across a window's steps)."""
+        ranks = self.ranks
+        ranks.opened[rank] += 1
         comms = st.comms
-        ranks.outstanding[rank] = len(comms)
-        ranks.send_order[rank] = sending = deque()
-        ranks.recv_order[rank] = receiving = deque()
-        ranks.send_floor[rank] = ranks.recv_floor[rank] = now
-        ranks.reducing[rank] = reduced_bytes(st.local, ranks.itemsizes[rank]) if st.local else 0
-        for pos, item in enumerate(comms):
-            self.match(rank, pos, item, sending, receiving)
-        if not comms:
-            return now + ranks.reducing[rank] * self.gamma
-        return None
+        posted = Posted(ranks.opened[rank] - 1, st, len(comms), now,
+                        reduced_bytes(st.local, ranks.itemsizes[rank]) if st.local else 0, ranks.post_chain[rank])
+        ranks.flight[rank].append(posted)
+        ranks.index[rank] = posted.index        # for errors while its transfers match
+        if self.window == 1:
+            ranks.send_order[rank] = sending = deque()
+            ranks.recv_order[rank] = receiving = deque()
+            ranks.send_floor[rank] = ranks.recv_floor[rank] = now
+            first = 0
+        else:
+            sending, receiving = ranks.send_order[rank], ranks.recv_order[rank]
+            first = ranks.positions[rank]
+            ranks.positions[rank] += len(comms)
+        for pos, item in enumerate(comms, first):
+            self.match(rank, pos, item, sending, receiving, posted)
+        return posted
 
     def finish(self, rank: int, now: float) -> None:
         """The end of the rank's current step: its local operations run, its statistics."""
         ranks = self.ranks
-        st = ranks.current[rank]
+        current = ranks.flight[rank].popleft()
+        st = current.step
         if self.local is not None and st.local:
             done = self.local(rank, st)
         else:
-            done = ranks.reducing[rank]
+            done = current.reducing
         rs = ranks.stats[rank]
         rs.bytes_reduced += done
         rs.steps += 1
         rs.time = now
         if self.timeline is not None and st.local:
-            self.timeline.local.append((rank, ranks.index[rank], ranks.step_end[rank], now, done))
-        ranks.post_chain[rank] = ranks.depends[rank] + 1
+            self.timeline.local.append((rank, current.index, current.end, now, done))
+        # with a window the step's chain may be shorter than its predecessor's: it ends after it
+        chain = ranks.post_chain[rank]
+        ranks.post_chain[rank] = (current.depends if current.depends > chain else chain) + 1
 
     # -- match --------------------------------------------------------------------------
-    def match(self, rank: int, pos: int, item, sending: deque, receiving: deque) -> None:
+    def match(self, rank: int, pos: int, item, sending: deque, receiving: deque, posted: Posted) -> None:
         """Queue the transfer at position ``pos`` of the rank's step in its port's order, and
         meet it with the oldest other end posted for its pair, or leave it waiting for one."""
         peer, matching = item.peer, self.matching
@@ -621,11 +735,11 @@ class Clock:
         (sending if sends else receiving).append(pos)
         waiting, own = (matching.recvs, matching.sends) if sends else (matching.sends, matching.recvs)
         key = matching.send_key(rank, peer) if sends else matching.recv_key(rank, peer)
-        other = _match(waiting, own, key, (rank, item, pos))
-        if other is not None:       # (send position, receive position, src, dst, send, receive)
-            at, other_item, other_pos = other
-            matching.matched.append((pos, other_pos, rank, at, item, other_item) if sends else
-                                    (other_pos, pos, at, rank, other_item, item))
+        other = _match(waiting, own, key, (rank, item, pos, posted))
+        if other is not None:       # (send position, receive position, src, dst, send, receive, their steps)
+            at, other_item, other_pos, other_posted = other
+            matching.matched.append((pos, other_pos, rank, at, item, other_item, posted, other_posted) if sends else
+                                    (other_pos, pos, at, rank, other_item, item, other_posted, posted))
 
     # -- release ------------------------------------------------------------------------
     def release(self, entry: tuple, now: float, forced: bool = False) -> None:
@@ -649,7 +763,7 @@ class Clock:
             held_recv[dst].pop(rpos, None)
             send_order[src].remove(spos)
             recv_order[dst].remove(rpos)
-            self.book(now, src, dst, e[4], e[5])
+            self.book(now, src, dst, e[4], e[5], e[6], e[7])
             if send_order[src]:
                 after = held_send[src].get(send_order[src][0])
                 if after is not None:
@@ -660,16 +774,20 @@ class Clock:
                     stack.append((after, False))
 
     # -- book ---------------------------------------------------------------------------
-    def book(self, now: float, src: int, dst: int, send_item: Send, recv_item: Recv) -> None:
+    def book(self, now: float, src: int, dst: int, send_item: Send, recv_item: Recv, sender: Posted,
+             receiver: Posted) -> None:
         """Put a matched message on the clock: its ports (and links) from the earliest time
         they are all free, no earlier than now or than the start of its sender's previous send
-        or its receiver's previous receive of this step; then its statistics, and its ends."""
+        or its receiver's previous receive of this step; then its statistics, and its ends
+        (the steps ``sender`` and ``receiver``). On a LogGP machine it also takes its
+        sender's CPU for o before its ports and its receiver's CPU for o once it arrives, L
+        after its ports (:meth:`take_loggp`)."""
         sent, received = send_item.buf, recv_item.buf
         numel = sent.stop - sent.start
         if numel != received.stop - received.start:
             raise ScheduleError(
                 f"{self.ranks.where(src)} sends {send_item.buf!r} ({numel} elements) to rank {dst}, "
-                f"whose matching receive at step {self.ranks.index[dst] + 1} is {recv_item.buf!r} "
+                f"whose matching receive at step {receiver.index + 1} is {recv_item.buf!r} "
                 f"({recv_item.buf.numel} elements)")
         if self.copy is not None:
             self.copy(src, send_item, dst, recv_item)
@@ -686,12 +804,15 @@ class Clock:
             duration = path[0] + wire
             if not path[4]:
                 path = None                     # no hop: ports alone
-        start, chosen = self.take(now, src, dst, duration, wire, path)
-        end = start + duration
+        if self.loggp:
+            start, end, chosen = self.take_loggp(now, src, dst, duration + self.g, wire, path)
+        else:
+            start, chosen = self.take(now, src, dst, duration, wire, path)
+            end = start + duration
         if path is not None:
             self.routes.carry(path, nbytes, wire, duration)
-        self.count(src, dst, send_item.peer, nbytes, start, end, chosen)
-        self.settle(src, dst, end)
+        self.count(src, dst, send_item.peer, nbytes, start, end, chosen, sender, receiver)
+        self.settle(src, dst, end, sender, receiver)
 
     def take(self, now: float, src: int, dst: int, duration: float, wire: float,
              path: Optional[tuple]) -> Tuple[float, Optional[list]]:
@@ -715,6 +836,26 @@ class Clock:
         for k, (busy, held_for) in enumerate(zip(chosen, durations)):
             hold(busy, now, start, start + held_for, self.positive or k >= fixed)
         return start, chosen
+
+    def take_loggp(self, now: float, src: int, dst: int, held: float, wire: float,
+              path: Optional[tuple]) -> Tuple[float, float, Optional[list]]:
+        """A message on a LogGP machine (Machine.o, g, L): its sender's CPU for o from its
+        start, then its ports (and links) for ``held`` = α + g + nβ (links: their wire time),
+        then L on the wire, then its receiver's CPU for o; the earliest start at which all
+        are free, no earlier than the floors of :meth:`take`. Returns (start, arrival with the
+        receiver's overhead: when it ends for its steps, the ports taken)."""
+        ranks, o = self.ranks, self.o
+        floor = max(now, ranks.send_floor[src], ranks.recv_floor[dst])
+        tables, durations, fixed = self.tables(src, dst, floor, held, wire, path)
+        offsets = (o,) * len(tables)
+        if self.cpus is not None:
+            tables += (self.cpus[src], self.cpus[dst])
+            durations += (o, o)
+            offsets += (0.0, o + held + self.L)
+        start, chosen = slot(tables, floor, durations, offsets)
+        for k, (busy, held_for, offset) in enumerate(zip(chosen, durations, offsets)):
+            hold(busy, now, start + offset, start + offset + held_for, self.positive or k >= fixed)
+        return start, start + 2 * o + held + self.L, chosen
 
     def tables(self, src: int, dst: int, floor: float, duration: float, wire: float,
                path: Optional[tuple]) -> Tuple[tuple, tuple, int]:
@@ -741,7 +882,7 @@ class Clock:
         return tables, durations, fixed
 
     def count(self, src: int, dst: int, peer: int, nbytes: int, start: float, end: float,
-              chosen: Optional[list]) -> None:
+              chosen: Optional[list], sender: Posted, receiver: Posted) -> None:
         """A booked message's statistics: its ends' messages and bytes, its link's bytes,
         its timeline row (and ports), and the chains its steps depend on."""
         ranks = self.ranks
@@ -753,30 +894,30 @@ class Clock:
         key = src * self.world + dst if self.mirror is None else src * self.peers + peer
         self.link_bytes[key] = self.link_bytes.get(key, 0) + nbytes
         if self.timeline is not None:
-            self.timeline.messages.append((src, dst, nbytes, start, end, ranks.index[src], ranks.index[dst]))
+            self.timeline.messages.append((src, dst, nbytes, start, end, sender.index, receiver.index))
             if self.ports == 1:
                 self.timeline.ports.append((0, 0))
             else:
                 self.timeline.ports.append((next(i for i, b in enumerate(self.send_ports[src]) if b is chosen[0]),
                                             next(i for i, b in enumerate(self.recv_ports[dst]) if b is chosen[1])))
-        post_chain, depends = ranks.post_chain, ranks.depends
-        if post_chain[src] > depends[dst]:
-            depends[dst] = post_chain[src]
-        if post_chain[dst] > depends[src]:
-            depends[src] = post_chain[dst]
+        post_chain = ranks.post_chain
+        if post_chain[src] > receiver.depends:
+            receiver.depends = post_chain[src]
+        if post_chain[dst] > sender.depends:
+            sender.depends = post_chain[dst]
 
     # -- wake ---------------------------------------------------------------------------
-    def settle(self, src: int, dst: int, end: float) -> None:
-        """A booked message ends at ``end`` for both its steps; the step whose last transfer
-        it was ends then, plus γ per byte it reduces, and its rank is due to post again."""
-        ranks = self.ranks
-        step_end, outstanding = ranks.step_end, ranks.outstanding
-        for rank in (src, dst):
-            if end > step_end[rank]:
-                step_end[rank] = end
-            outstanding[rank] -= 1
-            if not outstanding[rank]:
-                self.wake(rank, step_end[rank] + ranks.reducing[rank] * self.gamma)
+    def settle(self, src: int, dst: int, end: float, sender: Posted, receiver: Posted) -> None:
+        """A booked message ends at ``end`` for both its steps; a current step whose last
+        transfer it was ends then, plus γ per byte it reduces, and its rank is due to post
+        again (a step posted ahead that completes waits until it is current: :meth:`post`)."""
+        flight = self.ranks.flight
+        for rank, posted in ((src, sender), (dst, receiver)):
+            if end > posted.end:
+                posted.end = end
+            posted.outstanding -= 1
+            if not posted.outstanding and posted is flight[rank][0]:
+                self.wake(rank, posted.end + posted.reducing * self.gamma)
 
     def wake(self, rank: int, time: float) -> None:
         """Post the rank's next step at ``time`` (after the ranks already due then)."""
@@ -793,7 +934,7 @@ class Clock:
         """Every rank's statistics (a mirrored run's representatives standing for all), or a
         ScheduleError naming each rank that cannot make progress and what it waits on."""
         ranks, routes, world = self.ranks, self.routes, self.world
-        stuck = [r for r in range(world) if ranks.current[r] is not None]
+        stuck = [r for r in range(world) if ranks.flight[r]]
         if stuck:
             raise ScheduleError(self.deadlock(stuck))
         crossing = 0 if routes is None else routes.crossing
@@ -815,10 +956,10 @@ class Clock:
         """The deadlock report: each stuck rank (the first 16), its step and what it waits on."""
         waiting: Dict[int, List[str]] = {}
         for queue in self.matching.sends.values():
-            for owner, item, _ in queue:
+            for owner, item, *_ in queue:
                 waiting.setdefault(owner, []).append(f"send to peer {item.peer} {item.buf!r}")
         for queue in self.matching.recvs.values():
-            for owner, item, _ in queue:
+            for owner, item, *_ in queue:
                 waiting.setdefault(owner, []).append(f"receive from peer {item.peer} {item.buf!r}")
         lines = [f"  {self.ranks.where(r)} waits on: {', '.join(waiting.get(r, [])) or 'nothing posted'}"
                  for r in stuck[:16]]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
@@ -13,7 +13,7 @@ from ..api.common import Context
 from ..cost.machine import Machine
 from ..runtime.plan import Plan
 from ..schedules.registry import COLLECTIVE_OF, Algorithm, Cost, model
-from ..schedules.vocabulary import SEGMENT, Send, Step
+from ..schedules.vocabulary import NODES, SEGMENT, Send, Step
 from .engine import SimStats, run_plans
 from ..runtime.nodes import describe_placement, even_nodes, model_local_size
 
@@ -30,8 +30,12 @@ class Simulation:
     machine: Machine = field(default_factory=Machine)
     nbytes: int = 0               # the n of the cost model
     dtype: Optional[torch.dtype] = None   # the element type of the run (numel=: int64 unless dtype= says)
-    #: ``algorithm="nccl"``: what NCCL's tuner picks and its model's time (ringcoll.cost.nccl.Choice)
+    #: ``algorithm="nccl"`` (or an NCCL schedule under ``protocol=``): what NCCL's tuner picks
+    #: and its model's time (ringcoll.cost.nccl.Choice)
     nccl: Optional[Any] = None
+    #: ``algorithm="nccl"`` or ``protocol=``: the protocol's machine the clock ran on
+    #: (ringcoll.cost.nccl.ProtocolMachine; ``machine`` is its ``machine``)
+    protocol: Optional[Any] = None
 
     @property
     def schedules(self) -> List[Sequence[Step]]:
@@ -51,13 +55,43 @@ class Simulation:
         n·β_path, β_path its slowest link, or the machine's β), but no link ever shared; so
         it grows with hops and placement, and ``stats.time - predicted`` is what link sharing
         costs. (:func:`contention_free_time`; computed on first use.) With
-        ``algorithm="nccl"``: NCCL's own model's time of what its tuner picks (``sim.nccl``).
+        ``algorithm="nccl"``, or nccl_ring / nccl_tree under ``protocol=``: NCCL's own model's
+        time of what its tuner picks (``sim.nccl``), the clock's being ``stats.time`` +
+        ``protocol.launch`` (:attr:`nccl_ratio`).
         """
         if self.nccl is not None:
             return self.nccl.time
         if self.machine.network_for(self.world) is None:
             return self.cost.on(self.machine)
         return contention_free_time(self.plans, self.machine)
+
+    @property
+    def nccl_ratio(self) -> Optional[float]:
+        """The clock's answer over NCCL's formula's, for one (algorithm, protocol, channels):
+        (``stats.time`` + the protocol's per-call ``launch``, which no message carries) /
+        ``nccl.time``; None without ``sim.nccl``."""
+        if self.nccl is None or not self.nccl.time:
+            return None
+        return (self.stats.time + (self.protocol.launch if self.protocol else 0.0)) / self.nccl.time
+
+    def summary(self) -> str:
+        """One line per answer: the clock's time, and with ``sim.nccl`` NCCL's formula's and
+        their ratio (:attr:`nccl_ratio`)."""
+        lines = [f"{self.collective} {self.algorithm.name}, {self.world} ranks, {self.nbytes} B: "
+                 f"clock {self.stats.time * 1e6:.3f} us"]
+        if self.protocol is not None:
+            pm = self.protocol
+            lines[0] += (f" under NCCL's {pm.protocol} ({pm.algorithm}, {pm.channels} channels, "
+                         f"{pm.segment} B per step) + launch {pm.launch * 1e6:.3g} us")
+        if self.nccl is not None:
+            c = self.nccl
+            ratio = self.nccl_ratio
+            lines.append(f"NCCL's formula ({c.algorithm}, {c.protocol}, {c.channels} channels): "
+                         f"{c.time * 1e6:.3f} us; clock / formula " + ("--" if ratio is None else f"{ratio:.3f}"))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
 
     @property
     def ratios(self):
@@ -114,6 +148,8 @@ def contention_free_time(plans: Sequence[Plan], machine: Machine) -> float:
     if links:
         alone = Machine.from_graph(links, {(a, b): (a, b) for a, b, *_ in links}, hosts=world, alpha=0.0,
                                    beta=0.0, gamma=machine.gamma, ports=machine.ports)
+    # LogGP's overhead, gap, wire latency and window are the ranks' and the ports', not a link's
+    alone = replace(alone, o=machine.o, g=machine.g, L=machine.L, window=machine.window)
     with torch.no_grad():
         return run_plans(plans, alone, data=False, record=False, symmetry=False).time
 
@@ -131,7 +167,7 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
              dtype: torch.dtype = torch.int64, call: Optional[Callable[[int], tuple]] = None,
              machine: Optional[Machine] = None, data: bool = True, check: Optional[bool] = None,
              record: Optional[bool] = None, local_size=None, symmetry: bool = True,
-             **kwargs) -> Simulation:
+             protocol: Optional[str] = None, **kwargs) -> Simulation:
     """Run ``collective`` with ``algorithm`` on all ``world`` ranks in this process.
 
     Each rank's call is the drop-in's arguments after the group: ``inputs[rank]`` (a tensor,
@@ -141,11 +177,13 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     :func:`numel_call`), or ``call(rank) -> (args, kwargs)``; ``kwargs`` go to every rank (``op=``, ``src=`` ...). Inputs are copied, never
     modified. Returns every rank's result, the statistics (critical-path steps, messages,
     bytes per rank and per link, time on ``machine``'s port-limited clock; None: the default
-    ``Machine()``), the algorithm's cost model and every rank's plan. ``algorithm="auto"``
-    chooses as on a group (ringcoll.selection): given ``machine=``, as on a group whose
-    ``Options(machine=)`` is that machine, the algorithm the simulator times fastest on it
-    with these nodes; without, as on a group without one (RINGCOLL_MACHINE, else the rules
-    measured on this host, else the default machine). ``sim.algorithm`` is the one chosen.
+    ``Machine()``; ``Machine.window`` sets the steps a rank keeps in flight, as the executor's
+    RINGCOLL_WINDOW, and ``Machine.o``, ``g``, ``L`` LogGP's overhead, gap and wire latency),
+    the algorithm's cost model and every rank's plan. ``algorithm="auto"`` chooses as on a group
+    (ringcoll.selection): given ``machine=``, as on a group whose ``Options(machine=)`` is that
+    machine, the algorithm the simulator times fastest on it with these nodes; without, as on a
+    group without one (RINGCOLL_MACHINE, else the rules measured on this host, else the default
+    machine). ``sim.algorithm`` is the one chosen.
 
     ``data=False`` runs only the clock: no data is read or written, with ``numel=`` one
     builder call (rank 0's, on uninitialised tensors) gives every rank's layout, and schedules
@@ -159,9 +197,15 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     default the machine's own nodes (a 2-level machine's, a GPU cluster's: :func:`run_nodes`),
     so every node-aware schedule, ``auto``'s model and the clock see one layout.
     ``algorithm="nccl"`` (all_reduce, all_gather, reduce_scatter, broadcast or reduce on a GPU
-    cluster): NCCL's tuner's pick by its own cost formulas in ``sim.nccl``
-    (:mod:`ringcoll.cost.nccl`, given the whole vector's bytes), its time ``sim.predicted``,
-    run as nccl_ring, nccl_tree or nccl_pat (nccl_ring for NVLS) on the clock.
+    cluster): NCCL's tuner's pick (algorithm × protocol × channels) by its own cost formulas in
+    ``sim.nccl`` (:mod:`ringcoll.cost.nccl`, given the whole vector's bytes), its time
+    ``sim.predicted``, run as nccl_ring, nccl_tree or nccl_pat (nccl_ring for NVLS) on the
+    clock on that protocol's machine (:func:`ringcoll.cost.nccl.protocol_machine`, in
+    ``sim.protocol``): two answers, ``sim.summary()`` gives both and their ratio.
+    ``protocol`` ("LL", "LL128", "Simple"; GPU clusters only) runs any schedule on that
+    protocol's machine, all channels, the protocol's chunks as its segment; with
+    ``algorithm="nccl"`` it limits the tuner to it (NCCL_PROTO), with nccl_ring or nccl_tree
+    (all_reduce) ``sim.nccl`` is NCCL's formula for that algorithm and protocol.
     ``symmetry`` (default on) lets a run without data and timeline run only the
     representatives (rank 0, or ranks 0 .. L - 1) when the algorithm declares every rank's
     schedule a representative's with its peers relabelled (``ringcoll.register(...,
@@ -190,17 +234,27 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     nodes, nodes_from = run_nodes(world, local_size, chosen_on)
     ctx = functools.partial(Context, world=world, nodes=nodes, nodes_from=nodes_from, machine=chosen_on)
     build = functools.partial(_plans, collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx)
+    _check_protocol(protocol, machine)
     if algorithm == "nccl":
-        (plans, before, after), choice = _nccl(collective, world, machine, build)
+        (plans, before, after), choice = _nccl(collective, world, machine, build, protocol)
     else:
         (plans, before, after), choice = build(algorithm), None
+        if protocol is not None and algorithm in ("nccl_ring", "nccl_tree") \
+                and COLLECTIVE_OF.get(collective, collective) == "all_reduce":
+            from ..cost.nccl import choose
+            choice = choose("all_reduce", _bytes(plans[0]), world, machine,
+                            algorithms=[algorithm.removeprefix("nccl_")], protocols=[protocol])
+    on = None
+    if choice is not None or protocol is not None:
+        on = _on_protocol(plans, world, machine, choice, protocol)
+        machine = on.machine
     with torch.no_grad():
         stats = run_plans(plans, machine, data=data, record=record, symmetry=symmetry)
     first = plans[0]
     nbytes, cost = _cost(first, world, nodes)
     sim = Simulation(collective, first.algorithm, world,
                      [p.result for p in plans] if data else [], stats, cost, plans, machine, nbytes, first.dtype,
-                     choice)
+                     choice, on)
     if check:
         from .check import check_results
         check_results(collective, before, after)
@@ -249,11 +303,28 @@ def run_nodes(world: int, local_size, machine: Optional[Machine]) -> tuple:
     return tuple(nodes), "simulate's local_size"
 
 
-def _nccl(collective, world, machine, build) -> tuple:
+def _bytes(plan: Plan) -> int:
+    return plan.layout.numel * torch.empty((), dtype=plan.dtype).element_size()
+
+
+def _check_protocol(protocol, machine: Machine) -> None:
+    """simulate's ``protocol``: None or one of NCCL's, on a GPU cluster."""
+    from ..cost.nccl import check_protocol
+
+    if protocol is None:
+        return
+    check_protocol(protocol)
+    net = machine.network
+    if net is None or net.kind != "gpu_cluster":
+        raise ValueError(f"protocol={protocol!r} needs a GPU cluster (ringcoll.Machine.gpu_cluster or .preset), "
+                         f"got {machine.describe()}")
+
+
+def _nccl(collective, world, machine, build, protocol) -> tuple:
     """``algorithm="nccl"``: the plans of the ringcoll schedule that runs the messages of
-    NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`:
-    nccl_ring, nccl_tree or nccl_pat; NCCL's ring where NVLS, which reduces in the switch, is
-    picked), and the pick."""
+    NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`,
+    limited to ``protocol`` when given: nccl_ring, nccl_tree or nccl_pat; NCCL's ring where
+    NVLS, which reduces in the switch, is picked), and the pick."""
     from ..cost.nccl import BUS_FACTOR, choose
 
     family = COLLECTIVE_OF.get(collective, collective)
@@ -261,10 +332,34 @@ def _nccl(collective, world, machine, build) -> tuple:
         raise ValueError(f"algorithm='nccl' runs {', '.join(BUS_FACTOR)} (the collectives NCCL's model prices), "
                          f"got {collective!r}")
     built = build("nccl_ring")
-    first = built[0][0]
-    nbytes = first.layout.numel * torch.empty((), dtype=first.dtype).element_size()
-    choice = choose(family, nbytes, world, machine)
+    choice = choose(family, _bytes(built[0][0]), world, machine,
+                    protocols=None if protocol is None else [protocol])
     return (built if choice.schedule in (None, "nccl_ring") else build(choice.schedule)), choice
+
+
+def _on_protocol(plans, world, machine, choice, protocol):
+    """The protocol's machine of a run (:func:`ringcoll.cost.nccl.protocol_machine`): the
+    pick's protocol and channels, else ``protocol`` on all channels; NCCL's tree's latencies
+    and chunks for nccl_tree, the ring's otherwise. Every plan's segment becomes the protocol's
+    step of the NCCL channels that one of its rings or trees carries (nccl_ring: its
+    :func:`channel_rings`, one on a node, a node's ranks across nodes; nccl_tree: two trees;
+    any other schedule one), in elements."""
+    from ..cost.nccl import protocol_machine
+    from ..schedules.nccl import channel_rings
+
+    first = plans[0]
+    name = first.algorithm.name
+    on = protocol_machine(machine, world, protocol if choice is None else choice.protocol,
+                          "tree" if name == "nccl_tree" else "ring", None if choice is None else choice.channels)
+    # the pipelines that run side by side: a ring per channel (nccl_ring of every collective),
+    # two trees per channel pair (nccl_tree), one for any other schedule (nccl_pat among them)
+    rings = len(channel_rings(tuple(first.layout.get(NODES) or (0,) * world)))
+    carriers = {"nccl_ring": rings, "nccl_tree": 2 * rings}.get(name, 1)
+    itemsize = torch.empty((), dtype=first.dtype).element_size()
+    segment = max(1, on.segment // max(1, min(carriers, on.channels)) // itemsize)
+    for plan in plans:
+        plan.layout = plan.layout.replace(**{SEGMENT: segment})
+    return on
 
 
 def _plans(collective, world, inputs, numel, dtype, call, data, check, kwargs, ctx, algorithm) -> tuple:

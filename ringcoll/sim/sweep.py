@@ -2,23 +2,29 @@
 machine, the best algorithm of each cell, the sizes where the best changes, and a map.
 
 Up to ``simulate_up_to`` ranks every cell is a cost-only simulation on the machine's clock
-(ports, nodes and NICs included); beyond, the closed forms serve, on the machine's slowest
-link and, for the node-aware algorithms, its nodes (they equal the clock on a flat
-single-port machine, validated up to 1024 ranks by the tests and bench/study_scale.py); each
-cell says which (``source``), and the crossovers and maps mark the closed-form ones. Each
-cell also carries its ratio to the lower bound (:func:`bound_time`): on a flat machine
-T_lb = ⌈lg p⌉α + (bandwidth bound)β + (compute bound)γ; on a 2-level machine the larger of
-that at the fastest link and the bound across the node boundary at the inter-node link
+(ports, nodes and NICs included); beyond, the closed forms serve where they are the clock's
+(:func:`closed_form`): they equal it on a flat single-port machine (validated up to 1024 ranks
+by the tests and bench/study_scale.py), with k ports for the algorithms that never post two
+messages from or to one rank in a step, and on ranks of a single node; elsewhere (a 2-level
+machine's ranks on several nodes, several ports taken by one step) the sweep refuses the
+cells with a ValueError naming them, before it runs. Each cell says which (``source``), and
+the crossovers and maps mark the closed-form ones. Each cell also carries its ratio to the
+lower bound (:func:`bound_time`): on a flat machine T_lb = ⌈log_(1+k) p⌉α + (bandwidth
+bound)β/k + (compute bound)γ with k ports; on a 2-level machine the larger of that at the
+fastest link and the bound across the node boundary at the inter-node link
 (:func:`ringcoll.sim.bounds.node_bounds`). Cells within :data:`TIE` of the best are ties,
 flagged on the maps and in the crossovers.
 """
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import asdict, dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..schedules import registry
+from ..schedules.registry import builder_of
+from ..schedules.vocabulary import Send
 from ..selection import segment_bytes
 from ..cost.machine import Machine
 from ..runtime.nodes import model_local_size
@@ -26,6 +32,14 @@ from .bounds import lower_bounds, node_bounds
 
 #: relative difference in time below which two algorithms tie in a cell
 TIE = 1e-9
+#: a closed form is used above ``simulate_up_to`` only where each rank's share of the vector
+#: holds at least this many float32 elements: below, chunks go empty and the clock skips
+#: their messages, which the closed forms still count (up to 3x slower than the clock)
+MIN_SHARE = 8
+#: relative difference between a closed form the sweep uses and the clock's time at the same
+#: cell (tests/sim/test_sweep_exact.py; docs/simulator.md says why): the closed forms count a
+#: rank's share as n/p bytes, the clock moves whole elements
+CLOSED_FORM_TOLERANCE = 1e-3
 
 
 @dataclass
@@ -40,36 +54,109 @@ class Cell:
 
 
 def bound_time(collective: str, world: int, nbytes: int, machine: Machine) -> float:
-    """The lower bound on ``machine``: Chan et al.'s at the fastest link, and on a 2-level
-    machine at least the node boundary's (inter-node rounds and NIC bytes at the inter-node
-    α and β), whichever is larger."""
-    bound = lower_bounds(collective, world, nbytes)
+    """The lower bound on ``machine``: Chan et al.'s at the fastest link with the machine's
+    ports (⌈log_(1+k) p⌉ α, bytes ÷ k: :func:`ringcoll.sim.bounds.lower_bounds`), and on a
+    2-level machine at least the node boundary's (inter-node rounds and NIC bytes at the
+    inter-node α and β), whichever is larger."""
+    bound = lower_bounds(collective, world, nbytes, machine.ports)
     alpha = min(machine.alpha, machine.inter_alpha) if not machine.flat else machine.alpha
     beta = min(machine.beta, machine.inter_beta) if not machine.flat else machine.beta
-    flat = bound.steps * alpha + bound.bytes_moved * beta / machine.ports + bound.bytes_reduced * machine.gamma
+    flat = bound.steps * alpha + bound.bytes_moved * beta + bound.bytes_reduced * machine.gamma
     if machine.flat:
         return flat
     across = node_bounds(collective, world, nbytes, [machine.node_of(r) for r in range(world)], machine.nic_ports)
     return max(flat, across.steps * machine.inter_alpha + across.bytes_moved * machine.inter_beta)
 
 
+@functools.lru_cache(maxsize=1024)
+def most_per_step(collective: str, algorithm: str, world: int, nbytes: int) -> int:
+    """The most sends, or receives, that one rank posts in one step of ``algorithm`` at
+    ``world`` ranks and ``nbytes`` (float32, as the sweep simulates it): rank 0's plan's layout,
+    every rank's schedule, or only the representatives where the algorithm declares a symmetry
+    (:func:`ringcoll.sim.engine.symmetric`: the others' steps are theirs relabelled)."""
+    import torch
+    from ..api._calls import uniform_plans
+    from ..api.common import Context
+    from .engine import symmetric
+
+    plans = uniform_plans(builder_of(collective), world, max(nbytes // 4, 0), torch.float32,
+                          {"algorithm": algorithm}, Context(0, world))
+    first = plans[0]
+    found = symmetric(plans, Machine())
+    most = 0
+    for rank in range(found[1] if found else world):
+        for step in first.algorithm.schedule(rank, world, first.layout):
+            sends = sum(isinstance(comm, Send) for comm in step.comms)
+            most = max(most, sends, len(step.comms) - sends)
+            if most > 1:
+                return most
+    return most
+
+
+def closed_form_refusal(collective: str, algorithm: str, world: int, nbytes: int, machine: Machine) -> Optional[str]:
+    """Why ``algorithm``'s closed form is not the clock's time on ``machine`` at ``world``
+    ranks, or None where it is, within :data:`CLOSED_FORM_TOLERANCE` (so the sweep may use
+    it above ``simulate_up_to``). A closed form counts every message at one α and β on a
+    single port, and a rank's share as n/p bytes: below :data:`MIN_SHARE` elements per rank
+    it is refused on any machine. On a 2-level machine whose
+    ``world`` ranks span several nodes the clock prices each message at its own link and
+    queues a node's messages on its NIC: no closed form says which messages cross or share,
+    so every one is refused (ranks on one node: the intra-node link's closed form, exact).
+    With k > 1 ports per rank, an algorithm that posts several sends or receives in one step
+    runs them side by side on the clock, which its closed form serialises: refused; one that
+    never does (:func:`most_per_step`) leaves every port but one idle, so the clock is the
+    single-port one and its closed form exact. A network machine routes each message over
+    links it shares with others, and a LogGP machine (o, g, L) or a window above 1 overlaps
+    what the closed forms add up: no closed form is the clock's there, so all are refused."""
+    where = f"{collective}/{algorithm} at {world} ranks on {machine.describe()}"
+    if nbytes // 4 < MIN_SHARE * world:
+        return (f"{where}: {nbytes} B is under {MIN_SHARE} float32 elements per rank, where chunks go "
+                f"empty and the clock skips their messages; simulate it (simulate_up_to >= {world})")
+    if machine.network is not None:
+        return (f"{where}: no closed form gives the clock's time on a network machine (messages take "
+                f"routes of several links and share them); simulate it (simulate_up_to >= {world})")
+    if machine.is_loggp or machine.window > 1:
+        return (f"{where}: the closed forms charge α per message one step at a time, where this machine's "
+                f"o, g, L and window of {machine.window} overlap them; simulate it (simulate_up_to >= {world})")
+    if not machine.flat and len(set(machine.nodes(world))) > 1:
+        return (f"{where}: no closed form gives the clock's time on a 2-level machine (its links "
+                f"differ and a node's messages share its NIC); simulate it (simulate_up_to >= {world})")
+    if machine.ports > 1 and most_per_step(collective, algorithm, world, nbytes) > 1:
+        return (f"{where}: it posts several messages from or to one rank in a step, which "
+                f"{machine.ports} ports carry side by side and its single-port closed form serialises; "
+                f"simulate it (simulate_up_to >= {world})")
+    return None
+
+
+def closed_form(collective: str, algorithm: str, world: int, nbytes: int, machine: Machine) -> float:
+    """``algorithm``'s closed-form seconds on ``machine``, or a ValueError naming the algorithm
+    and the machine where it would not be the clock's (:func:`closed_form_refusal`)."""
+    refusal = closed_form_refusal(collective, algorithm, world, nbytes, machine)
+    if refusal:
+        raise ValueError(refusal)
+    nodes = machine.nodes(world)
+    cost = registry.model(registry.get(collective, algorithm), world, nbytes,
+                          segment=segment_bytes(collective, algorithm), local_size=model_local_size(nodes))
+    if nodes is not None:           # every rank on one node: every message takes the intra-node link
+        return cost.time(machine.alpha, machine.beta, machine.gamma)
+    return cost.on(machine)
+
+
 def evaluate(collective: str, algorithm: str, world: int, nbytes: int, machine: Machine,
              simulate_up_to: int = 256) -> Cell:
-    from ..schedules.registry import BUILDER_OF
+    """One cell: a cost-only simulation up to ``simulate_up_to`` ranks, beyond it the closed
+    form where it is the clock's (:func:`closed_form`; a ValueError where it is not)."""
     from .simulate import simulate
 
-    # on a hierarchical machine the node-aware algorithms and their closed forms see the
-    # machine's own nodes
+    # on a hierarchical machine the node-aware algorithms see the machine's own nodes
     nodes = None if machine.flat else tuple(machine.node_of(rank) for rank in range(world))
     if world <= simulate_up_to:
-        sim = simulate(BUILDER_OF.get(collective, collective), algorithm, world, numel=max(nbytes // 4, 0),
+        sim = simulate(builder_of(collective), algorithm, world, numel=max(nbytes // 4, 0),
                        dtype=__import__("torch").float32, data=False, machine=machine, record=False,
                        local_size=nodes)
         seconds, source = sim.stats.time, "simulated"
     else:
-        cost = registry.model(registry.get(collective, algorithm), world, nbytes,
-                              segment=segment_bytes(collective, algorithm), local_size=model_local_size(nodes))
-        seconds, source = cost.on(machine), "closed form"
+        seconds, source = closed_form(collective, algorithm, world, nbytes, machine), "closed form"
     lb = bound_time(collective, world, nbytes, machine)
     return Cell(collective, algorithm, world, nbytes, seconds, seconds / lb if lb else float("nan"), source)
 
@@ -90,19 +177,27 @@ def sweep(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int
           algorithms: Optional[Sequence[str]] = None, simulate_up_to: int = 256,
           progress=None) -> List[Cell]:
     """Every (collective, world, size, algorithm) cell; ``algorithms`` restricts the names
-    (:func:`check_algorithms`)."""
+    (:func:`check_algorithms`). Before anything runs, a ValueError names every cell above
+    ``simulate_up_to`` whose closed form is not the clock's on ``machine``
+    (:func:`closed_form_refusal`)."""
     check_algorithms(collectives, algorithms)
-    cells = []
+    plan = []
     for collective in collectives:
         names = [a for a in registry.algorithms(collective) if algorithms is None or a in algorithms]
         for world in worlds:
             # an algorithm registered for one world size (a loaded MSCCL program) runs there only
             runnable = [name for name in names if registry.get(collective, name).world in (None, world)]
-            for nbytes in sizes:
-                for name in runnable:
-                    cells.append(evaluate(collective, name, world, nbytes, machine, simulate_up_to))
-                    if progress:
-                        progress()
+            plan += [(collective, name, world, nbytes) for nbytes in sizes for name in runnable]
+    refused = sorted({refusal for collective, name, world, nbytes in plan if world > simulate_up_to
+                      for refusal in [closed_form_refusal(collective, name, world, nbytes, machine)] if refusal})
+    if refused:
+        raise ValueError(f"{len(refused)} cell(s) above simulate_up_to={simulate_up_to} have no closed form "
+                         f"equal to the clock: " + "; ".join(refused))
+    cells = []
+    for collective, name, world, nbytes in plan:
+        cells.append(evaluate(collective, name, world, nbytes, machine, simulate_up_to))
+        if progress:
+            progress()
     return cells
 
 

@@ -149,13 +149,17 @@ def test_bench_simulate_writes_the_tables_against_nccls_model(tmp_path, capsys):
     assert "vs NCCL" in out and "NCCL picks 1048576 B: tree/LL128/16 channels" in out
     (result,) = tmp_path.glob("*_np16_sim_dgx-h100.json")
     rows = json.loads(result.read_text())["rows"]
-    assert [r["algorithm"] for r in rows] == ["NCCL (model)", "ring", "hierarchical"]
-    model = nccl.choose("all_reduce", 1 << 20, 16, ringcoll.Machine.preset("dgx-h100", nodes=2))
+    assert [r["algorithm"] for r in rows] == ["NCCL (model)", "NCCL (clock)", "ring", "hierarchical"]
+    two = ringcoll.Machine.preset("dgx-h100", nodes=2)
+    model = nccl.choose("all_reduce", 1 << 20, 16, two)
     assert rows[0]["time_us"] == pytest.approx(model.time * 1e6) and rows[0]["vs_builtin"] == 1.0
     assert rows[0]["busbw"] == pytest.approx(model.busbw / 1e9)
-    ring = ringcoll.simulate("all_reduce", "ring", 16, numel=1 << 18, dtype=torch.float32,
-                             machine=ringcoll.Machine.preset("dgx-h100", nodes=2), data=False)
-    assert rows[1]["vs_builtin"] == pytest.approx(ring.stats.time / model.time)
+    # NCCL's pick on the clock under its protocol, + its launch: simulate(..., "nccl")'s answer
+    clock = ringcoll.simulate("all_reduce", "nccl", 16, numel=1 << 18, dtype=torch.float32, machine=two, data=False)
+    assert rows[1]["time_us"] == pytest.approx((clock.stats.time + clock.protocol.launch) * 1e6)
+    assert rows[1]["vs_builtin"] == pytest.approx(clock.nccl_ratio)
+    ring = ringcoll.simulate("all_reduce", "ring", 16, numel=1 << 18, dtype=torch.float32, machine=two, data=False)
+    assert rows[2]["vs_builtin"] == pytest.approx(ring.stats.time / model.time)
     assert len(list(tmp_path.glob("*.csv"))) == 1 and len(list(tmp_path.glob("*.txt"))) == 1
     with pytest.raises(SystemExit):
         main(["--simulate", "dgx-h1000"])
