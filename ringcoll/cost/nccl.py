@@ -123,8 +123,8 @@ class Choice:
     @property
     def schedule(self) -> Optional[str]:
         """The ringcoll schedule that runs this algorithm's messages (None: NVLS reduces in
-        the switch, which no point-to-point schedule can; PAT has no ringcoll schedule yet)."""
-        return {"ring": "nccl_ring", "tree": "nccl_tree"}.get(self.algorithm)
+        the switch, which no point-to-point schedule can)."""
+        return {"ring": "nccl_ring", "tree": "nccl_tree", "pat": "nccl_pat"}.get(self.algorithm)
 
 
 @dataclass(frozen=True)
@@ -405,8 +405,14 @@ def protocol_machine(machine: Machine, world: int, protocol: str, algorithm: str
     inter = max(0.0, NET_LATENCY[algorithm][k] - NVLINK_LATENCY[algorithm][k]) * 1e-6 if f.nodes > 1 else 0.0
     params = {**net.params, "nvlink": (0.0, 1 / nvlink), "nic": (inter, net.params["nic"][1] / payload)}
     from .network import network
+    # across nodes ringcoll runs NCCL's channels as one ring (or tree pair) per GPU of a node
+    # (schedules.nccl.channel_rings), side by side: a port each, and a lane each of every GPU's
+    # NVLinks, so a ring's message through a NIC holds its own lane at the NIC's pace, as
+    # NCCL's channels share the NVLinks, instead of the whole GPU's port and NVLink
+    rings = world // f.nodes if f.nodes > 1 else 1
+    params["nvlink_lanes"] = rings
     on = replace(machine, alpha=0.0, o=0.0, g=0.0, L=NVLINK_LATENCY[algorithm][k] * 1e-6,
-                 window=NCCL_STEPS // steps,
+                 window=NCCL_STEPS // steps, ports=rings,
                  network=network("gpu_cluster", placement=net.placement, hop_latency=net.hop_latency, **params))
     return ProtocolMachine(on, algorithm, protocol, channels, int(STEP_BYTES[protocol] * steps * payload),
                            BASE_LATENCY[algorithm][k] * 1e-6)

@@ -312,7 +312,7 @@ class Network:
                         self._add(v, u, global_latency, g_beta, 1, "global")
 
     def _build_gpu_cluster(self, nodes, gpus, nics, nvlink, nic, oversubscription=1.0, fabric_latency=0.0,
-                           arch="hopper", nvlinks=None, nodes_per_leaf=None):
+                           arch="hopper", nvlinks=None, nodes_per_leaf=None, nvlink_lanes=1):
         """A rail-optimised GPU cluster: ``nodes`` nodes of ``gpus`` GPUs (hosts, node-major),
         each node an NVSwitch (node ``hosts + n``) joined to each of its GPUs by a link each way
         at ``nvlink = (latency, β)`` (β per direction of one GPU's NVLinks together); ``nics``
@@ -322,8 +322,10 @@ class Network:
         the NIC → leaf link); rail k of every ``nodes_per_leaf`` nodes (default: all) on one leaf
         switch, the leaves joined by a spine with ``nodes_per_leaf`` lanes each way at β ·
         ``oversubscription`` and ``fabric_latency``. The NVSwitch never limits beyond each GPU's
-        own NVLinks. ``arch`` and ``nvlinks`` are facts for NCCL's tuner model
-        (ringcoll.cost.nccl), not for routes."""
+        own NVLinks. ``nvlink_lanes`` splits each GPU's NVLink link into lanes of 1/lanes of its
+        bandwidth each (NCCL's rings side by side on it: a message through a NIC then holds one
+        lane at the NIC's pace, not the GPU's whole NVLink). ``arch`` and ``nvlinks`` are facts
+        for NCCL's tuner model (ringcoll.cost.nccl), not for routes."""
         for name, v in (("nodes", nodes), ("gpus", gpus), ("nics", nics)):
             _positive_int(name, v)
         if nics > gpus:
@@ -338,6 +340,7 @@ class Network:
                 raise ValueError(f"{name} must be (latency, beta), got {pair!r}")
             _seconds(f"{name} latency", pair[0]), _seconds(f"{name} beta", pair[1])
         _seconds("fabric_latency", fabric_latency)
+        lanes = _positive_int("nvlink_lanes", nvlink_lanes)
         self.params.update(nvlink=nvlink, nic=nic)
         self.hosts = nodes * gpus
         switch0, nic0 = self.hosts, self.hosts + nodes
@@ -349,8 +352,8 @@ class Network:
         for h in range(self.hosts):
             n, g = divmod(h, gpus)
             self.position[h] = (h, 0)
-            self._add(h, switch0 + n, nvlink[0], nvlink[1], 1, "nvlink")
-            self._add(switch0 + n, h, nvlink[0], nvlink[1], 1, "nvlink")
+            self._add(h, switch0 + n, nvlink[0], nvlink[1] * lanes, lanes, "nvlink")
+            self._add(switch0 + n, h, nvlink[0], nvlink[1] * lanes, lanes, "nvlink")
             card = nic0 + n * nics + g * nics // gpus
             self._add(h, card, 0.0, nic[1], 1, "pcie")
             self._add(card, h, 0.0, nic[1], 1, "pcie")

@@ -18,11 +18,12 @@ Short blocks go in ⌈lg p⌉ messages, blocks of a segment or more one block pe
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence
 
 from .registry import Cost, register, rotation_when_even
+from .trees import segment_count
 from .vocabulary import (DEFAULT_SEGMENT_BYTES, IN_PLACE, SEGMENT, Buf, Copy, Layout, Recv, Send, Step, chunks,
-                         reduce, step)
+                         reduce, segmented, step)
 
 
 def _distances(world: int) -> List[int]:
@@ -45,10 +46,17 @@ def _per_message(layout: Layout, block: int) -> int:
     return max(1, segment // block) if segment and block else 1 << 62
 
 
-def _cost(world: int, nbytes: int, collective: str, segment: Optional[int] = None) -> Cost:
+def _cost(world: int, nbytes: int, collective: str, segment: Optional[int] = None, nccl: bool = False) -> Cost:
+    """PAT's cost; ``nccl``: NCCL's chunking (:func:`all_gather_nccl_pat`), k rounds over
+    slices of a block of at most a segment, A the largest power of two ≤ segment / slice."""
     block = nbytes / world if world else 0
-    per_message = max(1, int((segment or DEFAULT_SEGMENT_BYTES) // block)) if block else 1 << 62
-    messages = sum(-(-len(_offsets(world, d)) // per_message) for d in _distances(world))
+    segment = segment or DEFAULT_SEGMENT_BYTES
+    rounds = segment_count(-(-nbytes // world), segment) if nccl and world else 1
+    piece = block / rounds
+    per_message = max(1, int(segment // piece)) if piece else 1 << 62
+    if nccl:
+        per_message = 1 << (per_message.bit_length() - 1)
+    messages = rounds * sum(-(-len(_offsets(world, d)) // per_message) for d in _distances(world))
     share = (world - 1) * block
     return Cost(messages, share, share if collective == "reduce_scatter" else 0)
 
@@ -78,10 +86,20 @@ def all_gather_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     a step's blocks fit one segment.
     """
     output = chunks("output", layout.numel, world)
+    per_message = _per_message(layout, output[0].numel)
+    yield from _all_gather_round(rank, world, output, per_message, _own(rank, layout, output))
+
+
+def _own(rank: int, layout: Layout, output: Sequence[Buf]) -> list:
+    """The copy that places this rank's input in its block of the output (none in place)."""
+    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, output[rank].numel)
+    return [] if own == output[rank] else [Copy(output[rank], own)]
+
+
+def _all_gather_round(rank: int, world: int, output: Sequence[Buf], per_message: int, placed: list) -> Iterator[Step]:
+    """One PAT all-gather over ``output`` (one block, or one slice of each, per rank), the
+    local copies ``placed`` in its first step."""
     block = output[0].numel
-    per_message = _per_message(layout, block)
-    own = output[rank] if layout.get(IN_PLACE, False) else Buf("input", 0, block)
-    placed = [] if own == output[rank] else [Copy(output[rank], own)]
     distances = _distances(world)
 
     def pack(d: int) -> list:
@@ -118,9 +136,16 @@ def reduce_scatter_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
     Cost: Σ_d ⌈c_d / A⌉·α + (p-1)/p·n(β + γ) (n: the input total).
     """
     inputs = chunks("input", layout.numel, world)
+    per_message = _per_message(layout, inputs[0].numel)
+    yield from _reduce_scatter_round(rank, world, inputs, chunks("acc", layout.numel, world),
+                                     Buf("output", 0, inputs[0].numel), per_message)
+
+
+def _reduce_scatter_round(rank: int, world: int, inputs: Sequence[Buf], acc: Sequence[Buf], output: Buf,
+                          per_message: int) -> Iterator[Step]:
+    """One PAT reduce-scatter over ``inputs`` (one block, or one slice of each, per rank),
+    partials in ``acc``, this rank's result in ``output``."""
     block = inputs[0].numel
-    per_message = _per_message(layout, block)
-    acc = chunks("acc", layout.numel, world)
     partial: List[Buf] = list(inputs)       # where each block's partial lives now
     distances = list(reversed(_distances(world)))
 
@@ -146,4 +171,61 @@ def reduce_scatter_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
         comms = _messages((rank + d) % world, sending, per_message, Send) + \
             _messages((rank - d) % world, arriving, per_message, Recv)
         yield step(comms, local + (pack(distances[i + 1]) if i + 1 < len(distances) else []))
-    yield step(local=[Copy(Buf("output", 0, block), partial[rank])])
+    yield step(local=[Copy(output, partial[rank])])
+
+
+# -- NCCL's PAT (src/device/all_gather.h, reduce_scatter.h; src/include/collectives.h PatAGAlgorithm, PatRSAlgorithm)
+def _nccl_rounds(layout: Layout, blocks: Sequence[Buf]) -> tuple:
+    """NCCL's chunking of PAT: every block cut into slices of at most a segment (NCCL's chunk,
+    whose loop runs the whole algorithm once per slice of every block), and the slices a
+    message aggregates, the largest power of two ≤ segment / slice (PatAGAlgorithm's
+    aggFactor, which also stops at ⌈p/2⌉'s power of two: never fewer than a step's c_d)."""
+    slices = segmented(blocks, layout.get(SEGMENT))
+    per_message = _per_message(layout, slices[0][0].numel if len(slices) else 0)
+    return slices, 1 << (per_message.bit_length() - 1)
+
+
+def _nccl_pat_cost(collective: str):
+    def cost(world: int, nbytes: int, segment: Optional[int] = None) -> Cost:
+        return _cost(world, nbytes, collective, segment, nccl=True)
+    return cost
+
+
+@register("all_gather", "nccl_pat", cost=_nccl_pat_cost("all_gather"), symmetry=rotation_when_even, auto=False,
+          preference=62)
+def all_gather_nccl_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """NCCL's PAT all-gather (NCCL 2.23+, run where a node has one GPU): :func:`all_gather_pat`'s
+    trees with NCCL's chunking: every block cut into slices of a segment at most (NCCL's
+    chunk), one PAT all-gather over slice j of every block for each j, a message carrying A
+    slices, the largest power of two ≤ segment / slice (PatAGAlgorithm's aggregation).
+    Not modelled: the order in which NCCL's PatAGAlgorithm interleaves the distances of
+    consecutive aggregated steps (it moves the same blocks over the same distances); NCCL's
+    chunk size itself (512 KiB halved down to 64 KiB for small calls, enqueue.cc: the segment
+    table's segment stands for it); its channels (one GPU per node, where ringcoll's
+    nccl_ring has a single channel too).
+
+    Cost: k slices per block, k·Σ_d ⌈c_d / A⌉·α + (p-1)/p·nβ (n: the gathered total).
+    """
+    output = chunks("output", layout.numel, world)
+    slices, per_message = _nccl_rounds(layout, output)
+    placed = _own(rank, layout, output)
+    for j in range(len(slices[0]) if world > 1 else 1):
+        yield from _all_gather_round(rank, world, [s[j] for s in slices], per_message, placed if j == 0 else [])
+
+
+@register("reduce_scatter", "nccl_pat", cost=_nccl_pat_cost("reduce_scatter"), symmetry=rotation_when_even,
+          auto=False, preference=62)
+def reduce_scatter_nccl_pat(rank: int, world: int, layout: Layout) -> Iterator[Step]:
+    """NCCL's PAT reduce-scatter: :func:`reduce_scatter_pat`'s trees with NCCL's chunking as
+    :func:`all_gather_nccl_pat`'s, one PAT reduce-scatter per slice j of the blocks, A slices a
+    message; what is not modelled as there.
+
+    Cost: k·Σ_d ⌈c_d / A⌉·α + (p-1)/p·n(β + γ) (n: the input total).
+    """
+    inputs = chunks("input", layout.numel, world)
+    slices, per_message = _nccl_rounds(layout, inputs)
+    acc = segmented(chunks("acc", layout.numel, world), layout.get(SEGMENT))
+    output = segmented([Buf("output", 0, inputs[0].numel)], layout.get(SEGMENT))[0]
+    for j in range(len(slices[0])):
+        yield from _reduce_scatter_round(rank, world, [s[j] for s in slices], [a[j] for a in acc], output[j],
+                                         per_message)

@@ -147,7 +147,7 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     theirs: 0-9 the classic ones of a collective (those the measured rules were taken on), in
     the order their module defines them; 10-19 Swing (NSDI '24), 20-29 Bine
     (SC '25), 30-39 direct, 40-49 the node-aware and torus algorithms, 50-59 PAT, 60-69
-    NCCL's own (nccl_ring, nccl_tree). None (a
+    NCCL's own (nccl_ring, nccl_tree, nccl_pat). None (a
     user's default): :data:`UNRANKED`, after every built-in one, then by name.
 
     ``check`` (default: on for schedules defined outside ringcoll) runs the schedule

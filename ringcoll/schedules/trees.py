@@ -427,16 +427,16 @@ def port_split(pipe: TreePipeline, layout: Layout) -> Optional[TreePipeline]:
     return pipe if layout.get(ONE_PORT, True) else None
 
 
-def pipelined_tree_cost(pipe: TreePipeline, nbytes: float, segment: Optional[int]):
-    """α-β-γ cost of a :class:`TreePipeline` whose trees carry n/2 each in k segments of
-    s = n/2k bytes, on the simulator's clock: nothing queues on a port, so the cost is
-    ``pipe.time(k)`` message times (α + sβ) and segments reduced (sγ)."""
+def pipelined_tree_cost(pipe: TreePipeline, nbytes: float, segment: Optional[int], parts: int = 2):
+    """α-β-γ cost of a :class:`TreePipeline` whose trees carry n/parts each (two trees by
+    default) in k segments of s = n/(parts·k) bytes, on the simulator's clock: nothing queues
+    on a port, so the cost is ``pipe.time(k)`` message times (α + sβ) and segments reduced (sγ)."""
     from .registry import Cost
 
     if pipe.world == 1:
         return Cost(0, 0, 0)
-    k = segment_count(nbytes / 2, segment=segment)
-    seg = nbytes / 2 / k
+    k = segment_count(nbytes / parts, segment=segment)
+    seg = nbytes / parts / k
     messages, reduced = pipe.time(k)
     return Cost(messages, messages * seg, reduced * seg)
 

@@ -196,10 +196,11 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
     an int for nodes of that many consecutive ranks, or a tuple giving each rank's node; by
     default the machine's own nodes (a 2-level machine's, a GPU cluster's: :func:`run_nodes`),
     so every node-aware schedule, ``auto``'s model and the clock see one layout.
-    ``algorithm="nccl"`` (all_reduce on a GPU cluster): NCCL's tuner's pick (algorithm ×
-    protocol × channels) by its own cost formulas in ``sim.nccl`` (:mod:`ringcoll.cost.nccl`),
-    its time ``sim.predicted``, run as nccl_ring or nccl_tree (nccl_ring for NVLS) on the clock
-    on that protocol's machine (:func:`ringcoll.cost.nccl.protocol_machine`, in
+    ``algorithm="nccl"`` (all_reduce, all_gather, reduce_scatter, broadcast or reduce on a GPU
+    cluster): NCCL's tuner's pick (algorithm × protocol × channels) by its own cost formulas in
+    ``sim.nccl`` (:mod:`ringcoll.cost.nccl`, given the whole vector's bytes), its time
+    ``sim.predicted``, run as nccl_ring, nccl_tree or nccl_pat (nccl_ring for NVLS) on the
+    clock on that protocol's machine (:func:`ringcoll.cost.nccl.protocol_machine`, in
     ``sim.protocol``): two answers, ``sim.summary()`` gives both and their ratio.
     ``protocol`` ("LL", "LL128", "Simple"; GPU clusters only) runs any schedule on that
     protocol's machine, all channels, the protocol's chunks as its segment; with
@@ -322,16 +323,18 @@ def _check_protocol(protocol, machine: Machine) -> None:
 def _nccl(collective, world, machine, build, protocol) -> tuple:
     """``algorithm="nccl"``: the plans of the ringcoll schedule that runs the messages of
     NCCL's tuner's pick for the call's bytes on ``machine`` (:func:`ringcoll.cost.nccl.choose`,
-    limited to ``protocol`` when given: nccl_ring or nccl_tree; NCCL's ring where NVLS, which
-    reduces in the switch, is picked), and the pick."""
-    from ..cost.nccl import choose
+    limited to ``protocol`` when given: nccl_ring, nccl_tree or nccl_pat; NCCL's ring where
+    NVLS, which reduces in the switch, is picked), and the pick."""
+    from ..cost.nccl import BUS_FACTOR, choose
 
-    if COLLECTIVE_OF.get(collective, collective) != "all_reduce":
-        raise ValueError(f"algorithm='nccl' runs all_reduce (NCCL's ring and tree schedules), got {collective!r}")
+    family = COLLECTIVE_OF.get(collective, collective)
+    if family not in BUS_FACTOR:
+        raise ValueError(f"algorithm='nccl' runs {', '.join(BUS_FACTOR)} (the collectives NCCL's model prices), "
+                         f"got {collective!r}")
     built = build("nccl_ring")
-    choice = choose("all_reduce", _bytes(built[0][0]), world, machine,
+    choice = choose(family, _bytes(built[0][0]), world, machine,
                     protocols=None if protocol is None else [protocol])
-    return (build("nccl_tree") if choice.schedule == "nccl_tree" else built), choice
+    return (built if choice.schedule in (None, "nccl_ring") else build(choice.schedule)), choice
 
 
 def _on_protocol(plans, world, machine, choice, protocol):
@@ -348,8 +351,10 @@ def _on_protocol(plans, world, machine, choice, protocol):
     name = first.algorithm.name
     on = protocol_machine(machine, world, protocol if choice is None else choice.protocol,
                           "tree" if name == "nccl_tree" else "ring", None if choice is None else choice.channels)
-    carriers = {"nccl_ring": lambda: len(channel_rings(tuple(first.layout.get(NODES) or (0,) * world))),
-                "nccl_tree": lambda: 2}.get(name, lambda: 1)()
+    # the pipelines that run side by side: a ring per channel (nccl_ring of every collective),
+    # two trees per channel pair (nccl_tree), one for any other schedule (nccl_pat among them)
+    rings = len(channel_rings(tuple(first.layout.get(NODES) or (0,) * world)))
+    carriers = {"nccl_ring": rings, "nccl_tree": 2 * rings}.get(name, 1)
     itemsize = torch.empty((), dtype=first.dtype).element_size()
     segment = max(1, on.segment // max(1, min(carriers, on.channels)) // itemsize)
     for plan in plans:

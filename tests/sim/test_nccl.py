@@ -75,6 +75,7 @@ def test_pat_runs_all_gather_and_reduce_scatter_with_one_gpu_per_node():
         assert ("pat", "LL") not in table and ("pat", "LL128") not in table
         assert table["ring", "Simple"][0] == pytest.approx(8.4 + 63 * 14.0)
         assert nccl.choose(collective, 1 << 20, 64, m).algorithm == "pat"
+        assert nccl.choose(collective, 1 << 20, 64, m).schedule == "nccl_pat"        # a runnable schedule
         assert nccl.choose(collective, 1 << 28, 64, m).algorithm == "ring"
     assert ("pat", "Simple") not in nccl.tuner_table("all_reduce", facts)
     eight = nccl.Facts.of(ringcoll.Machine.preset("dgx-h100", nodes=2), 16)       # 8 GPUs per node: no PAT
@@ -113,8 +114,25 @@ def test_simulate_nccl_runs_the_picked_schedule_and_predicts_nccls_time():
     one = ringcoll.simulate("all_reduce", "nccl", 8, numel=256, dtype=torch.float32,
                             machine=ringcoll.Machine.preset("dgx-h100"))
     assert (one.nccl.algorithm, one.nccl.protocol, one.algorithm.name) == ("ring", "LL", "nccl_ring")
-    with pytest.raises(ValueError, match="algorithm='nccl' runs all_reduce"):
-        ringcoll.simulate("broadcast", "nccl", 8, numel=256, machine=two, src=0)
+    with pytest.raises(ValueError, match="algorithm='nccl' runs all_reduce, all_gather, reduce_scatter, broadcast, "
+                                         "reduce .*got 'all_to_all_single'"):
+        ringcoll.simulate("all_to_all_single", "nccl", 8, numel=256, machine=two)
+
+
+def test_simulate_nccl_runs_every_collective_nccls_model_prices():
+    """Broadcast on one H100 node: NCCL's ring, run as nccl_ring, exact; all_gather and
+    reduce_scatter at 16 nodes of one GPU and 64 KiB: PAT (8 µs + 4 · 14 / 3.5 µs + 16 · 2.8 µs
+    against the ring's 15 network steps of 14 µs), run as nccl_pat."""
+    one = ringcoll.Machine.preset("dgx-h100")
+    sim = ringcoll.simulate("broadcast", "nccl", 8, numel=1000, dtype=torch.float32, machine=one, src=3)
+    assert (sim.nccl.algorithm, sim.algorithm.name) == ("ring", "nccl_ring") and sim.stats.time > 0
+    assert sim.predicted == nccl.choose("broadcast", 4000, 8, one).time
+    pats = ringcoll.Machine.gpu_cluster(16, 1, nvlink_bandwidth=450e9, nvlinks=18, nics_per_node=1,
+                                        nic_bandwidth=50e9)
+    for builder, collective in (("all_gather_into_tensor", "all_gather"), ("reduce_scatter_tensor", "reduce_scatter")):
+        sim = ringcoll.simulate(builder, "nccl", 16, numel=1 << 14, dtype=torch.float32, machine=pats, data=False)
+        assert (sim.nccl.algorithm, sim.nccl.schedule, sim.algorithm.name) == ("pat", "nccl_pat", "nccl_pat")
+        assert sim.predicted == nccl.choose(collective, 1 << 16, 16, pats).time
 
 
 def test_bench_simulate_writes_the_tables_against_nccls_model(tmp_path, capsys):
