@@ -70,6 +70,7 @@ import bisect
 import functools
 import gc
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -317,34 +318,13 @@ def slot(tables, start: float, durations, offsets=None) -> Tuple[float, list]:
     its arrival), and the ports that are; a port's busy intervals are sorted and a message
     may take a gap before a later-booked one (a port never idles while a ready message
     could go)."""
-    if offsets is not None:
-        return _slot_after(tables, start, durations, offsets)
     # the least time from which every table has a lane free for its duration: each table's
-    # earliest fit from t on (over its lanes) never decreases as t grows, so moving t to the
-    # latest of them until none moves it reaches the least common one; each table's lane is
-    # its first one that fits there (the first such choice in lane order)
-    t = start
-    while True:
-        latest, chosen = t, []
-        for table, duration in zip(tables, durations):
-            lane, fits = None, _INF
-            for busy in table:
-                fit = _fit(busy, t, duration)
-                if fit < fits:
-                    lane, fits = busy, fit
-                    if fit == t:
-                        break           # no lane fits earlier than t
-            chosen.append(lane)
-            if fits > latest:
-                latest = fits
-        if latest == t:
-            return t, chosen
-        t = latest
-
-
-def _slot_after(tables, start: float, durations, offsets) -> Tuple[float, list]:
-    """:func:`slot` with each table held from its offset after the start (same search: each
-    table's earliest fit, shifted by its offset, never decreases as t grows)."""
+    # earliest fit from t on (over its lanes; shifted by its offset, which keeps it so) never
+    # decreases as t grows, so moving t to the latest of them until none moves it reaches the
+    # least common one; each table's lane is its first one that fits there (the first such
+    # choice in lane order)
+    if offsets is None:
+        offsets = itertools.repeat(0.0)    # every table held from the start: t + 0.0 is t, bit for bit
     t = start
     while True:
         latest, chosen = t, []
@@ -357,7 +337,7 @@ def _slot_after(tables, start: float, durations, offsets) -> Tuple[float, list]:
                 if fit < fits:
                     lane, fits = busy, fit
                     if fit == t:
-                        break
+                        break           # no lane fits earlier than t
             chosen.append(lane)
             if fits > latest:
                 latest = fits
