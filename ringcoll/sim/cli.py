@@ -86,6 +86,54 @@ def _link(text: str):
     return latency, 1 / (gbps * 1e9)
 
 
+def _at_least(least: int, example: str):
+    """The argparse type of an int option >= ``least`` (argparse names the option in front of
+    the message)."""
+    def parse(text) -> int:
+        word = str(text).strip()
+        if not word.lstrip("-").isdigit() or int(word) < least:
+            raise argparse.ArgumentTypeError(f"expected an int >= {least} ({example}), got {text!r}")
+        return int(word)
+    return parse
+
+
+def _worlds(text: str) -> List[int]:
+    parts = text.split(",")
+    if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected world sizes >= 1 joined by commas (4,8,16), got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _nbytes(text: str) -> int:
+    """A message size > 0 in nccl-tests' syntax (1K, 64M)."""
+    from ..config import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a size > 0 in bytes with an optional K/M/G/T suffix "
+                                         f"(1K, 64M), got {text!r}")
+    return value
+
+
+def _gbps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a bandwidth > 0 in GB/s (50), got {text!r}")
+    return value
+
+
+def _link_text(link) -> str:
+    """(latency s, β s/B) as --intra/--inter/--host write it: µs,GB/s."""
+    latency, beta = link
+    return f"{latency * 1e6:g},{1 / beta / 1e9:g}"
+
+
 def _placement(text: str):
     if text == "linear":
         return "linear"
@@ -140,9 +188,8 @@ def _machine(args) -> Machine:
     if network is not None:
         return network
     if args.hierarchical:
-        (ia, ib), (oa, ob) = ([float(x) for x in spec.split(",")] for spec in (args.intra, args.inter))
-        return Machine.hierarchical(args.hierarchical, intra=(ia * 1e-6, 1 / (ib * 1e9)),
-                                    inter=(oa * 1e-6, 1 / (ob * 1e9)), gamma=1 / (args.gamma_gbps * 1e9),
+        return Machine.hierarchical(args.hierarchical, intra=args.intra, inter=args.inter,
+                                    gamma=1 / (args.gamma_gbps * 1e9),
                                     nic_ports=args.nic_ports, ports=ports or 1)
     if args.machine:
         with open(args.machine) as f:
@@ -165,29 +212,32 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sweep", help="every algorithm over world sizes and message sizes")
     s.add_argument("--collective", default="all_reduce", help="comma-separated registry collectives")
     s.add_argument("--algorithms", help="comma-separated names (default: all)")
-    s.add_argument("--worlds", default="4,8,16,32,64", help="comma-separated world sizes")
+    s.add_argument("--worlds", type=_worlds, default="4,8,16,32,64", help="comma-separated world sizes")
     s.add_argument("--msccl", action="append", default=[], metavar="FILE.xml",
                    help="load an MSCCL-IR algorithm first (ringcoll.msccl.load); it joins the sweep at "
                         "its own world size; repeatable")
-    s.add_argument("-b", "--minbytes", type=parse_size, default="1K")
-    s.add_argument("-e", "--maxbytes", type=parse_size, default="64M")
-    s.add_argument("-f", "--stepfactor", type=int, default=4)
-    s.add_argument("--simulate-up-to", type=int, default=256, help="closed forms above this many ranks")
+    s.add_argument("-b", "--minbytes", type=_nbytes, default="1K", help="smallest message (bytes, 1K, 64M)")
+    s.add_argument("-e", "--maxbytes", type=_nbytes, default="64M", help="largest message, >= --minbytes")
+    s.add_argument("-f", "--stepfactor", type=_at_least(2, "4"), default=4, help="size factor between steps")
+    s.add_argument("--simulate-up-to", type=_at_least(1, "256"), default=256,
+                   help="closed forms above this many ranks")
     s.add_argument("--import", action="append", dest="imports", default=[], metavar="MODULE",
                    help="import MODULE (a module name, or a path to a .py file) first, so the algorithms it "
                         "registers with ringcoll.register join the sweep; repeatable")
-    s.add_argument("--ports", type=int, default=None,
+    s.add_argument("--ports", type=_at_least(1, "2"), default=None,
                    help="send and receive ports per rank (default: the machine's, 1 unless it says)")
     s.add_argument("--out", default=None,
                    help="directory of the tables and maps (default: a fresh study-<UTC time> under the "
                         "current directory, so a run never overwrites committed results)")
     for q in (s, sub.add_parser("validate", help="predicted vs measured times of a ringcoll-bench run")):
         q.add_argument("--machine", help="Machine JSON, or a ringcoll-bench JSON to fit")
-        q.add_argument("--hierarchical", type=int, metavar="RANKS_PER_NODE")
-        q.add_argument("--intra", default="2,100", help="intra-node α (µs), bandwidth (GB/s)")
-        q.add_argument("--inter", default="10,10", help="inter-node α (µs), bandwidth (GB/s)")
-        q.add_argument("--gamma-gbps", type=float, default=50.0, help="reduction speed (GB/s)")
-        q.add_argument("--nic-ports", type=int, default=1)
+        q.add_argument("--hierarchical", type=_at_least(1, "8"), metavar="RANKS_PER_NODE")
+        q.add_argument("--intra", type=_link, default="2,100", metavar="ALPHA_US,GBPS",
+                       help="intra-node α (µs), bandwidth (GB/s)")
+        q.add_argument("--inter", type=_link, default="10,10", metavar="ALPHA_US,GBPS",
+                       help="inter-node α (µs), bandwidth (GB/s)")
+        q.add_argument("--gamma-gbps", type=_gbps, default=50.0, help="reduction speed (GB/s)")
+        q.add_argument("--nic-ports", type=_at_least(1, "1"), default=1)
         q.add_argument("--torus", type=_dims, metavar="DIMS", help="a torus of one host per point: 8x8, 4x4x4")
         q.add_argument("--mesh", type=_dims, metavar="DIMS", help="a mesh (no wrap-around): 4x4")
         q.add_argument("--fat-tree", dest="fat_tree", type=_fat_tree, metavar="RADIX[:LEVELS[:OVERSUB]]",
@@ -226,8 +276,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if machine.network is not None:
             result = result.on(machine, label=machine.describe())
         elif args.machine or args.hierarchical:
-            given = args.machine or (f"--hierarchical {args.hierarchical} --intra {args.intra} "
-                                     f"--inter {args.inter}")
+            given = args.machine or (f"--hierarchical {args.hierarchical} --intra {_link_text(args.intra)} "
+                                     f"--inter {_link_text(args.inter)}")
             result = result.on(machine, label=given)
         print(f"{'collective':<16}{'algorithm':<20}{'p':>4}{'bytes':>11}{'measured us':>13}{'predicted us':>14}{'ratio':>7}")
         for s in samples:
@@ -238,8 +288,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     from ..schedules import registry
     from .sweep import check_algorithms, crossover_lines, plot_map, sweep, write_table
-    if args.ports is not None and args.ports < 1:
-        cli.error(f"--ports must be a positive int, got {args.ports}")
+    if args.maxbytes < args.minbytes:
+        cli.error(f"argument -e/--maxbytes: expected a size >= -b/--minbytes ({args.minbytes} B), "
+                  f"got {args.maxbytes} B")
     if args.imports:
         from .trust import import_module
         for name in args.imports:
@@ -251,7 +302,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         machine = _machine(args)
     except ValueError as error:
         cli.error(str(error))
-    worlds = [int(w) for w in args.worlds.split(",")]
+    worlds = args.worlds
     if machine.network is not None:
         too_big = [w for w in worlds if w > machine.network.hosts]
         if too_big:
