@@ -6,12 +6,16 @@
     ringcoll-study sweep --torus 8x8 --host 2,50 --placement random:1      # a network machine
     ringcoll-study sweep --import mine.py --algorithms mine,ring --ports 2 # a user's algorithms
     ringcoll-study validate bench/results/runs/RUN.json [--machine m.json]
+    ringcoll-study fit RUN.json [RUN.json ...] [--hold-out RUN.json] [--out machine.json]
 
 ``sweep`` writes a table (CSV, each cell's source: simulated or closed form), the crossover
 sizes and ties (text) and a best-algorithm map (PNG: ``*`` closed form, ``=`` tie) per
 collective into ``--out``. ``validate`` prints predicted and measured times side by side on
 the machine fitted to the run itself, or on the given one, labelled as given (not fitted),
-with the error bands of that machine's predictions.
+with the error bands of that machine's predictions. ``fit`` prints the same for the machine
+fitted to its runs (each row marked in-sample or held out, the rms and worst error of each)
+and saves that machine for ``--machine``. Each takes ``--json FILE``: every cell or row with
+its fields, the machine (``Machine.to_dict``) and the command line.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from decimal import Decimal, InvalidOperation
 from typing import List, Optional
 
@@ -258,8 +262,45 @@ def parser() -> argparse.ArgumentParser:
                             "bandwidth, no latency)")
         q.add_argument("--placement", type=_placement, default=None, metavar="linear|random:SEED",
                        help="on a network: rank r on host r (linear, the default) or a seeded shuffle")
-    sub.choices["validate"].add_argument("run", help="ringcoll-bench JSON")
+    v = sub.choices["validate"]
+    v.add_argument("run", help="ringcoll-bench JSON")
+    f = sub.add_parser("fit", help="a flat machine fitted to ringcoll-bench runs, with its errors")
+    f.add_argument("runs", nargs="+", metavar="RUN.json", help="ringcoll-bench JSON files to fit")
+    f.add_argument("--hold-out", action="append", default=[], metavar="RUN.json",
+                   help="a ringcoll-bench JSON predicted but not fitted (out of sample); repeatable")
+    f.add_argument("--out", default=None, metavar="MACHINE.json",
+                   help="write the fitted machine (ringcoll.Machine.load, --machine read it)")
+    for q in (s, v, f):
+        q.add_argument("--json", default=None, metavar="FILE",
+                       help="also write the results as JSON: every cell or row with its fields, the "
+                            "machine (Machine.to_dict) and the command line")
     return p
+
+
+def _command_line(argv: Optional[List[str]]) -> List[str]:
+    """The command as run: ``ringcoll-study`` and its arguments."""
+    return ["ringcoll-study", *(sys.argv[1:] if argv is None else argv)]
+
+
+def _write_json(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path}")
+
+
+def _print_fit(result, json_path: Optional[str], argv: Optional[List[str]]) -> None:
+    """Every row measured and predicted (fitted: in-sample, held out, or given: against a
+    given machine), the report, and with ``--json`` all of it as JSON."""
+    print(f"{'collective':<16}{'algorithm':<20}{'p':>4}{'bytes':>11}{'measured us':>13}{'predicted us':>14}"
+          f"{'ratio':>7}  row")
+    for row in result.rows():
+        kind = "in-sample" if row["in_sample"] else "given" if result.label != "fitted" else "held out"
+        print(f"{row['collective']:<16}{row['algorithm']:<20}{row['world']:>4}{row['nbytes']:>11}"
+              f"{row['measured_s'] * 1e6:>13.1f}{row['predicted_s'] * 1e6:>14.1f}"
+              f"{row['predicted_s'] / row['measured_s']:>7.2f}  {kind}")
+    print(result.report())
+    if json_path:
+        _write_json(json_path, {"command": _command_line(argv), **result.to_dict()})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -279,12 +320,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             given = args.machine or (f"--hierarchical {args.hierarchical} --intra {_link_text(args.intra)} "
                                      f"--inter {_link_text(args.inter)}")
             result = result.on(machine, label=given)
-        print(f"{'collective':<16}{'algorithm':<20}{'p':>4}{'bytes':>11}{'measured us':>13}{'predicted us':>14}{'ratio':>7}")
-        for s in samples:
-            predicted = result.predict(s)
-            print(f"{s.collective:<16}{s.algorithm:<20}{s.world:>4}{s.nbytes:>11}{s.seconds * 1e6:>13.1f}"
-                  f"{predicted * 1e6:>14.1f}{predicted / s.seconds:>7.2f}")
-        print(result.report())
+        _print_fit(result, args.json, argv)
+        return 0
+    if args.command == "fit":
+        from .fit import fit_report
+        try:
+            result = fit_report(args.runs, held_out=args.hold_out)
+        except (OSError, ValueError, KeyError) as error:
+            cli.error(f"fit: cannot fit {' '.join(args.runs)}: {type(error).__name__}: {error}")
+        _print_fit(result, args.json, argv)
+        if args.out:
+            result.machine.save(args.out)
+            print(f"wrote {args.out} (ringcoll-study sweep --machine {args.out})")
         return 0
     from ..schedules import registry
     from .sweep import check_algorithms, crossover_lines, plot_map, sweep, write_table
@@ -323,6 +370,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.out is None:
         args.out = time.strftime("study-%Y%m%dT%H%M%SZ", time.gmtime())
     os.makedirs(args.out, exist_ok=True)
+    every_cell = []
     for collective in collectives:
         chosen = algorithms
         if algorithms is not None:
@@ -334,6 +382,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not cells:
             print(f"{collective}: no cell to run (an algorithm fixed to another world size?), skipped")
             continue
+        every_cell += cells
         table = write_table(cells, os.path.join(args.out, f"study_{collective}.csv"))
         picture = plot_map(cells, collective, os.path.join(args.out, f"study_map_{collective}.png"))
         lines = crossover_lines(cells)
@@ -346,6 +395,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             f.write(f"machine: {json.dumps(machine.to_dict())}\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
         print(f"wrote {table}, {picture}, {text}")
+    if args.json:
+        _write_json(args.json, {"command": _command_line(argv), "machine": machine.to_dict(),
+                                "simulate_up_to": args.simulate_up_to, "cells": [asdict(c) for c in every_cell]})
     return 0
 
 

@@ -4,7 +4,6 @@ labels, errors and marks; the lower bound per link level; the fit's warnings; sy
 of Swing and Bine at scale."""
 from __future__ import annotations
 
-import json
 import re
 import warnings
 
@@ -14,7 +13,7 @@ import torch
 import ringcoll
 from ringcoll.schedules import registry
 from ringcoll import selection
-from _util import one_thread  # noqa: F401 - the simulator runs on one thread
+from _util import MANY, bench_json as _bench, one_thread  # noqa: F401 - the simulator runs on one thread
 
 RING = registry.get("all_reduce", "ring")
 
@@ -75,25 +74,6 @@ def test_builtins_keep_their_place_in_auto():
                 assert algorithm.auto == ((collective, name) not in kept_out), (collective, name)
 
 
-def _bench(path, machine, world, rows_of):
-    """A ringcoll-bench-shaped JSON whose times are the closed forms on ``machine`` (+1 %
-    on every other row, so a fit cannot match every row): ``rows_of`` (family, algorithm,
-    bytes)."""
-    from ringcoll.sim.fit import Sample, coefficients
-
-    rows = []
-    for i, (family, algorithm, size) in enumerate(rows_of):
-        a, b, c = coefficients(Sample(family, algorithm, world, size, 0.0))
-        seconds = (a * machine.alpha + b * machine.beta + c * machine.gamma) * (1.01 if i % 2 else 1.0)
-        rows.append({"collective": registry.builder_of(family), "algorithm": algorithm, "count": size // 4,
-                     "type": "float32", "time_us": seconds * 1e6, "error": None})
-    with open(path, "w") as f:
-        json.dump({"meta": {"world_size": world}, "rows": rows}, f)
-    return str(path)
-
-
-MANY = [(f, a, s) for f, names in (("all_reduce", ("ring", "recursive_doubling")), ("broadcast", ("binomial",)))
-        for a in names for s in (1024, 65536, 1 << 22)]
 
 
 def test_validate_labels_a_given_machine_and_its_own_error_bands(tmp_path, capsys):
