@@ -2,6 +2,7 @@
 small tori, meshes, fat-trees and dragonflies; link sharing on cases with known answers;
 placement and its errors; the flat clock unchanged; the port service order."""
 import json
+import math
 import os
 import re
 
@@ -596,3 +597,31 @@ def test_gpu_cluster_routes_nvlink_inside_a_node_and_rails_between_nodes():
     sim = ringcoll.simulate("all_reduce", "hierarchical", 16, numel=1 << 16, dtype=torch.float32,
                             machine=h100, data=False)
     assert sim.plans[0].layout["nodes"] == (0,) * 8 + (1,) * 8
+
+
+def test_the_swing_paper_fit_quotes_the_errors_the_code_computes():
+    """The α fit's rms and worst relative error over its 21 in-sample points (S, D and B at 32 B
+    on the seven tori that print them), computed from the committed cells at the committed α,
+    are the numbers bench/results/study/swing_paper.md and docs/simulator.md quote."""
+    from experiments.study_swing_paper import FAMILIES, OUT, PAPER_32B, fit_errors
+
+    with open(os.path.join(OUT, "swing_paper.json")) as f:
+        fit = json.load(f)["fit"]
+    errors = fit_errors(fit)
+    assert errors["points"] == 3 * len(PAPER_32B) == 21
+    cells, alpha = fit["cells"], fit["alpha_us"]
+    by_hand = [abs(min(cells[f"{tag} {n} 0.0"] + alpha * (cells[f"{tag} {n} 1e-06"] - cells[f"{tag} {n} 0.0"])
+                       for n in FAMILIES[family]) / paper[family] - 1)
+               for tag, paper in PAPER_32B.items() for family in ("S", "D", "B")]
+    assert errors["worst"] == pytest.approx(max(by_hand))
+    assert errors["rms"] == pytest.approx(math.sqrt(sum(e * e for e in by_hand) / len(by_hand)))
+    rms, worst = f"{100 * errors['rms']:.1f}", f"{100 * errors['worst']:.1f}"
+    with open(os.path.join(OUT, "swing_paper.md")) as f:
+        report = f.read()
+    assert f"by {rms}% rms and {worst}% at worst ({errors['worst_point']}" in report
+    assert ", ".join(PAPER_32B) in report                      # the in-sample points named
+    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "simulator.md")
+    with open(docs) as f:
+        text = " ".join(f.read().split())
+    assert f"0.50 µs; over those 21 in-sample points, S, D and B at 32 B on seven tori, {rms} % rms and {worst} % " \
+           f"worst relative error" in text
