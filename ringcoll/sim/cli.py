@@ -307,9 +307,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
     if args.command == "validate":
-        from .fit import fit_samples, samples_from_bench
-        samples = samples_from_bench([args.run])
-        result = fit_samples(samples)
+        from .fit import fit_report
+        try:
+            result = fit_report([args.run])
+        except (OSError, ValueError, KeyError) as error:
+            cli.error(f"validate: cannot fit {args.run}: {type(error).__name__}: {error}")
         try:
             machine = _machine(args)
         except ValueError as error:
@@ -327,7 +329,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             result = fit_report(args.runs, held_out=args.hold_out)
         except (OSError, ValueError, KeyError) as error:
-            cli.error(f"fit: cannot fit {' '.join(args.runs)}: {type(error).__name__}: {error}")
+            cli.error(f"fit: cannot fit {' '.join(args.runs + args.hold_out)}: {type(error).__name__}: {error}")
         _print_fit(result, args.json, argv)
         if args.out:
             result.machine.save(args.out)

@@ -92,9 +92,10 @@ def test_fit_prints_its_errors_names_its_rows_and_saves_a_machine_sweep_reads(tm
     assert json.loads((tmp_path / "s.json").read_text())["machine"] == doc["machine"]
 
 
-def test_fit_refuses_a_run_it_cannot_read(tmp_path, capsys):
+@pytest.mark.parametrize("command", [["fit"], ["validate"]])
+def test_fit_and_validate_refuse_a_run_they_cannot_read(tmp_path, capsys, command):
     with pytest.raises(SystemExit) as exit_:
-        main(["fit", str(tmp_path / "missing.json")])
+        main([*command, str(tmp_path / "missing.json")])
     assert exit_.value.code == 2 and "missing.json" in capsys.readouterr().err
 
 
