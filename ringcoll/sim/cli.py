@@ -209,8 +209,6 @@ def _machine(args) -> Machine:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ..config import parse_size
-
     p = argparse.ArgumentParser(prog="ringcoll-study", description=__doc__.split("\n\n")[0].replace("``", ""))
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("sweep", help="every algorithm over world sizes and message sizes")

@@ -625,3 +625,40 @@ def test_the_swing_paper_fit_quotes_the_errors_the_code_computes():
         text = " ".join(f.read().split())
     assert f"0.50 µs; over those 21 in-sample points, S, D and B at 32 B on seven tori, {rms} % rms and {worst} % " \
            f"worst relative error" in text
+
+
+def scale_caveats_quoted(doc) -> dict:
+    """The numbers docs/simulator.md quotes from bench/results/study/scale_caveats.json, as it
+    writes them."""
+    rows = {(r["algorithm"], r["world"]): r for r in doc["worlds"]}
+    cold, warm = doc["numba"]["cold_cache"], doc["numba"]["warm_cache"]
+    butterflies = ("recursive_doubling", "rabenseifner", "swing_bandwidth", "bine")
+    at_4096 = [rows[a, 4096]["cpu_s"] for a in butterflies]
+    ring = rows["ring", 4095]
+    return {"R_RD": f"{rows['recursive_doubling', 4095]['cpu_s']:.1f}",
+            "R_RAB": f"{rows['rabenseifner', 4095]['cpu_s']:.1f}",
+            "R_SW": f"{rows['swing_bandwidth', 4095]['cpu_s']:.1f}", "R_BINE": f"{rows['bine', 4095]['cpu_s']:.1f}",
+            "R_4096": f"{min(at_4096):.2f}–{max(at_4096):.2f}",
+            "RING_4095": ring["error"].replace("(killed)", "(stopped there)") if "error" in ring
+            else f"{ring['cpu_s']:.0f} s", "RING_4096": f"{rows['ring', 4096]['cpu_s']:.1f}",
+            "COLD_CPU": f"{cold['first_run_cpu_s']:.0f}", "COLD_WALL": f"{cold['first_run_wall_s']:.0f}", "COLD_LOAD": f"{cold['loadavg_before'][0]:.0f}",
+            "WARM_CPU": f"{warm['first_run_cpu_s']:.1f}", "IMPORT_CPU": f"{cold['import_cpu_s']:.1f}"}
+
+
+def test_the_scale_caveats_quote_the_measurement():
+    """docs/simulator.md's caveats to its scale figures (worlds that are not powers of two, numba's
+    first compile) are the committed measurement's numbers (python -m experiments.scale_caveats)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(root, "bench", "results", "study", "scale_caveats.json")) as f:
+        doc = json.load(f)
+    assert all(r["world"] in (4095, 4096) for r in doc["worlds"])
+    q = scale_caveats_quoted(doc)
+    with open(os.path.join(root, "docs", "simulator.md")) as f:
+        text = " ".join(f.read().split())
+    want = (f"all_reduce `recursive_doubling` {q['R_RD']} s, `rabenseifner` {q['R_RAB']} s, `swing_bandwidth` "
+            f"{q['R_SW']} s, `bine` {q['R_BINE']} s, against {q['R_4096']} s each at 4,096, and the ring "
+            f"{q['RING_4095']}, against {q['RING_4096']} s at 4,096.")
+    assert want in text
+    assert (f"{q['COLD_CPU']} s of CPU ({q['COLD_WALL']} s wall under a load of about {q['COLD_LOAD']}), then it is cached on disk "
+            f"and a later process loads it in {q['WARM_CPU']} s; `import ringcoll` itself takes "
+            f"{q['IMPORT_CPU']} s of CPU") in text
