@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ import time
 ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "swing_bandwidth", "bine")
 WORLDS = (4096, 4095)
 #: seconds (wall) a child may take: the ring at p = 4095 runs every rank (33.5 M messages)
-LIMIT_S = {"ring": 1200}
+LIMIT_S = {"ring": 1500}
 
 
 def compile_child() -> dict:
@@ -48,11 +49,16 @@ def compile_child() -> dict:
 
 
 def _child(args, env=None, limit=240) -> dict:
+    """The child's JSON row; a child stopped at ``limit`` s of wall time gives the CPU seconds it
+    had used by then (``cpu_s_when_stopped``)."""
     load = [round(x, 2) for x in os.getloadavg()]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired:
-        return {"error": f"over {limit} s (killed)", "loadavg_before": load}
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)           # the killed child, waited for
+        used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return {"error": f"over {limit} s (killed)", "cpu_s_when_stopped": round(used, 1), "loadavg_before": load}
     if out.returncode:
         return {"error": out.stderr.strip().splitlines()[-1:], "loadavg_before": load}
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "loadavg_before": load}

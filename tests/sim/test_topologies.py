@@ -639,8 +639,10 @@ def scale_caveats_quoted(doc) -> dict:
             "R_RAB": f"{rows['rabenseifner', 4095]['cpu_s']:.1f}",
             "R_SW": f"{rows['swing_bandwidth', 4095]['cpu_s']:.1f}", "R_BINE": f"{rows['bine', 4095]['cpu_s']:.1f}",
             "R_4096": f"{min(at_4096):.2f}–{max(at_4096):.2f}",
-            "RING_4095": ring["error"].replace(" s (killed)", " s wall (stopped there)") if "error" in ring
-            else f"{ring['cpu_s']:.0f} s", "RING_4096": f"{rows['ring', 4096]['cpu_s']:.1f}",
+            "RING_4095": f"{ring['cpu_s']:.0f} s" if "error" not in ring else
+            ring["error"].replace(" s (killed)", " s wall (stopped there" + (
+                f", {ring['cpu_s_when_stopped']:.0f} s of CPU)" if "cpu_s_when_stopped" in ring else ")")),
+            "RING_4096": f"{rows['ring', 4096]['cpu_s']:.1f}",
             "COLD_CPU": f"{cold['first_run_cpu_s']:.0f}", "COLD_WALL": f"{cold['first_run_wall_s']:.0f}", "COLD_LOAD": f"{cold['loadavg_before'][0]:.0f}",
             "WARM_CPU": f"{warm['first_run_cpu_s']:.1f}", "IMPORT_CPU": f"{cold['import_cpu_s']:.1f}"}
 
