@@ -286,3 +286,28 @@ def group_timeouts():
             yield
     finally:
         failures._timeout_override = saved
+
+
+def bench_json(path, machine, world: int, rows_of) -> str:
+    """A ringcoll-bench-shaped JSON whose times are the closed forms on ``machine`` (+1 %
+    on every other row, so a fit cannot match every row): ``rows_of`` (family, algorithm,
+    bytes)."""
+    import json
+
+    from ringcoll.schedules import registry
+    from ringcoll.sim.fit import Sample, coefficients
+
+    rows = []
+    for i, (family, algorithm, size) in enumerate(rows_of):
+        a, b, c = coefficients(Sample(family, algorithm, world, size, 0.0))
+        seconds = (a * machine.alpha + b * machine.beta + c * machine.gamma) * (1.01 if i % 2 else 1.0)
+        rows.append({"collective": registry.builder_of(family), "algorithm": algorithm, "count": size // 4,
+                     "type": "float32", "time_us": seconds * 1e6, "error": None})
+    with open(path, "w") as f:
+        json.dump({"meta": {"world_size": world}, "rows": rows}, f)
+    return str(path)
+
+
+#: rows of :func:`bench_json`: two all_reduce algorithms and a broadcast at three sizes
+MANY = [(f, a, s) for f, names in (("all_reduce", ("ring", "recursive_doubling")), ("broadcast", ("binomial",)))
+        for a in names for s in (1024, 65536, 1 << 22)]

@@ -11,6 +11,7 @@ import functools
 import importlib
 import inspect
 import pkgutil
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
@@ -150,15 +151,21 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
     NCCL's own (nccl_ring, nccl_tree, nccl_pat). None (a
     user's default): :data:`UNRANKED`, after every built-in one, then by name.
 
-    ``check`` (default: on for schedules defined outside ringcoll) runs the schedule
-    cost-only at 3, 4 and 8 ranks, 1 KiB and 1 MiB on the default flat machine and warns
-    (``UserWarning``, naming the algorithm, the world and the declared and clock times)
-    where the declared cost is more than 10 % (:data:`TOLERANCE`) off the clock, or where
-    the schedule cannot be simulated there. The declared cost is what the study's closed
-    forms use beyond the simulated world sizes and what ``auto`` weighs when it does not
-    simulate: a cost off by a factor would steer both. ringcoll's own schedules are not
-    checked at import (tests/sim/test_study.py checks every one against the clock), so
-    importing ringcoll costs no simulation.
+    ``check`` runs the schedule cost-only at 3, 4 and 8 ranks, 1 KiB and 1 MiB on the
+    default flat machine and warns (``UserWarning``, naming the algorithm, the world and the
+    declared and clock times) where the declared cost is more than 10 % (:data:`TOLERANCE`)
+    off the clock, or where the schedule cannot be simulated there. The declared cost is what
+    the study's closed forms use beyond the simulated world sizes and what ``auto`` weighs
+    when it does not simulate: a cost off by a factor would steer both. By default (``check``
+    None) the rule is who registers, not where the schedule is defined: a call of
+    ``register`` made from a module outside ringcoll (a user's module, ``__main__``, a
+    notebook, a test) is checked, whatever module the schedule comes from, so ringcoll's
+    own ring filed again under a new name with a cost of its own is checked too; a call made
+    from ringcoll's own modules (``ringcoll`` and ``ringcoll.*``: the catalogue in
+    ringcoll.schedules as it is imported, ringcoll.msccl filing a program with the cost it
+    derives from it) is not, so importing ringcoll costs no simulation
+    (tests/sim/test_study.py checks every built-in cost against the clock).
+    ``check=True`` or ``False`` decides either way.
 
     >>> @ringcoll.register("all_reduce", "mine", cost=lambda p, n: ringcoll.Cost(p - 1, n, n))
     ... def all_reduce_mine(rank, world, layout): ...
@@ -173,6 +180,8 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         raise TypeError(f"check must be None or a bool, got {type(check).__name__} {check!r}")
     if preference is not None and (isinstance(preference, bool) or not isinstance(preference, int)):
         raise TypeError(f"preference must be None or an int, got {type(preference).__name__} {preference!r}")
+
+    own = _is_ringcoll(sys._getframe(1).f_globals.get("__name__"))    # who registers (see check)
 
     def decorate(schedule):
         if not callable(schedule):
@@ -192,7 +201,7 @@ def register(collective: str, name: str, cost: Callable[..., Cost], *, replace: 
         table[name] = Algorithm(collective, name, schedule, cost, symmetry, world, joins, preference)
         _REGISTRY[collective] = dict(sorted(table.items(), key=lambda item: item[1].order))
         version += 1
-        if check if check is not None else not is_builtin(schedule):
+        if check if check is not None else not own:
             _warn_on_cost(_REGISTRY[collective][name])
         return schedule
 
@@ -209,9 +218,14 @@ def _warn_on_cost(algorithm: Algorithm) -> None:
                       UserWarning, stacklevel=3)
 
 
+def _is_ringcoll(module: Optional[str]) -> bool:
+    """Whether the module named ``module`` is one of ringcoll's own (``ringcoll``, ``ringcoll.*``)."""
+    return module == "ringcoll" or (module or "").startswith("ringcoll.")
+
+
 def is_builtin(schedule) -> bool:
     """Whether ``schedule`` is one of ringcoll's own (defined in a ``ringcoll.`` module)."""
-    return (getattr(schedule, "__module__", None) or "").startswith("ringcoll.")
+    return _is_ringcoll(getattr(schedule, "__module__", None))
 
 
 def unregister(collective: str, name: str) -> None:

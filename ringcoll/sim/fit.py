@@ -11,6 +11,10 @@ all_gather, gather, scatter, all_to_all) pin β, and when the rows cannot tell �
 A fit with no more rows than free parameters, or whose rows cannot tell the parameters
 apart (rank below their number), fits its rows exactly by construction: its error bands say
 nothing, and the fit warns (``UserWarning``) and its report says so.
+
+The report states the fit's error as it is: the rms and the worst of |predicted / measured − 1|
+over the rows fitted (in-sample, each named by :meth:`Fit.rows`), and separately over any
+held-out rows (predicted, never fitted: ``fit_samples(samples, held_out=...)``).
 """
 from __future__ import annotations
 
@@ -53,6 +57,8 @@ class Fit:
     label: str = "fitted"
     #: why the error bands may say nothing (an under-determined fit), for the report
     warnings: List[str] = field(default_factory=list)
+    #: rows predicted but not fitted (their errors are out of sample)
+    held_out: List[Sample] = field(default_factory=list)
 
     def predict(self, sample: Sample) -> float:
         """The sample's time on the machine (every message at its slowest link)."""
@@ -61,9 +67,37 @@ class Fit:
     def on(self, machine: Machine, label: str) -> "Fit":
         """These samples' predictions and error bands on another ``machine`` (a given one,
         not fitted to them), labelled ``label``."""
-        other = Fit(machine, self.samples, False, label=label)
+        other = Fit(machine, self.samples, False, label=label, held_out=self.held_out)
         other.bands = error_bands(other)
         return other
+
+    def error(self, sample: Sample) -> float:
+        """predicted / measured − 1 of one row."""
+        return self.predict(sample) / sample.seconds - 1
+
+    def summary(self, samples: Sequence[Sample]) -> Dict[str, object]:
+        """Rows, rms and worst |error| of ``samples``, and the worst row's name."""
+        errors = [abs(self.error(s)) for s in samples]
+        worst = int(np.argmax(errors)) if errors else None
+        return {"rows": len(errors), "rms": float(np.sqrt(np.mean(np.square(errors)))) if errors else None,
+                "worst": errors[worst] if errors else None,
+                "worst_row": row_name(samples[worst]) if errors else None}
+
+    def rows(self) -> List[Dict[str, object]]:
+        """Every row: its name, measured and predicted seconds, error, and whether it was
+        fitted (``in_sample``; a given machine's rows were not: False) or held out."""
+        fitted = self.label == "fitted"
+        return [{"row": row_name(s), "collective": s.collective, "algorithm": s.algorithm, "world": s.world,
+                 "nbytes": s.nbytes, "measured_s": s.seconds, "predicted_s": self.predict(s),
+                 "error": self.error(s), "in_sample": fitted and not held}
+                for held, group in ((False, self.samples), (True, self.held_out)) for s in group]
+
+    def to_dict(self) -> Dict[str, object]:
+        """The report as data: the machine (``Machine.from_dict`` reads it), the errors, every row."""
+        return {"label": self.label, "machine": self.machine.to_dict(), "tied": self.tied,
+                "in_sample" if self.label == "fitted" else "against": self.summary(self.samples),
+                "held_out": self.summary(self.held_out), "bands": self.bands, "warnings": list(self.warnings),
+                "rows": self.rows()}
 
     def report(self) -> str:
         m = self.machine
@@ -77,8 +111,19 @@ class Fit:
         for band, row in self.bands.items():
             lines.append(f"  {band:>15}: {row['rows']:4d} rows, median |error| {row['median'] * 100:5.1f} %, "
                          f"90th percentile {row['p90'] * 100:5.1f} %")
+        for name, samples in (("in-sample (fitted)" if self.label == "fitted" else "all rows (none fitted)",
+                               self.samples), ("held out (not fitted)", self.held_out)):
+            if samples:
+                row = self.summary(samples)
+                lines.append(f"  {name}: {row['rows']} rows, rms |error| {row['rms'] * 100:.1f} %, worst "
+                             f"{row['worst'] * 100:.1f} % ({row['worst_row']})")
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def row_name(sample: Sample) -> str:
+    """One row as the report names it: collective/algorithm p=world n=bytes."""
+    return f"{sample.collective}/{sample.algorithm} p={sample.world} n={sample.nbytes}"
 
 
 def error_bands(result: Fit) -> Dict[str, Dict[str, float]]:
@@ -133,12 +178,15 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_samples(samples: Sequence[Sample], gamma_ratio: float = 0.5, collinear: float = 0.999) -> Fit:
-    """The joint non-negative fit of α, β, γ to ``samples`` (see the module docstring)."""
+def fit_samples(samples: Sequence[Sample], gamma_ratio: float = 0.5, collinear: float = 0.999,
+                held_out: Sequence[Sample] = ()) -> Fit:
+    """The joint non-negative fit of α, β, γ to ``samples`` (see the module docstring);
+    ``held_out`` rows are predicted and reported apart, never fitted."""
     samples = [s for s in samples if s.seconds > 0]
+    held_out = [s for s in held_out if s.seconds > 0]
     if not samples:
         raise ValueError("fit needs at least one measured row of a registered algorithm")
-    for s in samples:
+    for s in samples + held_out:
         s.coefficients = coefficients(s)
     a = np.array([s.coefficients for s in samples], dtype=float)
     y = np.array([s.seconds for s in samples])
@@ -153,7 +201,8 @@ def fit_samples(samples: Sequence[Sample], gamma_ratio: float = 0.5, collinear: 
         gamma = gamma_ratio * beta
     else:
         alpha, beta, gamma = _nnls(weighted, ones)
-    result = Fit(Machine(alpha=float(alpha), beta=float(beta), gamma=float(gamma)), samples, tied)
+    result = Fit(Machine(alpha=float(alpha), beta=float(beta), gamma=float(gamma)), samples, tied,
+                 held_out=held_out)
     result.bands = error_bands(result)
     parameters = 2 if tied else 3
     columns = joint if tied else weighted
@@ -179,7 +228,9 @@ def fit(paths: Sequence[str] | str, **kwargs) -> Machine:
     return fit_report(paths, **kwargs).machine
 
 
-def fit_report(paths: Sequence[str] | str, **kwargs) -> Fit:
+def fit_report(paths: Sequence[str] | str, held_out: Sequence[str] = (), **kwargs) -> Fit:
+    """The fit of :func:`fit` with its report; the rows of the ``held_out`` files are predicted
+    and reported apart (out of sample), never fitted."""
     if isinstance(paths, str):
         paths = [paths]
-    return fit_samples(samples_from_bench(paths), **kwargs)
+    return fit_samples(samples_from_bench(paths), held_out=samples_from_bench(held_out), **kwargs)

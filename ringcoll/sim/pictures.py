@@ -2,7 +2,9 @@
 
 Both draw :attr:`SimStats.timeline` (recorded by default up to 256 ranks, or with
 ``simulate(..., record=True)``): one row per message (sender, receiver, bytes, start, end)
-and per step's local operations (rank, step, start, end, bytes reduced).
+and per step's local operations (rank, step, start, end, bytes reduced). On a machine with
+links (a network, a 2-level machine's NICs) the trace also has a process of link lanes: one
+track per busy link (per lane of a link of several), an event for each message's hold of it.
 """
 from __future__ import annotations
 
@@ -60,6 +62,69 @@ def trace_events(sim) -> List[Dict]:
         events.append({"ph": "X", "name": "reduce" if reduced else "copy", "cat": "local", "pid": rank,
                        "tid": LOCAL, "ts": start * 1e6, "dur": max(end - start, 0) * 1e6,
                        "args": {"step": step + 1, "bytes_reduced": reduced}})
+    return events + link_events(sim, pid=timeline.world)
+
+
+def link_name(net, link_id: int) -> str:
+    """A link by its ends and level: ``host 3 (3, 0) → host 4 (4, 0) (x)``, ``switch 8 →
+    switch 12 (up1)`` (a node past the hosts is a switch, router or NIC side, by its id)."""
+    link = net.links[link_id]
+
+    def node(n: int) -> str:
+        if n >= net.hosts:
+            return f"switch {n}"
+        return f"host {n} {net.coords(n)}" if net.kind in ("torus", "mesh") else f"host {n}"
+    return f"{node(link.src)} → {node(link.dst)}" + (f" ({link.level})" if link.level else "")
+
+
+def link_holds(sim) -> List[tuple]:
+    """Each message's hold of each link of its route, as the clock books it: ``(link id,
+    start, end, message index)``; from the message's start for its wire time n·β_path on a
+    wire-held link, for its whole time on a message-held one (``Link.hold``). Empty without a
+    network."""
+    stats = sim.stats.network
+    if stats is None:
+        return []
+    net, machine, timeline = stats.network, sim.machine, _timeline(sim)
+    host = net.hosts_of(timeline.world)
+    holds = []
+    for i, (src, dst, nbytes, start, end, _, _) in enumerate(timeline.messages):
+        path = net.route(host[src], host[dst])
+        if not path:
+            continue
+        wire = nbytes * net.price(path, machine.alpha, machine.beta)[1]
+        for link_id in path:
+            held = end - start if net.links[link_id].hold == "message" else wire
+            if held > 0:
+                holds.append((link_id, start, start + held, i))
+    return holds
+
+
+def link_events(sim, pid: int) -> List[Dict]:
+    """The link lanes of the trace (process ``pid``): a track per busy link (per lane used,
+    where a link has several), one complete event per message's hold of it (:func:`link_holds`)."""
+    holds = sorted(link_holds(sim), key=lambda h: (h[0], h[1], h[3]))
+    if not holds:
+        return []
+    net, timeline = sim.stats.network.network, sim.stats.timeline
+    events: List[Dict] = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "network links"}}]
+    tracks: Dict[tuple, int] = {}
+    ends: Dict[int, List[float]] = {}
+    for link_id, start, end, i in holds:
+        lanes = ends.setdefault(link_id, [])
+        lane = next((k for k, free in enumerate(lanes) if free <= start * (1 + 1e-12)), len(lanes))
+        lanes[lane:lane + 1] = [end]
+        if (link_id, lane) not in tracks:
+            tracks[link_id, lane] = tid = len(tracks)
+            link = net.links[link_id]
+            name = link_name(net, link_id) + (f" lane {lane}" if link.lanes > 1 else "")
+            events += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}},
+                       {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}]
+        src, dst, nbytes = timeline.messages[i][:3]
+        events.append({"ph": "X", "name": f"{nbytes} B {src} → {dst}", "cat": "link", "pid": pid,
+                       "tid": tracks[link_id, lane], "ts": start * 1e6, "dur": (end - start) * 1e6,
+                       "args": {"link": link_name(net, link_id), "level": net.links[link_id].level,
+                                "bytes": nbytes, "src": src, "dst": dst, "message": i}})
     return events
 
 

@@ -2,6 +2,7 @@
 small tori, meshes, fat-trees and dragonflies; link sharing on cases with known answers;
 placement and its errors; the flat clock unchanged; the port service order."""
 import json
+import math
 import os
 import re
 
@@ -643,3 +644,70 @@ def test_gpu_cluster_routes_nvlink_inside_a_node_and_rails_between_nodes():
     sim = ringcoll.simulate("all_reduce", "hierarchical", 16, numel=1 << 16, dtype=torch.float32,
                             machine=h100, data=False)
     assert sim.plans[0].layout["nodes"] == (0,) * 8 + (1,) * 8
+
+
+def test_the_swing_paper_fit_quotes_the_errors_the_code_computes():
+    """The α fit's rms and worst relative error over its 21 in-sample points (S, D and B at 32 B
+    on the seven tori that print them), computed from the committed cells at the committed α,
+    are the numbers bench/results/study/swing_paper.md and docs/simulator.md quote."""
+    from experiments.study_swing_paper import FAMILIES, OUT, PAPER_32B, fit_errors
+
+    with open(os.path.join(OUT, "swing_paper.json")) as f:
+        fit = json.load(f)["fit"]
+    errors = fit_errors(fit)
+    assert errors["points"] == 3 * len(PAPER_32B) == 21
+    cells, alpha = fit["cells"], fit["alpha_us"]
+    by_hand = [abs(min(cells[f"{tag} {n} 0.0"] + alpha * (cells[f"{tag} {n} 1e-06"] - cells[f"{tag} {n} 0.0"])
+                       for n in FAMILIES[family]) / paper[family] - 1)
+               for tag, paper in PAPER_32B.items() for family in ("S", "D", "B")]
+    assert errors["worst"] == pytest.approx(max(by_hand))
+    assert errors["rms"] == pytest.approx(math.sqrt(sum(e * e for e in by_hand) / len(by_hand)))
+    rms, worst = f"{100 * errors['rms']:.1f}", f"{100 * errors['worst']:.1f}"
+    with open(os.path.join(OUT, "swing_paper.md")) as f:
+        report = f.read()
+    assert f"by {rms}% rms and {worst}% at worst ({errors['worst_point']}" in report
+    assert ", ".join(PAPER_32B) in report                      # the in-sample points named
+    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "simulator.md")
+    with open(docs) as f:
+        text = " ".join(f.read().split())
+    assert f"0.50 µs; over those 21 in-sample points, S, D and B at 32 B on seven tori, {rms} % rms and {worst} % " \
+           f"worst relative error" in text
+
+
+def scale_caveats_quoted(doc) -> dict:
+    """The numbers docs/simulator.md quotes from bench/results/study/scale_caveats.json, as it
+    writes them."""
+    rows = {(r["algorithm"], r["world"]): r for r in doc["worlds"]}
+    cold, warm = doc["numba"]["cold_cache"], doc["numba"]["warm_cache"]
+    butterflies = ("recursive_doubling", "rabenseifner", "swing_bandwidth", "bine")
+    at_4096 = [rows[a, 4096]["cpu_s"] for a in butterflies]
+    ring = rows["ring", 4095]
+    return {"R_RD": f"{rows['recursive_doubling', 4095]['cpu_s']:.1f}",
+            "R_RAB": f"{rows['rabenseifner', 4095]['cpu_s']:.1f}",
+            "R_SW": f"{rows['swing_bandwidth', 4095]['cpu_s']:.1f}", "R_BINE": f"{rows['bine', 4095]['cpu_s']:.1f}",
+            "R_4096": f"{min(at_4096):.2f}–{max(at_4096):.2f}",
+            "RING_4095": f"{ring['cpu_s']:.0f} s" if "error" not in ring else
+            ring["error"].replace(" s (killed)", " s wall (stopped there" + (
+                f", {ring['cpu_s_when_stopped']:.0f} s of CPU)" if "cpu_s_when_stopped" in ring else ")")),
+            "RING_4096": f"{rows['ring', 4096]['cpu_s']:.1f}",
+            "COLD_CPU": f"{cold['first_run_cpu_s']:.0f}", "COLD_WALL": f"{cold['first_run_wall_s']:.0f}", "COLD_LOAD": f"{cold['loadavg_before'][0]:.0f}",
+            "WARM_CPU": f"{warm['first_run_cpu_s']:.1f}", "IMPORT_CPU": f"{cold['import_cpu_s']:.1f}"}
+
+
+def test_the_scale_caveats_quote_the_measurement():
+    """docs/simulator.md's caveats to its scale figures (worlds that are not powers of two, numba's
+    first compile) are the committed measurement's numbers (python -m experiments.scale_caveats)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(root, "bench", "results", "study", "scale_caveats.json")) as f:
+        doc = json.load(f)
+    assert all(r["world"] in (4095, 4096) for r in doc["worlds"])
+    q = scale_caveats_quoted(doc)
+    with open(os.path.join(root, "docs", "simulator.md")) as f:
+        text = " ".join(f.read().split())
+    want = (f"all_reduce `recursive_doubling` {q['R_RD']} s, `rabenseifner` {q['R_RAB']} s, `swing_bandwidth` "
+            f"{q['R_SW']} s, `bine` {q['R_BINE']} s, against {q['R_4096']} s each at 4,096, and the ring "
+            f"{q['RING_4095']}, against {q['RING_4096']} s at 4,096.")
+    assert want in text
+    assert (f"{q['COLD_CPU']} s of CPU ({q['COLD_WALL']} s wall under a load of about {q['COLD_LOAD']}), then it is cached on disk "
+            f"and a later process loads it in {q['WARM_CPU']} s; `import ringcoll` itself takes "
+            f"{q['IMPORT_CPU']} s of CPU") in text

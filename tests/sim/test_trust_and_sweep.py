@@ -4,8 +4,9 @@ labels, errors and marks; the lower bound per link level; the fit's warnings; sy
 of Swing and Bine at scale."""
 from __future__ import annotations
 
-import json
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 import ringcoll
 from ringcoll.schedules import registry
 from ringcoll import selection
-from _util import one_thread  # noqa: F401 - the simulator runs on one thread
+from _util import MANY, bench_json as _bench, one_thread  # noqa: F401 - the simulator runs on one thread
 
 RING = registry.get("all_reduce", "ring")
 
@@ -53,6 +54,43 @@ def test_a_user_algorithm_stays_out_of_auto_and_a_wrong_cost_warns(cleanup):
     assert registry.get("all_reduce", "test_honest").auto is True
 
 
+def test_the_check_follows_who_registers_not_where_the_schedule_is_defined(cleanup):
+    """ringcoll's own ring, registered again by a user module under a new name with a wrong
+    cost, is checked (its defining module, ringcoll.schedules.all_reduce, is no pass); the same
+    registration made from a module named ringcoll.* is not, and check= decides either way."""
+    def wrong(world, nbytes, segment=None):
+        return ringcoll.Cost(1, 0, 0)
+
+    assert registry.is_builtin(RING.schedule)
+    cleanup.append(("all_reduce", "test_own_ring_by_a_user"))
+    with pytest.warns(UserWarning, match=r"all_reduce/test_own_ring_by_a_user at world 3, 1024 B: declared cost"):
+        ringcoll.register("all_reduce", "test_own_ring_by_a_user", cost=wrong)(RING.schedule)
+    source = "import ringcoll\nringcoll.register('all_reduce', NAME, cost=WRONG)(RING.schedule)\n"
+    for module, check, warns in (("ringcoll.test_plugin", None, False), ("ringcoll", None, False),
+                                 ("ringcollection", None, True), ("ringcoll.test_plugin", True, True),
+                                 ("__main__", False, False)):
+        name = f"test_by_{module.replace('.', '_')}_{check}"
+        cleanup.append(("all_reduce", name))
+        code = source.replace("cost=WRONG", "cost=WRONG" + ("" if check is None else f", check={check}"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(compile(code, f"<{module}>", "exec"), {"__name__": module, "NAME": name, "WRONG": wrong,
+                                                        "RING": RING})
+        assert any(name in str(w.message) for w in caught) == warns, (module, check)
+
+
+def test_importing_ringcoll_runs_no_cost_check():
+    """The catalogue registers itself from ringcoll.schedules: importing ringcoll simulates nothing."""
+    code = ("import sys, torch\ncalls = []\n"
+            "sys.setprofile(lambda frame, event, arg: calls.append(1) if event == 'call' and "
+            "frame.f_code.co_name == 'cost_mismatches' else None)\n"
+            "import ringcoll\nsys.setprofile(None)\n"
+            "assert sum(map(len, ringcoll.algorithms().values())) > 40\nprint(len(calls))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
 def test_a_schedule_that_cannot_run_at_a_checked_world_is_named(cleanup):
     def only_pof2(rank, world, layout):
         if world & (world - 1):
@@ -73,27 +111,6 @@ def test_builtins_keep_their_place_in_auto():
             algorithm = registry.get(collective, name)
             if registry.is_builtin(algorithm.schedule) and not name.startswith("msccl:"):
                 assert algorithm.auto == ((collective, name) not in kept_out), (collective, name)
-
-
-def _bench(path, machine, world, rows_of):
-    """A ringcoll-bench-shaped JSON whose times are the closed forms on ``machine`` (+1 %
-    on every other row, so a fit cannot match every row): ``rows_of`` (family, algorithm,
-    bytes)."""
-    from ringcoll.sim.fit import Sample, coefficients
-
-    rows = []
-    for i, (family, algorithm, size) in enumerate(rows_of):
-        a, b, c = coefficients(Sample(family, algorithm, world, size, 0.0))
-        seconds = (a * machine.alpha + b * machine.beta + c * machine.gamma) * (1.01 if i % 2 else 1.0)
-        rows.append({"collective": registry.builder_of(family), "algorithm": algorithm, "count": size // 4,
-                     "type": "float32", "time_us": seconds * 1e6, "error": None})
-    with open(path, "w") as f:
-        json.dump({"meta": {"world_size": world}, "rows": rows}, f)
-    return str(path)
-
-
-MANY = [(f, a, s) for f, names in (("all_reduce", ("ring", "recursive_doubling")), ("broadcast", ("binomial",)))
-        for a in names for s in (1024, 65536, 1 << 22)]
 
 
 def test_validate_labels_a_given_machine_and_its_own_error_bands(tmp_path, capsys):
