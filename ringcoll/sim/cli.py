@@ -334,7 +334,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"wrote {args.out} (ringcoll-study sweep --machine {args.out})")
         return 0
     from ..schedules import registry
-    from .sweep import check_algorithms, crossover_lines, plot_map, sweep, write_table
+    from .sweep import check_algorithms, crossover_lines, plot_map, refusals, sweep, write_table
     if args.maxbytes < args.minbytes:
         cli.error(f"argument -e/--maxbytes: expected a size >= -b/--minbytes ({args.minbytes} B), "
                   f"got {args.maxbytes} B")
@@ -367,17 +367,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_algorithms(collectives, algorithms)
     except ValueError as error:
         cli.error(f"--algorithms: {error}")
+    # cells whose closed form is not the clock's, for every collective, before anything is written
+    chosen_of = {collective: None if algorithms is None else
+                 [a for a in algorithms if a in registry.algorithms(collective)] for collective in collectives}
+    refused = [why for collective, chosen in chosen_of.items() if chosen != []
+               for why in refusals([collective], worlds, sizes, machine, chosen, args.simulate_up_to)]
+    if refused:
+        shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+        cli.error(f"--simulate-up-to {args.simulate_up_to}: {len(refused)} cell(s) above it have no closed "
+                  f"form equal to the clock (raise --simulate-up-to to simulate them): {shown}")
     if args.out is None:
         args.out = time.strftime("study-%Y%m%dT%H%M%SZ", time.gmtime())
     os.makedirs(args.out, exist_ok=True)
     every_cell = []
-    for collective in collectives:
-        chosen = algorithms
-        if algorithms is not None:
-            chosen = [a for a in algorithms if a in registry.algorithms(collective)]
-            if not chosen:
-                print(f"{collective}: none of --algorithms is registered for it, skipped")
-                continue
+    for collective, chosen in chosen_of.items():
+        if chosen == []:
+            print(f"{collective}: none of --algorithms is registered for it, skipped")
+            continue
         cells = sweep([collective], worlds, sizes, machine, chosen, args.simulate_up_to)
         if not cells:
             print(f"{collective}: no cell to run (an algorithm fixed to another world size?), skipped")

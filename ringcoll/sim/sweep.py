@@ -173,14 +173,9 @@ def check_algorithms(collectives: Sequence[str], algorithms: Optional[Sequence[s
                          f"unknown {', '.join(unknown) or repr(list(algorithms))}; known: {', '.join(known)}")
 
 
-def sweep(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int], machine: Machine,
-          algorithms: Optional[Sequence[str]] = None, simulate_up_to: int = 256,
-          progress=None) -> List[Cell]:
-    """Every (collective, world, size, algorithm) cell; ``algorithms`` restricts the names
-    (:func:`check_algorithms`). Before anything runs, a ValueError names every cell above
-    ``simulate_up_to`` whose closed form is not the clock's on ``machine``
-    (:func:`closed_form_refusal`)."""
-    check_algorithms(collectives, algorithms)
+def _plan(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int],
+          algorithms: Optional[Sequence[str]]) -> List[Tuple[str, str, int, int]]:
+    """Every (collective, algorithm, world, nbytes) a sweep runs, in its order."""
     plan = []
     for collective in collectives:
         names = [a for a in registry.algorithms(collective) if algorithms is None or a in algorithms]
@@ -188,13 +183,31 @@ def sweep(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int
             # an algorithm registered for one world size (a loaded MSCCL program) runs there only
             runnable = [name for name in names if registry.get(collective, name).world in (None, world)]
             plan += [(collective, name, world, nbytes) for nbytes in sizes for name in runnable]
-    refused = sorted({refusal for collective, name, world, nbytes in plan if world > simulate_up_to
-                      for refusal in [closed_form_refusal(collective, name, world, nbytes, machine)] if refusal})
+    return plan
+
+
+def refusals(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int], machine: Machine,
+             algorithms: Optional[Sequence[str]] = None, simulate_up_to: int = 256) -> List[str]:
+    """Why each cell above ``simulate_up_to`` whose closed form is not the clock's on
+    ``machine`` is refused (:func:`closed_form_refusal`), sorted; [] where the sweep can run."""
+    check_algorithms(collectives, algorithms)
+    return sorted({refusal for collective, name, world, nbytes in _plan(collectives, worlds, sizes, algorithms)
+                   if world > simulate_up_to
+                   for refusal in [closed_form_refusal(collective, name, world, nbytes, machine)] if refusal})
+
+
+def sweep(collectives: Sequence[str], worlds: Sequence[int], sizes: Sequence[int], machine: Machine,
+          algorithms: Optional[Sequence[str]] = None, simulate_up_to: int = 256,
+          progress=None) -> List[Cell]:
+    """Every (collective, world, size, algorithm) cell; ``algorithms`` restricts the names
+    (:func:`check_algorithms`). Before anything runs, a ValueError names every cell above
+    ``simulate_up_to`` whose closed form is not the clock's on ``machine`` (:func:`refusals`)."""
+    refused = refusals(collectives, worlds, sizes, machine, algorithms, simulate_up_to)
     if refused:
         raise ValueError(f"{len(refused)} cell(s) above simulate_up_to={simulate_up_to} have no closed form "
                          f"equal to the clock: " + "; ".join(refused))
     cells = []
-    for collective, name, world, nbytes in plan:
+    for collective, name, world, nbytes in _plan(collectives, worlds, sizes, algorithms):
         cells.append(evaluate(collective, name, world, nbytes, machine, simulate_up_to))
         if progress:
             progress()

@@ -16,7 +16,7 @@ BANDS = {"swing_latency": range(10, 20), "swing_bandwidth": range(10, 20), "swin
          "swing_torus_latency": range(10, 20), "bine": range(20, 30), "bine_near": range(20, 30),
          "direct": range(30, 40), "hierarchical": range(40, 50), "torus2d": range(40, 50),
          "bucket_torus": range(40, 50), "pat": range(50, 60), "nccl_ring": range(60, 70),
-         "nccl_tree": range(60, 70)}
+         "nccl_tree": range(60, 70), "nccl_pat": range(60, 70)}
 CLASSIC = range(0, 10)
 
 

@@ -101,7 +101,7 @@ def test_fit_and_validate_refuse_a_run_they_cannot_read(tmp_path, capsys, comman
 
 def test_sweep_writes_every_cell_the_machine_and_the_command_as_json(tmp_path):
     argv = ["sweep", "--collective", "all_reduce,broadcast", "--algorithms", "ring,binomial", "--worlds", "4,8",
-            "-b", "1K", "-e", "4K", "--hierarchical", "2", "--simulate-up-to", "4", "--out", str(tmp_path / "o"),
+            "-b", "1K", "-e", "4K", "--hierarchical", "2", "--simulate-up-to", "8", "--out", str(tmp_path / "o"),
             "--json", str(tmp_path / "s.json")]
     assert main(argv) == 0
     doc = json.loads((tmp_path / "s.json").read_text())
@@ -116,8 +116,8 @@ def test_sweep_writes_every_cell_the_machine_and_the_command_as_json(tmp_path):
             cell = cells[("all_reduce", row["algorithm"], int(row["world"]), int(row["nbytes"]))]
             assert cell["seconds"] == float(row["seconds"]) and cell["source"] == row["source"]
             assert cell["bound_ratio"] == float(row["bound_ratio"])
-    assert cells[("all_reduce", "ring", 4, 1024)]["source"] == "simulated"
-    assert cells[("all_reduce", "ring", 8, 1024)]["source"] == "closed form"
+    # on a 2-level machine no closed form is the clock's across nodes: every cell simulated
+    assert {cell["source"] for cell in cells.values()} == {"simulated"}
 
 
 def test_validate_writes_every_row_and_the_given_machine_as_json(tmp_path):
@@ -135,3 +135,16 @@ def test_validate_writes_every_row_and_the_given_machine_as_json(tmp_path):
                              machine=other).stats.time
     assert first["row"] == "all_reduce/ring p=4 n=1024" and first["predicted_s"] == pytest.approx(want, rel=1e-9)
     assert doc["against"]["worst"] == pytest.approx(max(abs(r["error"]) for r in doc["rows"]))
+
+
+def test_a_sweep_whose_closed_forms_are_refused_is_an_argparse_error_before_anything_is_written(tmp_path, capsys):
+    """Above --simulate-up-to on a 2-level machine no closed form is the clock's: the sweep
+    refuses, naming the option and the cells, and writes nothing (it was a traceback)."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", "--hierarchical", "8", "--worlds", "8,16", "--simulate-up-to", "8", "-b", "64K", "-e", "64K",
+              "--collective", "all_gather,all_reduce", "--algorithms", "ring", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--simulate-up-to 8: 2 cell(s) above it have no closed form equal to the clock" in err
+    assert "all_gather/ring at 16 ranks" in err and "all_reduce/ring at 16 ranks" in err
+    assert not out.exists()
