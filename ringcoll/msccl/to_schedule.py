@@ -429,8 +429,11 @@ def _assemble(program: Program, events: List[Event], steps: List[int], topo: Lis
                      sum(r[2] for k, _, r in ranks[g][s].comms if k == "recv")) for g in range(program.ngpus)]
         reduced = [sum(op.dst[2] for op in ranks[g][s].local if isinstance(op, LocalReduce))
                    for g in range(program.ngpus)]
-        if max(moved, default=0):
-            compiled.alpha += 1
+        # a single port carries one message at a time: the step's latency is its busiest
+        # rank's messages (sent or received), each one α
+        compiled.alpha += max((max(sum(k == "send" for k, _, _ in ranks[g][s].comms),
+                                   sum(k == "recv" for k, _, _ in ranks[g][s].comms)) for g in range(program.ngpus)),
+                              default=0)
         compiled.beta_chunks += max(moved, default=0)
         compiled.gamma_chunks += max(reduced, default=0)
     return compiled
