@@ -116,7 +116,9 @@ def test_the_committed_runs_give_each_file_an_estimate():
 
 @pytest.mark.parametrize("args, said", [
     (["--budget", "0"], "--budget must be a positive number of seconds, got 0"),
-    (["--sample", "abc"], "--sample must be an int or HEAD, got 'abc'")])
+    (["--sample", "abc"], "--sample must be an int or HEAD, got 'abc'"),
+    (["--share", "0"], "--share must be a number in (0, 1], got 0.0"),
+    (["--share", "1.5"], "--share must be a number in (0, 1], got 1.5")])
 def test_bad_options_are_refused(args, said, capsys):
     with pytest.raises(SystemExit) as exit_:
         compat.main(args)
