@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 from .machine import Machine
+from .network import network
 
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -404,7 +405,6 @@ def protocol_machine(machine: Machine, world: int, protocol: str, algorithm: str
     nvlink = f.nvlink / full * channels * payload * 1e9
     inter = max(0.0, NET_LATENCY[algorithm][k] - NVLINK_LATENCY[algorithm][k]) * 1e-6 if f.nodes > 1 else 0.0
     params = {**net.params, "nvlink": (0.0, 1 / nvlink), "nic": (inter, net.params["nic"][1] / payload)}
-    from .network import network
     # across nodes ringcoll runs NCCL's channels as one ring (or tree pair) per GPU of a node
     # (schedules.nccl.channel_rings), side by side: a port each, and a lane each of every GPU's
     # NVLinks, so a ring's message through a NIC holds its own lane at the NIC's pace, as

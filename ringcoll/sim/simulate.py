@@ -263,8 +263,8 @@ def simulate(collective: str, algorithm: str = "auto", world: int = 4,
 
 def _cost(first: Plan, world: int, nodes) -> tuple:
     """(n, the α-β-γ cost at n) of a run whose rank 0 has plan ``first``."""
-    itemsize = torch.empty((), dtype=first.dtype).element_size()
-    nbytes = first.layout.numel * itemsize
+    itemsize = _itemsize(first)
+    nbytes = _bytes(first)
     segment = first.layout.get(SEGMENT)
     return nbytes, model(first.algorithm, world, nbytes, segment=segment * itemsize if segment else None,
                          local_size=model_local_size(nodes))
@@ -303,8 +303,13 @@ def run_nodes(world: int, local_size, machine: Optional[Machine]) -> tuple:
     return tuple(nodes), "simulate's local_size"
 
 
+def _itemsize(plan: Plan) -> int:
+    return torch.empty((), dtype=plan.dtype).element_size()
+
+
 def _bytes(plan: Plan) -> int:
-    return plan.layout.numel * torch.empty((), dtype=plan.dtype).element_size()
+    """The call's bytes: the n of the cost model, and what NCCL's tuner is given."""
+    return plan.layout.numel * _itemsize(plan)
 
 
 def _check_protocol(protocol, machine: Machine) -> None:
@@ -355,8 +360,7 @@ def _on_protocol(plans, world, machine, choice, protocol):
     # two trees per channel pair (nccl_tree), one for any other schedule (nccl_pat among them)
     rings = len(channel_rings(tuple(first.layout.get(NODES) or (0,) * world)))
     carriers = {"nccl_ring": rings, "nccl_tree": 2 * rings}.get(name, 1)
-    itemsize = torch.empty((), dtype=first.dtype).element_size()
-    segment = max(1, on.segment // max(1, min(carriers, on.channels)) // itemsize)
+    segment = max(1, on.segment // max(1, min(carriers, on.channels)) // _itemsize(first))
     for plan in plans:
         plan.layout = plan.layout.replace(**{SEGMENT: segment})
     return on
