@@ -72,9 +72,6 @@ from .transport.factory import make_transport, runtime_for, stream_ordered
 from .transport.interface import Transport
 from .transport.stream_ordered import InFlight, PostedStep, group_store
 
-#: steps whose transfers may be in flight at once (see P2PExecutor.execute); RINGCOLL_WINDOW overrides.
-#: The number lives with the model that prices it, a layer below (ringcoll.cost.machine).
-DEFAULT_WINDOW = EXECUTOR_WINDOW
 
 def _device_backends(backend: str) -> Dict[str, str]:
     """``"nccl"`` -> {cuda: nccl}; ``"gloo"`` -> gloo for both; ``"cpu:gloo,cuda:nccl"`` -> as written."""
@@ -117,7 +114,9 @@ class P2PExecutor:
         self.rank, self.world = rank, world
         self.backend = str(backend).lower()
         self.device_backends = _device_backends(config)
-        self.window = settings().window or DEFAULT_WINDOW
+        # steps in flight at once (see execute): RINGCOLL_WINDOW, else the default, which lives
+        # with the model that prices it, a layer below (ringcoll.cost.machine)
+        self.window = settings().window or EXECUTOR_WINDOW
         #: whether schedules split a step so a rank carries one message in and one out at a
         #: time, as on the simulator's clock; False: a global step's transfers are posted
         #: together (measured faster on gloo, docs/design.md, Decisions)

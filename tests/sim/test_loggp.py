@@ -144,10 +144,12 @@ def test_loggp_fields_are_saved_described_and_checked(tmp_path):
 
 def test_loggp_window_defaults_to_the_executors(monkeypatch):
     from ringcoll.config import VARIABLES
-    from ringcoll.runtime.executor import DEFAULT_WINDOW
-    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == DEFAULT_WINDOW == 2
+    from ringcoll.cost.machine import EXECUTOR_WINDOW
+    from ringcoll.runtime import executor
+    assert executor.EXECUTOR_WINDOW is EXECUTOR_WINDOW       # the executor's default is this one number
+    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == EXECUTOR_WINDOW == 2
     assert {v.name: v.default for v in VARIABLES}["RINGCOLL_WINDOW"] == "2"
     # a machine is a model: the runtime's setting does not change it; window= does
     monkeypatch.setenv("RINGCOLL_WINDOW", "5")
-    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == DEFAULT_WINDOW
+    assert Machine.loggp(L=1e-6, o=0.0, g=0.0).window == EXECUTOR_WINDOW
     assert Machine.loggp(L=1e-6, o=0.0, g=0.0, window=5).window == 5
