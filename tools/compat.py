@@ -249,33 +249,40 @@ def seconds_per_test(version: str) -> Dict[str, float]:
     return {}
 
 
+#: the seconds of a test of a file the committed run does not have
+UNKNOWN_SECONDS = 5.0
+
+
+def _file_of(test: str) -> str:
+    return test.split("::")[0]
+
+
+def estimate(test: str, cost: Dict[str, float]) -> float:
+    """A test's estimated seconds: its file's per-test seconds in ``cost``
+    (:func:`seconds_per_test`)."""
+    return cost.get(_file_of(test), UNKNOWN_SECONDS)
+
+
 def sample(ids: Sequence[str], seed: int, budget: float, cost: Dict[str, float]) -> List[str]:
     """A seeded subset of ``ids`` (see the module's docstring): the version tests, one of every
     file, then drawn ids while the estimated seconds stay within ``budget``; in ``ids``' order."""
-    def file_of(test: str) -> str:
-        return test.split("::")[0]
-
-    def seconds(test: str) -> float:
-        return cost.get(file_of(test), 5.0)
-
     def about_versions(test: str) -> bool:
-        return file_of(test) in VERSION_FILES or any(word in test.lower() for word in VERSION_WORDS)
+        return _file_of(test) in VERSION_FILES or any(word in test.lower() for word in VERSION_WORDS)
 
-    chosen = [test for test in ids if about_versions(test)]
-    rest = [test for test in ids if not about_versions(test)]
+    chosen = {test for test in ids if about_versions(test)}
+    rest = [test for test in ids if test not in chosen]
     random.Random(seed).shuffle(rest)
-    files = {file_of(test) for test in chosen}
+    files = {_file_of(test) for test in chosen}
     for test in rest:
-        if file_of(test) not in files:
-            chosen.append(test)
-            files.add(file_of(test))
-    total = sum(seconds(test) for test in chosen)
+        if _file_of(test) not in files:
+            chosen.add(test)
+            files.add(_file_of(test))
+    total = sum(estimate(test, cost) for test in ids if test in chosen)     # in a fixed order, not the set's
     for test in rest:
-        if test not in chosen and total + seconds(test) <= budget:
-            chosen.append(test)
-            total += seconds(test)
-    order = {test: index for index, test in enumerate(ids)}
-    return sorted(chosen, key=order.__getitem__)
+        if test not in chosen and total + estimate(test, cost) <= budget:
+            chosen.add(test)
+            total += estimate(test, cost)
+    return [test for test in ids if test in chosen]
 
 
 def head_seed() -> int:
@@ -410,7 +417,7 @@ def run(options, seed: Optional[int], argv) -> int:
         ids, cost = collect(options.python, plan), seconds_per_test(version)
         budget = options.budget
         if options.share is not None:
-            budget = options.share * sum(cost.get(test.split("::")[0], 5.0) for test in ids)
+            budget = options.share * sum(estimate(test, cost) for test in ids)
         tests = sample(ids, seed, budget, cost)
         print(f"  a sample of {len(tests)} of {len(ids)} tests, seed {seed}, {budget:.0f} estimated s (rerun it: "
               f"python -m tools.compat --python {options.python} --sample {seed} --budget {budget:.1f})", flush=True)
