@@ -440,7 +440,10 @@ class ReusingAllocator:
     of a tensor whose storage is freed goes straight back to the next allocation of its size.
     Under an emulated launch, device work holds such a tensor by its memory only (a non-owning
     alias, as a kernel holds a pointer), so a tensor the host drops while a call still uses it
-    is reused and overwritten unless the call keeps it. Tensors come from :meth:`empty`."""
+    is reused and overwritten unless the call keeps it. Tensors come from :meth:`empty`. As
+    in CUDA's, a freed block goes back to the pool of the stream it was allocated for and serves
+    only later allocations for that stream (so in-process ranks, each on its own stream, never
+    trade blocks: which rank got which would depend on the threads' timing)."""
 
     ALIGN = 64
 
@@ -454,14 +457,16 @@ class ReusingAllocator:
         self._top = 0
         self._lock = threading.Lock()
 
-    def empty(self, *size: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    def empty(self, *size: int, dtype: torch.dtype = torch.int64, stream=None) -> torch.Tensor:
+        """A tensor of ``size`` from the arena, for ``stream`` (CUDA's: the current stream;
+        None: one pool for callers that use one stream)."""
         numel = 1
         for n in size:
             numel *= n
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = max(-(-numel * itemsize // self.ALIGN) * self.ALIGN, self.ALIGN)
         with self._lock:
-            blocks = self._free.get(nbytes)
+            blocks = self._free.get((stream, nbytes))
             if blocks:
                 offset = blocks.pop()
             else:
@@ -469,12 +474,12 @@ class ReusingAllocator:
                 if self._top > self.nbytes:
                     raise MemoryError("the emulated allocator's arena is full")
         block = self.arena[offset:offset + nbytes]
-        weakref.finalize(block, self._release, nbytes, offset)   # when the storage dies
+        weakref.finalize(block, self._release, (stream, nbytes), offset)   # when the storage dies
         return torch.from_numpy(block).view(dtype)[:numel].view(size)
 
-    def _release(self, nbytes: int, offset: int) -> None:
+    def _release(self, pool: tuple, offset: int) -> None:
         with self._lock:
-            self._free.setdefault(nbytes, []).append(offset)
+            self._free.setdefault(pool, []).append(offset)
 
     def raw(self, values):
         """``values`` (a tuple or list, nested) with each tensor of this allocator's replaced by

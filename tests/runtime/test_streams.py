@@ -1243,6 +1243,26 @@ def test_async_calls_keep_every_tensor_their_hooks_touch(streamed):
             assert facts == {"not kept": [], "right": True, "reused memory untouched": True}, f"rank {rank} {case}: {facts}"
 
 
+def test_the_reusing_allocator_reuses_a_block_only_for_its_own_stream():
+    """As CUDA's caching allocator: a freed block serves the next allocation of its size for the
+    stream it was allocated for, never one for another stream (in-process ranks on their own
+    streams would otherwise trade blocks in an order set by their threads' timing; the GPU
+    check's allocator test failed in CI that way)."""
+    import gc
+
+    runtime = stream_runtime.EmulatedRuntime()
+    first, second = runtime.new_stream(CPU), runtime.new_stream(CPU)
+    pool = stream_runtime.ReusingAllocator(1 << 16)
+    a = pool.empty(16, dtype=torch.float32, stream=first)
+    address = a.data_ptr()
+    del a
+    gc.collect()
+    other = pool.empty(16, dtype=torch.float32, stream=second)
+    assert other.data_ptr() != address
+    same = pool.empty(16, dtype=torch.float32, stream=first)
+    assert same.data_ptr() == address
+
+
 def test_wait_with_a_timeout_on_cpu_memory_honours_it():
     """On CPU memory ``wait()`` blocks the host until the call ends, and ``wait(timeout)``
     raises WaitTimeout once the timeout has passed (the call goes on)."""
