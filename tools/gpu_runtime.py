@@ -438,7 +438,7 @@ def check_allocator_safety(device: str = "cuda") -> dict:
 
     def empty():
         if emulated:
-            return runtime.allocator.empty(numel, dtype=torch.float32, stream=runtime.current(device))
+            return runtime.allocator.empty(numel, dtype=torch.float32)
         return torch.empty(numel, dtype=torch.float32, device=device)
 
     def hold(rank):

@@ -441,9 +441,10 @@ class ReusingAllocator:
     Under an emulated launch, device work holds such a tensor by its memory only (a non-owning
     alias, as a kernel holds a pointer), so a tensor the host drops while a call still uses it
     is reused and overwritten unless the call keeps it. Tensors come from :meth:`empty`. As
-    in CUDA's, a freed block goes back to the pool of the stream it was allocated for and serves
-    only later allocations for that stream (so in-process ranks, each on its own stream, never
-    trade blocks: which rank got which would depend on the threads' timing)."""
+    in CUDA's, an allocation is for the calling thread's current stream (the process emulator's),
+    and a freed block goes back to that stream's pool and serves only later allocations for it
+    (so in-process ranks, each on its own stream, never trade blocks: which rank got which would
+    depend on the threads' timing)."""
 
     ALIGN = 64
 
@@ -457,16 +458,15 @@ class ReusingAllocator:
         self._top = 0
         self._lock = threading.Lock()
 
-    def empty(self, *size: int, dtype: torch.dtype = torch.int64, stream=None) -> torch.Tensor:
-        """A tensor of ``size`` from the arena, for ``stream`` (CUDA's: the current stream;
-        None: one pool for callers that use one stream)."""
+    def empty(self, *size: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         numel = 1
         for n in size:
             numel *= n
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = max(-(-numel * itemsize // self.ALIGN) * self.ALIGN, self.ALIGN)
+        pool = (emulated().current(self.whole.device), nbytes)
         with self._lock:
-            blocks = self._free.get((stream, nbytes))
+            blocks = self._free.get(pool)
             if blocks:
                 offset = blocks.pop()
             else:
@@ -474,7 +474,7 @@ class ReusingAllocator:
                 if self._top > self.nbytes:
                     raise MemoryError("the emulated allocator's arena is full")
         block = self.arena[offset:offset + nbytes]
-        weakref.finalize(block, self._release, (stream, nbytes), offset)   # when the storage dies
+        weakref.finalize(block, self._release, pool, offset)   # when the storage dies
         return torch.from_numpy(block).view(dtype)[:numel].view(size)
 
     def _release(self, pool: tuple, offset: int) -> None:

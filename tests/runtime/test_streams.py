@@ -1250,16 +1250,19 @@ def test_the_reusing_allocator_reuses_a_block_only_for_its_own_stream():
     check's allocator test failed in CI that way)."""
     import gc
 
-    runtime = stream_runtime.EmulatedRuntime()
+    runtime = stream_runtime.emulated()
     first, second = runtime.new_stream(CPU), runtime.new_stream(CPU)
     pool = stream_runtime.ReusingAllocator(1 << 16)
-    a = pool.empty(16, dtype=torch.float32, stream=first)
+    with runtime.use(first):
+        a = pool.empty(16, dtype=torch.float32)
     address = a.data_ptr()
     del a
     gc.collect()
-    other = pool.empty(16, dtype=torch.float32, stream=second)
+    with runtime.use(second):
+        other = pool.empty(16, dtype=torch.float32)
     assert other.data_ptr() != address
-    same = pool.empty(16, dtype=torch.float32, stream=first)
+    with runtime.use(first):
+        same = pool.empty(16, dtype=torch.float32)
     assert same.data_ptr() == address
 
 
